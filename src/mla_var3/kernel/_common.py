@@ -1,0 +1,130 @@
+"""Host-side helpers shared by every kernel launcher: input validation, interpreter detection,
+device facts. No kernels here (those live in ``_jit.py`` and the per-design modules).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+
+#: dtypes the kernels accept on a GPU.
+GPU_DTYPES = (torch.bfloat16, torch.float16)
+#: dtypes accepted under the Triton interpreter (CPU): the GPU ones plus float32 for debugging.
+CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Kernels then take an ``UPCAST`` constexpr: the interpreter holds bf16 as raw bits and
+    computes garbage on it, so operands are converted to float32 before arithmetic.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+@functools.cache
+def num_sms(device_index: int | None = None) -> int:
+    """Streaming multiprocessors of the CUDA device (132 on an H200); 132 when there is none,
+    so split heuristics behave like on the benchmark GPU under the interpreter."""
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device() if device_index is None else device_index
+        return torch.cuda.get_device_properties(idx).multi_processor_count
+    return 132
+
+
+def _fmt_shape(shape: Iterable) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def bind_shape(name: str, x, spec: str, sizes: dict[str, int], *, dtypes: Sequence[torch.dtype] | None = None,
+               device: torch.device | None = None) -> torch.Tensor:
+    """Check that tensor ``x`` has the symbolic shape ``spec`` and bind its symbols in ``sizes``.
+
+    ``spec`` is space-separated symbols, e.g. ``"B H S K"``; a symbol already in ``sizes`` must
+    match, a new one is bound; an integer literal must match exactly. Raises ValueError with a
+    message naming the tensor, the expected and the actual shape / dtype / device.
+
+    >>> sizes = {"K": 512}
+    >>> bind_shape("z", torch.empty(2, 7, 512), "B T K", sizes) is not None
+    True
+    >>> sizes
+    {'K': 512, 'B': 2, 'T': 7}
+    """
+    symbols = spec.split()
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape [{', '.join(symbols)}], got {type(x).__name__}")
+    expected = [str(sizes.get(s, s)) for s in symbols]
+    want = f"{name} must be [{', '.join(symbols)}] = [{', '.join(expected)}]"
+    if x.dim() != len(symbols):
+        raise ValueError(f"{want}, got {x.dim()}-d tensor of shape {_fmt_shape(x.shape)}")
+    for sym, actual in zip(symbols, x.shape):
+        if sym.isdigit():
+            if int(sym) != actual:
+                raise ValueError(f"{want}, got {_fmt_shape(x.shape)}")
+        elif sym in sizes:
+            if sizes[sym] != actual:
+                raise ValueError(f"{want}, got {_fmt_shape(x.shape)} ({sym} mismatch: {actual} != {sizes[sym]})")
+        else:
+            sizes[sym] = int(actual)
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} must have dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the other inputs are on {device}; move all inputs to one device")
+    return x
+
+
+def allowed_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
+    """The activation dtypes a kernel accepts on ``device`` (float32 only on the interpreter)."""
+    return GPU_DTYPES if device.type == "cuda" else CPU_DTYPES
+
+
+def check_device(name: str, x: torch.Tensor) -> None:
+    """Raise ValueError unless ``x`` can run a Triton kernel here: on CUDA, or on CPU under the
+    interpreter."""
+    if x.device.type == "cuda":
+        return
+    if x.device.type == "cpu" and interpreting():
+        return
+    raise ValueError(
+        f"{name} is on {x.device}: Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)"
+    )
+
+
+def check_scale(scale) -> float:
+    """Validate a softmax scale: a finite positive number."""
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be a positive float, got {scale!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    return value
+
+
+def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torch.Tensor | None:
+    """Validate per-sequence valid lengths: [B] int32/int64 with s <= seqlens[i] <= T.
+
+    Returns an int32 tensor on ``device`` or None. Each value counts the sequence's keys,
+    including its s new tokens (so seqlens >= s).
+    """
+    if seqlens is None:
+        return None
+    bind_shape("seqlens", seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
+    if seqlens.device != device:
+        raise ValueError(f"seqlens is on {seqlens.device} but the other inputs are on {device}")
+    lo, hi = int(seqlens.min()), int(seqlens.max())
+    if lo < s or hi > t:
+        raise ValueError(f"seqlens must lie in [s={s}, T={t}] (each length counts the s new tokens), got min {lo}, max {hi}")
+    return seqlens.to(torch.int32).contiguous()

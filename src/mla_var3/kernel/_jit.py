@@ -1,0 +1,46 @@
+"""In-kernel helpers shared by every design: operand casts for the interpreter and the
+online-softmax step. All scores are in the log2 domain (``scale * log2(e)`` folded into the
+score), so ``exp2`` is the only transcendental.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def operand(x, UPCAST: tl.constexpr):
+    """A dot/arithmetic operand: float32 under the interpreter (which computes garbage on raw
+    bf16 bits), the storage dtype on the GPU (tensor cores)."""
+    if UPCAST:
+        return x.to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def online_softmax_step(scores, m_i, l_i):
+    """One block of the online softmax.
+
+    scores : [M, N] float32, log2 domain, masked entries = -inf.
+    m_i, l_i : [M] float32 running max (log2 domain) and running sum.
+
+    Returns ``p`` [M, N] (unnormalised probabilities against the new max), ``alpha`` [M] (the
+    factor that rescales the old accumulator and sum), and the new ``m_i``, ``l_i``. Rows whose
+    scores are all -inf so far keep m = -inf and contribute p = 0 without producing NaN.
+    """
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def finalize_lse(m_i, l_i):
+    """Natural-log LSE of the scaled scores from the log2-domain running max and sum.
+    Rows that saw no key get -inf."""
+    return tl.where(l_i > 0, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
