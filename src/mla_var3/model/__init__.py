@@ -1,0 +1,22 @@
+"""The MLA attention layer with HF DeepSeek-V2/V3 weights, RoPE/YaRN, weight absorption and
+the KV-cache containers of the three designs.
+
+>>> from mla_var3.model import MLAConfig, MLALayer                       # doctest: +SKIP
+>>> cfg = MLAConfig.from_hf_config(config_dict)
+>>> layer = MLALayer.from_safetensors(cfg, paths, prefix="model.layers.3.self_attn.")
+>>> out, cache = layer(hidden_states, positions, cache=None, mode="absorbed")
+>>> out, cache = layer(next_hidden, next_positions, cache=cache, mode="absorbed")
+"""
+
+from mla_var3.model.backend import attention_fn
+from mla_var3.model.cache import ExpandedCache, HybridCache, LatentCache, PagedLatentCache
+from mla_var3.model.config import MLAConfig, YarnScaling, yarn_get_mscale
+from mla_var3.model.layer import MODES, MLALayer, RMSNorm
+from mla_var3.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from mla_var3.model.weights import AbsorbedWeights, absorbed_weights
+
+__all__ = [
+    "MLAConfig", "YarnScaling", "yarn_get_mscale", "MLALayer", "RMSNorm", "MODES",
+    "LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache",
+    "AbsorbedWeights", "absorbed_weights", "apply_rope", "rope_cos_sin", "rope_inv_freq", "attention_fn",
+]

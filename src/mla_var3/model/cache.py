@@ -1,0 +1,493 @@
+"""KV-cache containers of the three designs, with per-sequence lengths.
+
+=========================  ===============================================  ========================
+container                  tensors                                          bytes (memory model)
+=========================  ===============================================  ========================
+:class:`LatentCache`       z [B,T,K], kpe [B,T,P]                           ``mla_cache_bytes``
+:class:`ExpandedCache`     k, v [B,T,H,D], kpe [B,T,P]                      ``expanded_cache_bytes``
+:class:`HybridCache`       z [B,O,K] (or [B,T,K]), kpe [B,T,P],             ``hybrid_cache_bytes``
+                           k_win, v_win [B,N,H,D]
+:class:`PagedLatentCache`  kv [num_blocks, 64, 1, K+P],                     ``paged_cache_bytes``
+                           block_table [B, max_blocks] int32
+=========================  ===============================================  ========================
+
+Every container carries ``seqlens [B]`` int32: the valid tokens of each sequence (ragged
+batches pad the shorter sequences with zeros past their length; the attention masks them).
+``nbytes`` counts the cache tensors only (not ``seqlens`` or the block table) and equals the
+memory model of :mod:`mla_var3.analysis.memory` for a batch of equal lengths.
+
+``append`` returns a new container holding the old tokens plus ``s`` new ones per sequence,
+written at each sequence's own offset ``seqlens[b]``; the old container is left unchanged.
+
+Hybrid window and latent copies: the hybrid keeps the ``n`` newest tokens of each sequence
+expanded (``K``, ``V`` per head) and the older ``o = t - n`` latent. With
+``keep_latent_window=True`` (the default) the latent ``z`` of the window tokens is kept too, so
+when new tokens push the oldest window tokens out, moving them to the latent part is a copy
+(here: nothing to copy, ``z`` already holds them) rather than a recompute; it costs
+``b * n * k * w`` more bytes. Without the copies a window token's ``z`` is gone once expanded
+(``W_UK``, ``W_UV`` map k -> d < k and have no inverse), so such a cache can only grow until its
+window is full: an append that would evict a window token raises ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
+    if seqlens is None:
+        return torch.full((b,), t, dtype=torch.int32, device=device)
+    if seqlens.shape != (b,) or seqlens.dtype.is_floating_point:
+        raise ValueError(f"seqlens must be an integer [B={b}] tensor, got {list(seqlens.shape)} {seqlens.dtype}")
+    if b and (int(seqlens.min()) < 0 or int(seqlens.max()) > t):
+        raise ValueError(f"seqlens must lie in [0, T={t}], got {seqlens.tolist()}")
+    return seqlens.to(device=device, dtype=torch.int32)
+
+
+def _check_new(name: str, x: torch.Tensor, b: int, tail: tuple[int, ...], ref: torch.Tensor) -> int:
+    """Check ``x`` is ``[b, s, *tail]`` with ref's dtype/device; return s."""
+    if x.dim() != 2 + len(tail) or x.shape[0] != b or tuple(x.shape[2:]) != tail:
+        want = ", ".join(["B=" + str(b), "s", *map(str, tail)])
+        raise ValueError(f"{name} must be [{want}], got {list(x.shape)}")
+    if x.dtype != ref.dtype or x.device != ref.device:
+        raise ValueError(f"{name} must be {ref.dtype} on {ref.device} like the cache, got {x.dtype} on {x.device}")
+    return x.shape[1]
+
+
+def _append_rows(buf: torch.Tensor, seqlens: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Copy of ``buf [B, T, ...]`` grown to hold ``new [B, s, ...]`` at rows ``seqlens[b] + i``."""
+    b, s = new.shape[:2]
+    t_new = max(buf.shape[1], int(seqlens.max()) + s) if b else buf.shape[1] + s
+    out = buf.new_zeros((b, t_new, *buf.shape[2:]))
+    out[:, : buf.shape[1]] = buf
+    rows = seqlens.long()[:, None] + torch.arange(s, device=buf.device)
+    out[torch.arange(b, device=buf.device)[:, None], rows] = new
+    return out
+
+
+def _pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack ``[L_i, ...]`` tensors into ``[len(parts), length, ...]`` with zero padding."""
+    ref = parts[0]
+    out = ref.new_zeros((len(parts), length, *ref.shape[1:]))
+    for i, part in enumerate(parts):
+        out[i, : part.shape[0]] = part
+    return out
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(x.numel() * x.element_size() for x in tensors)
+
+
+@dataclass(frozen=True)
+class LatentCache:
+    """Latent cache of the absorbed design: ``z [B, T, K]``, ``kpe [B, T, P]``, ``seqlens [B]``."""
+
+    z: torch.Tensor
+    kpe: torch.Tensor
+    seqlens: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.z.dim() != 3 or self.kpe.dim() != 3 or self.z.shape[:2] != self.kpe.shape[:2]:
+            raise ValueError(f"LatentCache: z must be [B, T, K] and kpe [B, T, P], got {list(self.z.shape)} "
+                             f"and {list(self.kpe.shape)}")
+        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, *self.z.shape[:2], self.z.device))
+
+    @classmethod
+    def empty(cls, b: int, k: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "LatentCache":
+        return cls(torch.zeros(b, 0, k, dtype=dtype, device=device), torch.zeros(b, 0, p, dtype=dtype, device=device))
+
+    @property
+    def batch(self) -> int:
+        return self.z.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.z.shape[1]
+
+    @property
+    def uniform(self) -> bool:
+        """True when every sequence holds ``max_len`` tokens (no padding)."""
+        return bool((self.seqlens == self.max_len).all())
+
+    @property
+    def nbytes(self) -> int:
+        """``B * T * (K + P) * w`` (= ``mla_cache_bytes``)."""
+        return _nbytes(self.z, self.kpe)
+
+    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "LatentCache":
+        """Add ``z_new [B, s, K]``, ``kpe_new [B, s, P]`` after each sequence's tokens."""
+        s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
+        if _check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe) != s:
+            raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
+        return LatentCache(_append_rows(self.z, self.seqlens, z_new), _append_rows(self.kpe, self.seqlens, kpe_new),
+                           self.seqlens + s)
+
+    def sequence(self, b: int) -> "LatentCache":
+        """Sequence ``b`` alone, unpadded."""
+        n = int(self.seqlens[b])
+        return LatentCache(self.z[b:b + 1, :n], self.kpe[b:b + 1, :n])
+
+    def to_expanded(self, w_uk: torch.Tensor, w_uv: torch.Tensor) -> "ExpandedCache":
+        """Expand every token per head: ``k = w_uk[h] @ z``, ``v = z @ w_uv[h]``."""
+        from mla_var3.reference import expand_kv
+
+        k, v = expand_kv(self.z, w_uk, w_uv)
+        return ExpandedCache(k.to(self.z.dtype), v.to(self.z.dtype), self.kpe, self.seqlens)
+
+    @staticmethod
+    def stack(caches: list["LatentCache"]) -> "LatentCache":
+        """Join sequences of several caches into one batch (ragged lengths are padded)."""
+        zs = [c.z[i, : int(c.seqlens[i])] for c in caches for i in range(c.batch)]
+        kpes = [c.kpe[i, : int(c.seqlens[i])] for c in caches for i in range(c.batch)]
+        lengths = torch.tensor([z.shape[0] for z in zs], dtype=torch.int32, device=caches[0].z.device)
+        t = int(lengths.max())
+        return LatentCache(_pad_stack(zs, t), _pad_stack(kpes, t), lengths)
+
+
+@dataclass(frozen=True)
+class ExpandedCache:
+    """Expanded cache of the FlashAttention design: ``k, v [B, T, H, D]`` (no-RoPE key and
+    value per head), ``kpe [B, T, P]`` (shared RoPE key), ``seqlens [B]``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    kpe: torch.Tensor
+    seqlens: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.k.dim() != 4 or self.v.shape != self.k.shape or self.kpe.dim() != 3 or self.kpe.shape[:2] != self.k.shape[:2]:
+            raise ValueError(f"ExpandedCache: k, v must be [B, T, H, D] and kpe [B, T, P], got {list(self.k.shape)}, "
+                             f"{list(self.v.shape)}, {list(self.kpe.shape)}")
+        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, *self.k.shape[:2], self.k.device))
+
+    @classmethod
+    def empty(cls, b: int, h: int, d: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "ExpandedCache":
+        kv = torch.zeros(b, 0, h, d, dtype=dtype, device=device)
+        return cls(kv, kv.clone(), torch.zeros(b, 0, p, dtype=dtype, device=device))
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def uniform(self) -> bool:
+        return bool((self.seqlens == self.max_len).all())
+
+    @property
+    def nbytes(self) -> int:
+        """``B * T * (2 * H * D + P) * w`` (= ``expanded_cache_bytes``)."""
+        return _nbytes(self.k, self.v, self.kpe)
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor, kpe_new: torch.Tensor) -> "ExpandedCache":
+        """Add ``k_new, v_new [B, s, H, D]``, ``kpe_new [B, s, P]`` after each sequence's tokens."""
+        s = _check_new("k_new", k_new, self.batch, tuple(self.k.shape[2:]), self.k)
+        _check_new("v_new", v_new, self.batch, tuple(self.v.shape[2:]), self.v)
+        _check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe)
+        if v_new.shape[1] != s or kpe_new.shape[1] != s:
+            raise ValueError(f"k_new, v_new, kpe_new must add the same tokens, got {k_new.shape[1]}, "
+                             f"{v_new.shape[1]}, {kpe_new.shape[1]}")
+        sl = self.seqlens
+        return ExpandedCache(_append_rows(self.k, sl, k_new), _append_rows(self.v, sl, v_new),
+                             _append_rows(self.kpe, sl, kpe_new), sl + s)
+
+    def sequence(self, b: int) -> "ExpandedCache":
+        n = int(self.seqlens[b])
+        return ExpandedCache(self.k[b:b + 1, :n], self.v[b:b + 1, :n], self.kpe[b:b + 1, :n])
+
+    @staticmethod
+    def stack(caches: list["ExpandedCache"]) -> "ExpandedCache":
+        """Join sequences of several caches into one batch (ragged lengths are padded)."""
+        seqs = [(c.k[i, :L], c.v[i, :L], c.kpe[i, :L]) for c in caches for i in range(c.batch)
+                for L in [int(c.seqlens[i])]]
+        lengths = torch.tensor([k.shape[0] for k, _, _ in seqs], dtype=torch.int32, device=caches[0].k.device)
+        t = int(lengths.max())
+        return ExpandedCache(*(_pad_stack([s[j] for s in seqs], t) for j in range(3)), lengths)
+
+
+@dataclass(frozen=True)
+class HybridCache:
+    """Hybrid (MLAvar6+) cache: the ``n`` newest tokens of each sequence expanded, the rest latent.
+
+    Attributes
+    ----------
+    z : Tensor [B, Tz, K]
+        Latent of tokens ``[0, o_b)`` of sequence b, or of all ``[0, t_b)`` tokens with
+        ``keep_latent_window`` (then ``Tz = T``).
+    kpe : Tensor [B, T, P]
+        RoPE key of every token.
+    k_win, v_win : Tensor [B, N, H, D]
+        Expanded window: tokens ``[o_b, t_b)`` of sequence b, left-aligned, ``N = min(n, T)``.
+    seqlens : Tensor [B] int32
+        ``t_b``; ``o_b = t_b - min(n, t_b)``.
+    n : int
+        Window size the cache keeps.
+    keep_latent_window : bool
+        Whether ``z`` also holds the window tokens (see the module docstring).
+    """
+
+    z: torch.Tensor
+    kpe: torch.Tensor
+    k_win: torch.Tensor
+    v_win: torch.Tensor
+    seqlens: torch.Tensor
+    n: int
+    keep_latent_window: bool = True
+
+    def __post_init__(self) -> None:
+        b, t = self.kpe.shape[:2]
+        if self.z.dim() != 3 or self.z.shape[0] != b or self.k_win.dim() != 4 or self.v_win.shape != self.k_win.shape \
+                or self.k_win.shape[0] != b:
+            raise ValueError(f"HybridCache: z must be [B, Tz, K], kpe [B, T, P], k_win/v_win [B, N, H, D]; got "
+                             f"{list(self.z.shape)}, {list(self.kpe.shape)}, {list(self.k_win.shape)}, {list(self.v_win.shape)}")
+        if not isinstance(self.n, int) or self.n < 0:
+            raise ValueError(f"HybridCache: n must be an integer >= 0, got {self.n!r}")
+        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, b, t, self.kpe.device))
+        if self.k_win.shape[1] != min(self.n, t):
+            raise ValueError(f"HybridCache: k_win holds {self.k_win.shape[1]} tokens, expected min(n={self.n}, T={t})")
+
+    @classmethod
+    def empty(cls, b: int, h: int, d: int, k: int, p: int, n: int, keep_latent_window: bool = True,
+              dtype: torch.dtype = torch.float32, device=None) -> "HybridCache":
+        zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        return cls(zeros(b, 0, k), zeros(b, 0, p), zeros(b, 0, h, d), zeros(b, 0, h, d),
+                   torch.zeros(b, dtype=torch.int32, device=device), n, keep_latent_window)
+
+    @classmethod
+    def from_latent(cls, latent: LatentCache, n: int, w_uk: torch.Tensor, w_uv: torch.Tensor,
+                    keep_latent_window: bool = True) -> "HybridCache":
+        """Split a latent cache: the ``n`` newest tokens of each sequence are expanded."""
+        parts = []
+        for b in range(latent.batch):
+            t_b = int(latent.seqlens[b])
+            n_b = min(n, t_b)
+            window = LatentCache(latent.z[b:b + 1, t_b - n_b:t_b], latent.kpe[b:b + 1, t_b - n_b:t_b]).to_expanded(w_uk, w_uv)
+            z_b = latent.z[b, :t_b] if keep_latent_window else latent.z[b, : t_b - n_b]
+            parts.append((z_b, latent.kpe[b, :t_b], window.k[0], window.v[0]))
+        return cls._from_parts(parts, latent.seqlens, n, keep_latent_window)
+
+    @classmethod
+    def _from_parts(cls, parts, seqlens, n, keep) -> "HybridCache":
+        """Pad-stack per-sequence ``(z, kpe, k_win, v_win)`` tuples."""
+        t = int(seqlens.max()) if len(parts) else 0
+        tz = max((z.shape[0] for z, _, _, _ in parts), default=0)
+        return cls(_pad_stack([x[0] for x in parts], tz), _pad_stack([x[1] for x in parts], t),
+                   _pad_stack([x[2] for x in parts], min(n, t)), _pad_stack([x[3] for x in parts], min(n, t)),
+                   seqlens.to(torch.int32), n, keep)
+
+    @property
+    def batch(self) -> int:
+        return self.kpe.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.kpe.shape[1]
+
+    @property
+    def uniform(self) -> bool:
+        return bool((self.seqlens == self.max_len).all())
+
+    @property
+    def nbytes(self) -> int:
+        """``B * (O * (K + P) + N * (2 * H * D + P)) * w`` (+ ``B * N * K * w`` with
+        ``keep_latent_window``) (= ``hybrid_cache_bytes``)."""
+        return _nbytes(self.z, self.kpe, self.k_win, self.v_win)
+
+    def parts(self, b: int | None = None):
+        """``(z_old [B,O,K], kpe [B,O+N,P], k_new [B,N,H,D], v_new [B,N,H,D])`` for the attention.
+
+        The whole batch when every sequence has the same length (``b=None``), else sequence b
+        alone (unpadded, batch 1).
+        """
+        if b is None:
+            if not self.uniform:
+                raise ValueError("HybridCache.parts(): ragged lengths, ask for one sequence at a time")
+            t = self.max_len
+            o = t - min(self.n, t)
+            return self.z[:, :o], self.kpe, self.k_win, self.v_win
+        t_b = int(self.seqlens[b])
+        n_b = min(self.n, t_b)
+        return (self.z[b:b + 1, : t_b - n_b], self.kpe[b:b + 1, :t_b],
+                self.k_win[b:b + 1, :n_b], self.v_win[b:b + 1, :n_b])
+
+    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> "HybridCache":
+        """Add s tokens per sequence (their latent, RoPE key and expanded K, V); the window keeps
+        the n newest, its oldest tokens move to the latent part."""
+        s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
+        for name, x, tail in (("kpe_new", kpe_new, (self.kpe.shape[2],)), ("k_new", k_new, tuple(self.k_win.shape[2:])),
+                              ("v_new", v_new, tuple(self.v_win.shape[2:]))):
+            if _check_new(name, x, self.batch, tail, self.kpe) != s:
+                raise ValueError(f"{name} has {x.shape[1]} tokens, z_new {s}")
+        parts = []
+        for b in range(self.batch):
+            t_b = int(self.seqlens[b])
+            n_b = min(self.n, t_b)
+            o_b = t_b - n_b
+            t2 = t_b + s
+            n2 = min(self.n, t2)
+            o2 = t2 - n2
+            # old window holds tokens [o_b, t_b); with the new ones [o_b, t2); keep [o2, t2)
+            k_window = torch.cat((self.k_win[b, :n_b], k_new[b]))[o2 - o_b:]
+            v_window = torch.cat((self.v_win[b, :n_b], v_new[b]))[o2 - o_b:]
+            if self.keep_latent_window:
+                z_b = torch.cat((self.z[b, :t_b], z_new[b]))
+            else:
+                evicted = min(o2, t_b) - o_b
+                if evicted > 0:
+                    raise ValueError(f"HybridCache without latent copies of the window cannot move {evicted} "
+                                     f"expanded token(s) of sequence {b} to the latent part (their latent is not kept); "
+                                     "use keep_latent_window=True")
+                z_b = torch.cat((self.z[b, :o_b], z_new[b, : max(o2 - t_b, 0)]))
+            parts.append((z_b, torch.cat((self.kpe[b, :t_b], kpe_new[b])), k_window, v_window))
+        return HybridCache._from_parts(parts, self.seqlens + s, self.n, self.keep_latent_window)
+
+    @staticmethod
+    def stack(caches: list["HybridCache"]) -> "HybridCache":
+        """Join sequences of several caches (same n and keep_latent_window) into one batch."""
+        first = caches[0]
+        if any(c.n != first.n or c.keep_latent_window != first.keep_latent_window for c in caches):
+            raise ValueError("HybridCache.stack: caches must share n and keep_latent_window")
+        parts, lengths = [], []
+        for c in caches:
+            for b in range(c.batch):
+                z_old, kpe, k_win, v_win = c.parts(b)
+                t_b = int(c.seqlens[b])
+                z_b = c.z[b, :t_b] if c.keep_latent_window else z_old[0]
+                parts.append((z_b, kpe[0], k_win[0], v_win[0]))
+                lengths.append(t_b)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=first.kpe.device)
+        return HybridCache._from_parts(parts, seqlens, first.n, first.keep_latent_window)
+
+
+@dataclass(frozen=True)
+class PagedLatentCache:
+    """Paged latent cache in FlashMLA's layout.
+
+    Attributes
+    ----------
+    kv : Tensor [num_blocks, block_size, 1, K + P]
+        Token rows: the first K entries are the latent z, the last P the RoPE key.
+    block_table : Tensor [B, max_blocks] int32
+        Block ids of each sequence in order; unused entries are 0 (never read: masked by seqlens).
+    seqlens : Tensor [B] int32
+    k : int
+        Latent rank K (to split a row into z and kpe).
+    free : tuple of int
+        Block ids of ``kv`` not used by any sequence (a pool allocates from it first).
+    """
+
+    kv: torch.Tensor
+    block_table: torch.Tensor
+    seqlens: torch.Tensor
+    k: int
+    free: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.kv.dim() != 4 or self.kv.shape[2] != 1 or self.kv.shape[3] <= self.k:
+            raise ValueError(f"PagedLatentCache: kv must be [num_blocks, block_size, 1, K+P] with K={self.k}, "
+                             f"got {list(self.kv.shape)}")
+        if self.block_table.dim() != 2 or self.block_table.dtype != torch.int32:
+            raise ValueError(f"PagedLatentCache: block_table must be [B, max_blocks] int32, got "
+                             f"{list(self.block_table.shape)} {self.block_table.dtype}")
+        b, max_blocks = self.block_table.shape
+        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, b, max_blocks * self.block_size, self.kv.device))
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.shape[1]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv.shape[0]
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return int(self.seqlens.max()) if self.batch else 0
+
+    @property
+    def uniform(self) -> bool:
+        return bool((self.seqlens == self.max_len).all())
+
+    @property
+    def nbytes(self) -> int:
+        """``num_blocks * block_size * (K + P) * w`` (= ``paged_cache_bytes``); the pool's free
+        blocks count, the block table and seqlens do not."""
+        return _nbytes(self.kv)
+
+    @classmethod
+    def empty(cls, b: int, k: int, p: int, num_blocks: int = 0, block_size: int = 64,
+              dtype: torch.dtype = torch.float32, device=None) -> "PagedLatentCache":
+        """An empty cache with a pool of ``num_blocks`` free blocks (more are added on demand)."""
+        kv = torch.zeros(num_blocks, block_size, 1, k + p, dtype=dtype, device=device)
+        table = torch.zeros(b, 0, dtype=torch.int32, device=device)
+        return cls(kv, table, torch.zeros(b, dtype=torch.int32, device=device), k, tuple(range(num_blocks)))
+
+    @classmethod
+    def from_latent(cls, latent: LatentCache, block_size: int = 64, generator: torch.Generator | None = None) -> "PagedLatentCache":
+        """Page a latent cache; with a ``generator`` the block ids are shuffled (tests the indirection)."""
+        k = latent.z.shape[2]
+        counts = [-(-int(t) // block_size) for t in latent.seqlens.tolist()]
+        total = sum(counts)
+        order = torch.randperm(total, generator=generator).tolist() if generator is not None else list(range(total))
+        rows = torch.cat((latent.z, latent.kpe), dim=-1)
+        kv = rows.new_zeros(total, block_size, 1, rows.shape[-1])
+        table = torch.zeros(latent.batch, max(counts, default=0), dtype=torch.int32)
+        nxt = 0
+        for b, count in enumerate(counts):
+            t_b = int(latent.seqlens[b])
+            for j in range(count):
+                block = order[nxt]
+                nxt += 1
+                table[b, j] = block
+                chunk = rows[b, j * block_size: min((j + 1) * block_size, t_b)]
+                kv[block, : chunk.shape[0], 0] = chunk
+        return cls(kv, table.to(kv.device), latent.seqlens.clone(), k)
+
+    def to_latent(self) -> LatentCache:
+        """Gather the blocks back into a padded :class:`LatentCache`."""
+        t = self.max_len
+        nblk = -(-t // self.block_size)
+        rows = self.kv[self.block_table[:, :nblk].long(), :, 0]  # [B, nblk, bs, K+P]
+        rows = rows.reshape(self.batch, nblk * self.block_size, -1)[:, :t]
+        pos = torch.arange(t, device=rows.device)
+        rows = rows * (pos[None, :] < self.seqlens[:, None]).to(rows.dtype)[..., None]
+        return LatentCache(rows[..., : self.k].contiguous(), rows[..., self.k:].contiguous(), self.seqlens)
+
+    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
+        """Write s tokens per sequence into their blocks, taking blocks from the pool (growing it
+        when empty)."""
+        s = _check_new("z_new", z_new, self.batch, (self.k,), self.kv)
+        if _check_new("kpe_new", kpe_new, self.batch, (self.kv.shape[3] - self.k,), self.kv) != s:
+            raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
+        bs = self.block_size
+        lengths = self.seqlens.tolist()
+        table = [row[: -(-t // bs)] for row, t in zip(self.block_table.tolist(), lengths)]
+        free = list(self.free)
+        grown = self.num_blocks
+        for b, t in enumerate(lengths):
+            while len(table[b]) * bs < t + s:
+                if free:
+                    table[b].append(free.pop(0))
+                else:
+                    table[b].append(grown)
+                    grown += 1
+        kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])
+        kv[: self.num_blocks] = self.kv
+        width = max((len(r) for r in table), default=0)
+        block_table = torch.zeros(self.batch, width, dtype=torch.int32)
+        for b, row in enumerate(table):
+            block_table[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        block_table = block_table.to(kv.device)
+        pos = self.seqlens.long()[:, None] + torch.arange(s, device=kv.device)  # [B, s]
+        blocks = block_table.long().gather(1, pos // bs)
+        kv[blocks, pos % bs, 0] = torch.cat((z_new, kpe_new), dim=-1)
+        return PagedLatentCache(kv, block_table, self.seqlens + s, self.k, tuple(free))

@@ -1,0 +1,182 @@
+"""Cache containers: bytes equal the memory model exactly; appends put tokens at each
+sequence's own offset; the hybrid's window moves; the paged layout round-trips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_var3.model import HybridCache, LatentCache, MLAConfig, PagedLatentCache, absorbed_weights
+from mla_var3.shapes import preset_names
+
+DTYPES = [torch.float64, torch.float32, torch.bfloat16]
+
+
+def dims_for(cfg: MLAConfig, dtype: torch.dtype):
+    return cfg.dims.replace(w=torch.empty((), dtype=dtype).element_size())
+
+
+def rand(*shape, dtype=torch.float64, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def weights(cfg, dtype=torch.float64):
+    w = rand(cfg.h * 2 * cfg.d, cfg.k, dtype=dtype, seed=99)
+    return absorbed_weights(w, cfg.h, cfg.d, cfg.dv)
+
+
+def latent(cfg, b, t, dtype=torch.float64, seed=0):
+    return LatentCache(rand(b, t, cfg.k, dtype=dtype, seed=seed), rand(b, t, cfg.p, dtype=dtype, seed=seed + 1))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bytes_match_memory_model(preset, dtype):
+    from mla_var3.analysis.memory import (expanded_cache_bytes, hybrid_cache_bytes, mla_cache_bytes,
+                                          paged_cache_bytes)
+
+    cfg = MLAConfig.from_preset(preset).scaled(div=8, h=4)
+    dims = dims_for(cfg, dtype)
+    b, t = 3, 70
+    lat = latent(cfg, b, t, dtype)
+    assert lat.nbytes == mla_cache_bytes(dims, b, t)
+    w = weights(cfg, dtype)
+    assert lat.to_expanded(w.w_uk, w.w_uv).nbytes == expanded_cache_bytes(dims, b, t)
+    for n in (0, 1, 16, t, t + 5):
+        for keep in (True, False):
+            hyb = HybridCache.from_latent(lat, n, w.w_uk, w.w_uv, keep_latent_window=keep)
+            n_eff = min(n, t)
+            assert hyb.nbytes == hybrid_cache_bytes(dims, b, t - n_eff, n_eff, keep_latent_window=keep), (n, keep)
+    paged = PagedLatentCache.from_latent(lat)
+    assert paged.num_blocks == b * 2                         # 70 tokens -> 2 blocks of 64 per sequence
+    assert paged.nbytes == paged_cache_bytes(dims, paged.num_blocks)
+    pool = PagedLatentCache.empty(b, cfg.k, cfg.p, num_blocks=10, dtype=dtype)
+    assert pool.nbytes == paged_cache_bytes(dims, 10)
+
+
+def test_bytes_at_full_size_deepseek_v3():
+    """The layer-size numbers of the memory model, on a DeepSeek-V3 bf16 latent of 1 x 64 tokens."""
+    from mla_var3.analysis.memory import mla_cache_bytes, paged_cache_bytes
+
+    cfg = MLAConfig.from_preset("deepseek-v3")
+    lat = LatentCache.empty(1, cfg.k, cfg.p, dtype=torch.bfloat16).append(
+        torch.zeros(1, 64, cfg.k, dtype=torch.bfloat16), torch.zeros(1, 64, cfg.p, dtype=torch.bfloat16))
+    assert lat.nbytes == mla_cache_bytes(cfg.dims, 1, 64) == 64 * 576 * 2
+    assert PagedLatentCache.from_latent(lat).nbytes == paged_cache_bytes(cfg.dims, 1)
+
+
+def test_latent_append_ragged():
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    cache = LatentCache.stack([latent(cfg, 1, 3, seed=1), latent(cfg, 1, 5, seed=2), latent(cfg, 1, 1, seed=3)])
+    assert cache.seqlens.tolist() == [3, 5, 1] and cache.z.shape == (3, 5, 8)
+    assert torch.all(cache.z[0, 3:] == 0) and torch.all(cache.z[2, 1:] == 0)
+    z_new, kpe_new = rand(3, 2, 8, seed=7), rand(3, 2, 4, seed=8)
+    grown = cache.append(z_new, kpe_new)
+    assert grown.seqlens.tolist() == [5, 7, 3] and grown.z.shape == (3, 7, 8)
+    for b, L in enumerate([3, 5, 1]):
+        assert torch.equal(grown.z[b, :L], cache.z[b, :L])
+        assert torch.equal(grown.z[b, L:L + 2], z_new[b]) and torch.equal(grown.kpe[b, L:L + 2], kpe_new[b])
+        assert torch.all(grown.z[b, L + 2:] == 0)
+    assert cache.seqlens.tolist() == [3, 5, 1]               # the old container is unchanged
+    assert torch.equal(grown.sequence(2).z[0], grown.z[2, :3])
+
+
+def test_expanded_matches_latent_expansion():
+    cfg = MLAConfig(hidden=16, h=3, d=4, p=4, k=8, dv=4)
+    w = weights(cfg)
+    lat = latent(cfg, 2, 4)
+    exp = lat.to_expanded(w.w_uk, w.w_uv)
+    torch.testing.assert_close(exp.k[1, 2, 0], w.w_uk[0] @ lat.z[1, 2])      # k[b,t,h] = w_uk[h] @ z[b,t]
+    torch.testing.assert_close(exp.v[0, 3, 2], lat.z[0, 3] @ w.w_uv[2])      # v[b,t,h] = z[b,t] @ w_uv[h]
+    z_new, kpe_new = rand(2, 1, 8, seed=5), rand(2, 1, 4, seed=6)
+    new = LatentCache(z_new, kpe_new).to_expanded(w.w_uk, w.w_uv)
+    step = exp.append(new.k, new.v, kpe_new)
+    ref = lat.append(z_new, kpe_new).to_expanded(w.w_uk, w.w_uv)
+    for name in ("k", "v", "kpe", "seqlens"):
+        torch.testing.assert_close(getattr(step, name), getattr(ref, name), msg=name)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("n", [0, 2, 5, 50])
+@pytest.mark.parametrize("steps", [(3, 1, 1), (1, 4, 2), (6,)])
+def test_hybrid_append_equals_split_of_latent(n, steps, keep):
+    """Growing a hybrid cache token by token gives the same tensors as splitting the grown
+    latent cache at n; the oldest window tokens move to the latent part."""
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    w = weights(cfg)
+    total = sum(steps)
+    full = LatentCache.stack([latent(cfg, 1, total, seed=1), latent(cfg, 1, total, seed=2)])
+    hyb = HybridCache.empty(2, cfg.h, cfg.d, cfg.k, cfg.p, n, keep_latent_window=keep, dtype=torch.float64)
+    t = 0
+    for s in steps:
+        z, kpe = full.z[:, t:t + s], full.kpe[:, t:t + s]
+        part = LatentCache(z, kpe).to_expanded(w.w_uk, w.w_uv)
+        evicts = not keep and n < t + s and min(n, t) > 0 and (t + s - min(n, t + s)) > (t - min(n, t))
+        if evicts:
+            with pytest.raises(ValueError, match="keep_latent_window=True"):
+                hyb.append(z, kpe, part.k, part.v)
+            return
+        hyb = hyb.append(z, kpe, part.k, part.v)
+        t += s
+        want = HybridCache.from_latent(LatentCache(full.z[:, :t], full.kpe[:, :t]), n, w.w_uk, w.w_uv, keep)
+        for name in ("z", "kpe", "k_win", "v_win", "seqlens"):
+            torch.testing.assert_close(getattr(hyb, name), getattr(want, name), rtol=1e-12, atol=1e-12, msg=name)
+    z_old, kpe, k_win, v_win = hyb.parts()
+    assert z_old.shape[1] + k_win.shape[1] == kpe.shape[1] == total
+
+
+def test_hybrid_ragged_parts():
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    w = weights(cfg)
+    lat = LatentCache.stack([latent(cfg, 1, 6, seed=1), latent(cfg, 1, 2, seed=2)])
+    hyb = HybridCache.from_latent(lat, 3, w.w_uk, w.w_uv)
+    with pytest.raises(ValueError, match="ragged"):
+        hyb.parts()
+    z_old, kpe, k_win, _ = hyb.parts(0)
+    assert (z_old.shape[1], kpe.shape[1], k_win.shape[1]) == (3, 6, 3)
+    z_old, kpe, k_win, _ = hyb.parts(1)
+    assert (z_old.shape[1], kpe.shape[1], k_win.shape[1]) == (0, 2, 2)
+    torch.testing.assert_close(k_win[0, 1], w.w_uk @ lat.z[1, 1])
+    joined = HybridCache.stack([hyb, hyb])
+    assert joined.seqlens.tolist() == [6, 2, 6, 2]
+
+
+@pytest.mark.parametrize("t", [1, 63, 64, 65, 130])
+def test_paged_round_trip_and_append(t):
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    lat = LatentCache.stack([latent(cfg, 1, t, seed=1), latent(cfg, 1, max(1, t // 2), seed=2)])
+    paged = PagedLatentCache.from_latent(lat, generator=torch.Generator().manual_seed(3))
+    assert paged.kv.shape[1:] == (64, 1, cfg.k + cfg.p) and paged.block_table.dtype == torch.int32
+    back = paged.to_latent()
+    assert torch.equal(back.z, lat.z) and torch.equal(back.kpe, lat.kpe) and torch.equal(back.seqlens, lat.seqlens)
+    z_new, kpe_new = rand(2, 3, cfg.k, seed=4), rand(2, 3, cfg.p, seed=5)
+    grown = paged.append(z_new, kpe_new).to_latent()
+    want = lat.append(z_new, kpe_new)
+    assert torch.equal(grown.z, want.z) and torch.equal(grown.kpe, want.kpe)
+    # FlashMLA row layout: first K = z, last P = kpe
+    row = paged.kv[paged.block_table[0, 0], 0, 0]
+    assert torch.equal(row[: cfg.k], lat.z[0, 0]) and torch.equal(row[cfg.k:], lat.kpe[0, 0])
+
+
+def test_paged_pool_allocation():
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    pool = PagedLatentCache.empty(2, cfg.k, cfg.p, num_blocks=3, block_size=4, dtype=torch.float64)
+    grown = pool.append(rand(2, 5, cfg.k), rand(2, 5, cfg.p))     # 2 blocks each: 3 from the pool, 1 new
+    assert grown.num_blocks == 4 and grown.free == ()
+    assert sorted(grown.block_table.flatten().tolist()) == [0, 1, 2, 3]
+    assert grown.seqlens.tolist() == [5, 5]
+
+
+def test_append_errors():
+    cfg = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+    lat = latent(cfg, 2, 3)
+    with pytest.raises(ValueError, match=r"z_new must be \[B=2, s, 8\], got \[2, 1, 7\]"):
+        lat.append(rand(2, 1, 7), rand(2, 1, 4))
+    with pytest.raises(ValueError, match="like the cache"):
+        lat.append(rand(2, 1, 8, dtype=torch.float32), rand(2, 1, 4))
+    with pytest.raises(ValueError, match="kpe_new has 2 tokens"):
+        lat.append(rand(2, 1, 8), rand(2, 2, 4))
+    with pytest.raises(ValueError, match=r"seqlens must lie in \[0, T=3\]"):
+        LatentCache(lat.z, lat.kpe, torch.tensor([4, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table must be"):
+        PagedLatentCache(torch.zeros(1, 64, 1, 12), torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), 8)
