@@ -1,0 +1,120 @@
+"""PNG plots of the roofline model (matplotlib, Agg backend; no display needed).
+
+- :func:`plot_roofline`: attainable TFLOP/s vs arithmetic intensity, with the device's
+  ceilings and the three designs placed at a few query lengths s.
+- :func:`plot_time_vs_s`: predicted time of the three designs over s, crossovers marked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from mla_var3.analysis.cost import DESIGNS  # noqa: E402
+from mla_var3.analysis.devices import Device  # noqa: E402
+from mla_var3.analysis.regime import RegimeGuide, best_hybrid_n, regime_guide  # noqa: E402
+from mla_var3.shapes import MLADims, Problem  # noqa: E402
+
+LABELS = {"flash_attention": "FlashAttention (expanded)", "flash_mla": "FlashMLA (absorbed)", "mla_var6_plus": "MLAvar6+ (hybrid, best n)"}
+COLORS = {"flash_attention": "tab:blue", "flash_mla": "tab:red", "mla_var6_plus": "tab:green"}
+MARKERS = {1: "o", 16: "s", 128: "^", 1024: "D"}
+
+
+def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, ceilings: str = "measured",
+                  s_values=(1, 16, 128, 1024)) -> Path:
+    """Roofline of ``device`` with the three designs at each s in ``s_values`` (those <= t)."""
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    x = np.logspace(-0.5, 4, 400)
+    kinds = [("datasheet", "--", 0.5)]
+    measured = device.ceilings("measured", dims.w)
+    if measured.kind == "measured":
+        kinds.insert(0, ("measured", "-", 0.9))
+    used = device.ceilings(ceilings, dims.w)
+    for kind, style, alpha in kinds:
+        c = device.ceilings(kind, dims.w)
+        ax.plot(x, np.minimum(c.flops_per_s, x * c.bytes_per_s) / 1e12, style, color="black", alpha=alpha,
+                label=f"{kind}: {c.flops_per_s / 1e12:,.0f} TFLOP/s, {c.bytes_per_s / 1e9:,.0f} GB/s, ridge {c.ridge:.0f}")
+        ax.axvline(c.ridge, color="gray", linestyle=":", linewidth=0.8)
+    shown = [s for s in s_values if s <= t]
+    best_n = []
+    for s in shown:
+        pr = Problem(b=b, s=s, t=t)
+        n = best_hybrid_n(dims, pr, device, ceilings).n
+        best_n.append(n)
+        for design, model in DESIGNS.items():
+            c = model(dims, pr.with_n(n) if design == "mla_var6_plus" else pr)
+            perf = min(used.flops_per_s, c.intensity * used.bytes_per_s) / 1e12
+            ax.scatter(c.intensity, perf, color=COLORS[design], marker=MARKERS.get(s, "o"), s=70, zorder=3,
+                       edgecolors="black", linewidths=0.6, alpha=0.85)
+    at_ridge = [s for s, n in zip(shown, best_n)
+                if abs(DESIGNS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
+    if at_ridge:
+        ax.annotate(f"MLAvar6+ at s = {', '.join(map(str, at_ridge))}:\nn puts its intensity on the ridge",
+                    (used.ridge, used.flops_per_s / 1e12), xytext=(used.ridge * 0.08, used.flops_per_s / 1e12 * 1.6),
+                    fontsize=8, color=COLORS["mla_var6_plus"], arrowprops={"arrowstyle": "->", "color": COLORS["mla_var6_plus"]})
+    roof = ax.get_legend_handles_labels()[0]
+    design_handles = [Line2D([], [], color=COLORS[d], marker="o", linestyle="", markeredgecolor="black",
+                             label=LABELS[d] if d != "mla_var6_plus" else
+                             f"MLAvar6+ (hybrid; best n = {', '.join(map(str, best_n))})") for d in DESIGNS]
+    s_handles = [Line2D([], [], color="gray", marker=MARKERS.get(s, "o"), linestyle="", markeredgecolor="black",
+                        label=f"s = {s}") for s in shown]
+    first = ax.legend(handles=roof + design_handles, fontsize=8, loc="lower right")
+    ax.add_artist(first)
+    ax.legend(handles=s_handles, fontsize=8, loc="upper left", title="query tokens", title_fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable performance (TFLOP/s)")
+    ax.set_title(f"Roofline: {dims.name} attention on {device.name}\n"
+                 f"b={b}, t={t}, w={dims.w} B; points at s = {', '.join(str(s) for s in s_values if s <= t)} "
+                 f"(placed on the {used.kind} roof)", fontsize=10)
+    ax.set_ylim(top=used.flops_per_s / 1e12 * 3)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ceilings: str = "measured",
+                   guide: RegimeGuide | None = None) -> Path:
+    """Predicted time of the three designs for s = 1..t (powers of two and between), crossover marked."""
+    s_values = sorted(set(np.unique(np.round(np.logspace(0, np.log2(t), 60, base=2))).astype(int).tolist()) | {1, t})
+    dense = regime_guide(dims, device, b, t, s_values, ceilings)
+    guide = guide or dense
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    for design in DESIGNS:
+        ax.plot([r.s for r in dense.rows], [r.times[design] * 1e6 for r in dense.rows], color=COLORS[design],
+                label=LABELS[design], linewidth=2 if design != "mla_var6_plus" else 1.5,
+                linestyle="-" if design != "mla_var6_plus" else "--")
+    if guide.crossover_s is not None:
+        sx = guide.crossover_s
+        ax.axvline(sx, color="black", linestyle=":", linewidth=1)
+        ax.annotate(f"FlashAttention overtakes\nFlashMLA at s = {sx}", (sx, ax.get_ylim()[1]), textcoords="offset points",
+                    xytext=(5, -30), fontsize=8)
+    hybrid_best = [r.s for r in dense.rows if r.best == "mla_var6_plus"]
+    if hybrid_best:
+        ax.axvspan(min(hybrid_best), max(hybrid_best), color=COLORS["mla_var6_plus"], alpha=0.08,
+                   label=f"MLAvar6+ best by > 2% (s {min(hybrid_best)}-{max(hybrid_best)})")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_yscale("log")
+    ax.set_xlabel("query tokens per sequence s")
+    ax.set_ylabel("predicted time (µs)")
+    c = dense.ceilings
+    ax.set_title(f"Roofline-predicted attention time: {dims.name} on {device.name}\n"
+                 f"b={b}, t={t}, {c.kind} ceilings ({c.flops_per_s / 1e12:,.0f} TFLOP/s, {c.bytes_per_s / 1e9:,.0f} GB/s)",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

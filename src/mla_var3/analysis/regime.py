@@ -1,0 +1,336 @@
+"""The regime guide: which design the roofline model predicts to win for each query length s.
+
+For dims, a device and (b, t): per s the predicted time of FlashAttention, FlashMLA and
+MLAvar6+ at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
+seed's decode / speculative / prefill table recomputed for the device.
+
+Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, MLAvar6+'s FLOPs
+and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d: an expanded token is cheaper to
+compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer to read). The time
+max(F/P, B/W) is convex in n and smallest where the two balance,
+
+    n* = (F0/P - B0/W) / (B1/W - F1/P),
+
+clamped to [0, t]; the integer optimum is floor(n*) or ceil(n*) or an end point.
+
+Example
+-------
+>>> from mla_var3.shapes import get_preset
+>>> from mla_var3.analysis.regime import crossover_s
+>>> crossover_s(get_preset("deepseek-v3"), b=32, t=4096, device="h200")
+50
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mla_var3.analysis.cost import DESIGNS, get_cost_model
+from mla_var3.analysis.devices import Ceilings, Device
+from mla_var3.analysis.memory import hybrid_cache_bytes
+from mla_var3.analysis.roofline import Prediction, bound_of, predict_cost, resolve_ceilings
+from mla_var3.shapes import MLADims, Problem
+
+#: default query lengths of the guide (those <= t are used).
+DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: the hybrid is named best only when it beats the best single design by more than this
+#: fraction (near n = 0 or n = t it *is* that design, run with extra passes).
+HYBRID_MARGIN = 0.02
+#: the seed's regimes: name, s range (inclusive; None = up to t).
+REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
+
+
+@dataclass(frozen=True)
+class HybridSplit:
+    """The chosen MLAvar6+ split for one problem.
+
+    Attributes
+    ----------
+    n : int
+        Newest tokens kept expanded (o = t - n latent).
+    time_s : float
+        Predicted time at that n.
+    bound : str
+        'compute' or 'memory' at that n.
+    n_balance : float or None
+        Unclamped n where compute and memory time balance (None when they never do).
+    limited_by : str
+        'time' (the time optimum) or 'memory' (capped by a cache budget).
+    """
+
+    n: int
+    time_s: float
+    bound: str
+    n_balance: float | None
+    limited_by: str = "time"
+
+
+def _hybrid_time(dims: MLADims, problem: Problem, n: int, ceil: Ceilings) -> tuple[float, str]:
+    c = DESIGNS["mla_var6_plus"](dims, problem.with_n(n))
+    compute_s, memory_s = c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s
+    return max(compute_s, memory_s), bound_of(compute_s, memory_s)
+
+
+def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> HybridSplit:
+    t = problem.t
+    c0 = DESIGNS["mla_var6_plus"](dims, problem.with_n(0))
+    ct = DESIGNS["mla_var6_plus"](dims, problem.with_n(t))
+    f1, b1 = (ct.flops - c0.flops) / t, (ct.bytes - c0.bytes) / t
+    p, w = ceil.flops_per_s, ceil.bytes_per_s
+    denom = b1 / w - f1 / p
+    n_bal = (c0.flops / p - c0.bytes / w) / denom if denom != 0 else None
+    candidates = {0, n_max}
+    if n_bal is not None and math.isfinite(n_bal):
+        for n in (math.floor(n_bal), math.ceil(n_bal)):
+            candidates.add(min(max(n, 0), n_max))
+    best = min(sorted(candidates), key=lambda n: _hybrid_time(dims, problem, n, ceil)[0])
+    time_s, bound = _hybrid_time(dims, problem, best, ceil)
+    return HybridSplit(best, time_s, bound, n_bal)
+
+
+def best_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
+    """The split n in [0, t] that minimises MLAvar6+'s roofline time (closed form, see module doc).
+
+    Ties go to the smaller n (less expanded cache). ``problem.n`` is ignored.
+    """
+    _, ceil = resolve_ceilings(device, dims, ceilings)
+    return _best_n_in(dims, problem, ceil, problem.t)
+
+
+def scan_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
+    """Brute force: evaluate every n in [0, t] with the cost model; the smallest n of least time."""
+    _, ceil = resolve_ceilings(device, dims, ceilings)
+    best_n, best_t, best_b = 0, math.inf, ""
+    for n in range(problem.t + 1):
+        time_s, bound = _hybrid_time(dims, problem, n, ceil)
+        if time_s < best_t:
+            best_n, best_t, best_b = n, time_s, bound
+    return HybridSplit(best_n, best_t, best_b, None)
+
+
+def max_hybrid_n(dims: MLADims, b: int, t: int, memory_budget_bytes: float, tp: int = 1) -> int:
+    """Largest n whose hybrid cache (all layers, one tensor-parallel rank) fits the budget.
+
+    Per rank the latent part is replicated (every rank needs it for its heads); the expanded
+    part holds only the rank's h/tp heads. Raises ValueError when even n = 0 does not fit.
+    """
+    rank_dims = dims.replace(h=dims.h // tp, name=dims.name)
+
+    def total(n: int) -> int:
+        return dims.layers * hybrid_cache_bytes(rank_dims, b, t - n, n)
+
+    if total(0) > memory_budget_bytes:
+        raise ValueError(
+            f"the latent cache alone needs {total(0) / 1e9:.2f} GB for b={b}, t={t}, "
+            f"more than the budget of {memory_budget_bytes / 1e9:.2f} GB"
+        )
+    if total(t) <= memory_budget_bytes:
+        return t
+    per_token = (total(t) - total(0)) / t
+    n = int((memory_budget_bytes - total(0)) // per_token)
+    while n > 0 and total(n) > memory_budget_bytes:  # guard against rounding
+        n -= 1
+    return n
+
+
+def choose_n(
+    dims: MLADims,
+    problem: Problem,
+    device: str | Device = "h200",
+    memory_budget_bytes: float | None = None,
+    tp: int = 1,
+    ceilings: str = "measured",
+) -> HybridSplit:
+    """The hybrid split to run: the time optimum, capped by a cache budget when one is given.
+
+    With ``tp`` > 1 each rank runs h/tp heads (h must divide). ``memory_budget_bytes`` is the
+    cache budget of one rank for all ``dims.layers`` layers of ``problem.b`` sequences of
+    context ``problem.t``. The time is convex in n, so the capped optimum is the clamped one.
+    """
+    if not isinstance(tp, int) or tp < 1 or dims.h % tp:
+        raise ValueError(f"choose_n: tp must be a positive divisor of h={dims.h}, got {tp!r}")
+    rank_dims = dims.replace(h=dims.h // tp, name=dims.name)
+    _, ceil = resolve_ceilings(device, rank_dims, ceilings)
+    best = _best_n_in(rank_dims, problem, ceil, problem.t)
+    if memory_budget_bytes is None:
+        return best
+    n_cap = max_hybrid_n(dims, problem.b, problem.t, memory_budget_bytes, tp)
+    if best.n <= n_cap:
+        return best
+    time_s, bound = _hybrid_time(rank_dims, problem, n_cap, ceil)
+    return HybridSplit(n_cap, time_s, bound, best.n_balance, "memory")
+
+
+def crossover_s(
+    dims: MLADims,
+    b: int,
+    t: int,
+    device: str | Device = "h200",
+    ceilings: str = "measured",
+    slow: str = "flash_mla",
+    fast: str = "flash_attention",
+) -> int | None:
+    """Smallest integer s in [1, t] where ``fast`` (default FlashAttention) is predicted faster
+    than ``slow`` (default FlashMLA); None when it never is."""
+    _, ceil = resolve_ceilings(device, dims, ceilings)
+    slow_m, fast_m = get_cost_model(slow), get_cost_model(fast)
+    for s in range(1, t + 1):
+        pr = Problem(b=b, s=s, t=t)
+        c = slow_m(dims, pr)
+        t_slow = max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s)
+        c = fast_m(dims, pr)
+        if max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s) < t_slow:
+            return s
+    return None
+
+
+@dataclass(frozen=True)
+class RegimeRow:
+    """One s of the guide: each design's prediction (hybrid at its best n) and the winner."""
+
+    s: int
+    predictions: dict[str, Prediction]
+    hybrid: HybridSplit
+    best: str
+    best_single: str
+
+    @property
+    def times(self) -> dict[str, float]:
+        return {name: pr.time_s for name, pr in self.predictions.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "s": self.s,
+            "times_s": self.times,
+            "bounds": {name: pr.bound for name, pr in self.predictions.items()},
+            "intensity": {name: pr.cost.intensity for name, pr in self.predictions.items()},
+            "best": self.best,
+            "best_single": self.best_single,
+            "best_n": self.hybrid.n,
+            "hybrid_gain": self.times[self.best_single] / self.hybrid.time_s - 1.0,
+        }
+
+
+@dataclass(frozen=True)
+class RegimeEntry:
+    """One line of the seed's regime table, recomputed."""
+
+    regime: str
+    s_range: str
+    best: str
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"regime": self.regime, "s": self.s_range, "best": self.best, "why": self.why}
+
+
+@dataclass(frozen=True)
+class RegimeGuide:
+    """The guide for one (dims, device, ceilings, b, t)."""
+
+    model: str
+    device: str
+    ceilings: Ceilings
+    b: int
+    t: int
+    fa_model: str
+    rows: tuple[RegimeRow, ...]
+    crossover_s: int | None
+
+    @property
+    def regimes(self) -> list[RegimeEntry]:
+        return regime_table(self)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "ceilings": self.ceilings.kind,
+            "peak_flops_per_s": self.ceilings.flops_per_s,
+            "bandwidth_bytes_per_s": self.ceilings.bytes_per_s,
+            "ridge": self.ceilings.ridge,
+            "b": self.b,
+            "t": self.t,
+            "flash_attention_model": self.fa_model,
+            "hybrid_margin": HYBRID_MARGIN,
+            "crossover_s": self.crossover_s,
+            "rows": [r.to_dict() for r in self.rows],
+            "regimes": [e.to_dict() for e in self.regimes],
+        }
+
+
+def regime_guide(
+    dims: MLADims,
+    device: str | Device = "h200",
+    b: int = 32,
+    t: int = 4096,
+    s_values=None,
+    ceilings: str = "measured",
+    fa_model: str = "flash_attention",
+) -> RegimeGuide:
+    """Predict every design for each s (default :data:`DEFAULT_S` up to t).
+
+    ``fa_model`` picks the FlashAttention byte count: the seed's ``flash_attention`` (RoPE key
+    per head) or ``flash_attention_shared_kpe``. Rows are labelled ``flash_attention`` either way.
+    """
+    dev, ceil = resolve_ceilings(device, dims, ceilings)
+    s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
+    fa = get_cost_model(fa_model)
+    rows = []
+    for s in s_values:
+        pr = Problem(b=b, s=s, t=t)
+        split = _best_n_in(dims, pr, ceil, t)
+        preds = {
+            "flash_attention": predict_cost("flash_attention", fa(dims, pr), dev, ceil),
+            "flash_mla": predict_cost("flash_mla", DESIGNS["flash_mla"](dims, pr), dev, ceil),
+            "mla_var6_plus": predict_cost("mla_var6_plus", DESIGNS["mla_var6_plus"](dims, pr.with_n(split.n)), dev, ceil),
+        }
+        single = min(("flash_mla", "flash_attention"), key=lambda d: preds[d].time_s)
+        best = "mla_var6_plus" if split.time_s * (1 + HYBRID_MARGIN) < preds[single].time_s else single
+        rows.append(RegimeRow(s, preds, split, best, single))
+    cross = crossover_s(dims, b, t, dev, ceilings, fast=fa_model)
+    return RegimeGuide(dims.name, dev.key, ceil, b, t, fa_model, tuple(rows), cross)
+
+
+def _fmt_us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} µs"
+
+
+def _summarise(rows: list[RegimeRow]) -> str:
+    """'flash_mla' or 'flash_mla (s 2-8), mla_var6_plus (s 16-32)' from consecutive rows."""
+    parts: list[tuple[str, int, int]] = []
+    for r in rows:
+        if parts and parts[-1][0] == r.best:
+            parts[-1] = (r.best, parts[-1][1], r.s)
+        else:
+            parts.append((r.best, r.s, r.s))
+    if len(parts) == 1:
+        return parts[0][0]
+    return ", ".join(f"{name} (s {lo}-{hi})" if lo != hi else f"{name} (s {lo})" for name, lo, hi in parts)
+
+
+def _at(r: RegimeRow) -> str:
+    p = r.predictions
+    return (
+        f"s={r.s}: FlashAttention {_fmt_us(p['flash_attention'].time_s)} ({p['flash_attention'].bound}), "
+        f"FlashMLA {_fmt_us(p['flash_mla'].time_s)} ({p['flash_mla'].bound}), "
+        f"MLAvar6+ {_fmt_us(r.hybrid.time_s)} (n={r.hybrid.n})"
+    )
+
+
+def regime_table(guide: RegimeGuide) -> list[RegimeEntry]:
+    """The seed's decode / speculative / prefill table for the guide's rows.
+
+    ``why`` quotes the predictions at the first and last s of the regime that the guide has.
+    """
+    entries = []
+    for name, lo, hi in REGIMES:
+        hi_v = guide.t if hi is None else hi
+        rows = [r for r in guide.rows if lo <= r.s <= hi_v]
+        if not rows:
+            continue
+        s_range = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f">{lo - 1}")
+        why = _at(rows[0]) if len(rows) == 1 else f"{_at(rows[0])}; {_at(rows[-1])}"
+        entries.append(RegimeEntry(name, s_range, _summarise(rows), why))
+    return entries
