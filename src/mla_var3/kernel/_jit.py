@@ -8,6 +8,9 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# constexpr copies for use inside @triton.jit code (plain module floats do not compile for a GPU)
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -43,4 +46,19 @@ def online_softmax_step(scores, m_i, l_i):
 def finalize_lse(m_i, l_i):
     """Natural-log LSE of the scaled scores from the log2-domain running max and sum.
     Rows that saw no key get -inf."""
-    return tl.where(l_i > 0, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
+    return tl.where(l_i > 0, (m_i + tl.log2(l_i)) * LN2_C, float("-inf"))
+
+
+@triton.jit
+def to_storage(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """Cast float32 ``x`` to the storage ``dtype`` with the GPU's rounding (nearest even).
+
+    The interpreter truncates fp32 -> bf16; under ``UPCAST`` the value is rounded to nearest even
+    on its bits first, so the cast is exact and interpreter results carry the GPU's (unbiased)
+    rounding error instead of a systematic downward bias. On the GPU this is a plain cast.
+    """
+    if UPCAST and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)

@@ -1,0 +1,137 @@
+"""A FlashMLA-compatible entry point: an engine that calls FlashMLA's dense decode can call this
+with the same code.
+
+Mirrors the dense bf16/fp16 mode of FlashMLA's public interface
+(``flash_mla.flash_mla_interface``: ``get_mla_metadata`` and ``flash_mla_with_kvcache``):
+
+* ``q`` [b, s_q, h_q, K + P] (576 for DeepSeek: 512 latent + 64 RoPE), the absorbed query with
+  its RoPE part last;
+* ``k_cache`` [num_blocks, page_block_size, 1, K + P], paged through ``block_table``
+  [b, max_blocks] int32, with ``cache_seqlens`` [b] int32 valid tokens per sequence;
+* returns ``out`` [b, s_q, h_q, head_dim_v] in q's dtype and ``softmax_lse`` [b, h_q, s_q] float32;
+* ``softmax_scale`` defaults to ``1/sqrt(K + P)`` (q's last dim); with ``causal`` query i of the
+  s_q sees keys ``j <= cache_seqlens[b] - s_q + i`` (the mask is aligned bottom-right).
+
+The scheduling metadata is an empty object filled on first use, as in FlashMLA's current
+interface; our kernel computes its own split-KV plan, so the metadata only records the call's
+configuration, and reusing it with different shapes raises ValueError as FlashMLA refuses it.
+
+Not supported (raise NotImplementedError): fp8 KV cache, sparse attention (``indices``,
+``topk_length``), attention sinks, extra KV caches. Also required here: ``head_dim_v`` and
+``K + P - head_dim_v`` powers of two >= 16, ``cache_seqlens[b] >= s_q``.
+
+Example
+-------
+>>> sched, _ = get_mla_metadata()                                                   # doctest: +SKIP
+>>> out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, sched,
+...                                   causal=True)                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mla_var3.kernel._common import bind_shape
+from mla_var3.kernel.flash_mla import flash_mla_paged
+
+__all__ = ["MLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
+
+
+@dataclass
+class MLASchedMeta:
+    """Scheduling metadata, filled by the first :func:`flash_mla_with_kvcache` call that uses it.
+
+    ``config`` records (b, s_q, h_q, page_block_size, h_k, causal); later calls with the same
+    object must match it (FlashMLA's rule: reuse only for the same shapes and lengths).
+    """
+
+    have_initialized: bool = False
+    config: tuple | None = None
+
+
+def get_mla_metadata(*args, **kwargs) -> tuple[MLASchedMeta, None]:
+    """An empty :class:`MLASchedMeta` and ``None``, like FlashMLA's current interface. Arguments
+    (those of FlashMLA's older interface: cache_seqlens, s_q * h_q // h_k, h_k) are accepted and
+    ignored."""
+    return MLASchedMeta(), None
+
+
+def flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+    head_dim_v: int,
+    tile_scheduler_metadata: MLASchedMeta | None,
+    num_splits: None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices_in_kvcache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashMLA's dense paged decode, run by this package's absorbed kernel.
+
+    Parameters
+    ----------
+    q : [b, s_q, h_q, K + P] bf16/fp16
+    k_cache : [num_blocks, page_block_size, 1, K + P], same dtype
+    block_table : [b, max_blocks] int32
+    cache_seqlens : [b] int32, s_q <= cache_seqlens[i] <= max_blocks * page_block_size
+    head_dim_v : int  K, the value (latent) width: 512 for DeepSeek
+    tile_scheduler_metadata : MLASchedMeta from :func:`get_mla_metadata` (None is accepted)
+    num_splits : must be None
+    softmax_scale : float, default ``(K + P) ** -0.5``
+    causal : bool, bottom-right aligned causal mask among the s_q queries
+
+    Returns
+    -------
+    out : [b, s_q, h_q, head_dim_v] in q's dtype
+    softmax_lse : [b, h_q, s_q] float32 (natural log)
+    """
+    unsupported = {
+        "is_fp8_kvcache=True": bool(is_fp8_kvcache), "indices (sparse attention)": indices is not None,
+        "attn_sink": attn_sink is not None, "extra_k_cache": extra_k_cache is not None,
+        "extra_indices_in_kvcache": extra_indices_in_kvcache is not None, "topk_length": topk_length is not None,
+        "extra_topk_length": extra_topk_length is not None,
+    }
+    asked = [name for name, used in unsupported.items() if used]
+    if asked:
+        raise NotImplementedError(f"flash_mla_with_kvcache: {', '.join(asked)} not supported; only the dense "
+                                  f"bf16/fp16 mode is implemented")
+    if num_splits is not None:
+        raise ValueError("num_splits must be None (FlashMLA's current interface; splits are planned internally)")
+    if block_table is None or cache_seqlens is None:
+        raise ValueError("block_table and cache_seqlens are required for dense attention")
+    if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MLASchedMeta):
+        raise ValueError(f"tile_scheduler_metadata must come from mla_var3.compat.get_mla_metadata(), got "
+                         f"{type(tile_scheduler_metadata).__name__}")
+    sizes: dict[str, int] = {}
+    bind_shape("q", q, "b s_q h_q D", sizes)
+    bind_shape("k_cache", k_cache, "num_blocks page_block_size h_k D", sizes)
+    if sizes["h_k"] != 1:
+        raise ValueError(f"k_cache must have num_heads_k = 1 (MLA shares one latent per token), got {sizes['h_k']}")
+    dv = int(head_dim_v)
+    if not 0 < dv < sizes["D"]:
+        raise ValueError(f"head_dim_v must lie in (0, {sizes['D']}) (q's last dim holds the latent and RoPE parts), "
+                         f"got {head_dim_v}")
+    config = (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], bool(causal))
+    meta = tile_scheduler_metadata
+    if meta is not None:
+        if meta.have_initialized and meta.config != config:
+            raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
+                             f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
+        meta.have_initialized, meta.config = True, config
+    scale = sizes["D"] ** -0.5 if softmax_scale is None else softmax_scale
+    # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies)
+    qt = q.transpose(1, 2)
+    out = torch.empty(sizes["b"], sizes["s_q"], sizes["h_q"], dv, dtype=q.dtype, device=q.device)
+    _, lse = flash_mla_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
+                             causal=causal, out=out.transpose(1, 2))
+    return out, lse

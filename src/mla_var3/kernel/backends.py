@@ -1,0 +1,102 @@
+"""Backend registry: which implementation of a design runs on which device.
+
+Each design (``"flash_mla"``, ``"flash_mla_paged"``, ``"flash_attention"``, ...) maps backend
+names to launchers. The portable ``"triton"`` backend (plain ``triton.language``, tested on the
+CPU interpreter) runs everywhere; a device-specific backend (e.g. ``"gluon"`` for sm_90)
+registers with a ``supports(device)`` predicate and a higher priority, and ``select`` picks it
+automatically where it applies. Every backend of a design takes the same arguments as the
+design's public entry point (minus ``backend``).
+
+Example
+-------
+>>> register("my_design", "triton", my_launcher)                         # doctest: +SKIP
+>>> register("my_design", "gluon", my_hopper_launcher,
+...          supports=lambda dev: cuda_capability(dev) == (9, 0), priority=10)  # doctest: +SKIP
+>>> select("my_design", q.device)(q, ...)                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def _always(device: torch.device) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of a design.
+
+    name : backend name (``"triton"``, ``"gluon"``).
+    launcher : the callable that runs it (same signature as the design's entry point).
+    supports : ``supports(device) -> bool``; False means the backend cannot run there.
+    priority : ``select(..., "auto")`` takes the highest-priority supported backend.
+    """
+
+    name: str
+    launcher: Callable
+    supports: Callable[[torch.device], bool] = _always
+    priority: int = 0
+
+
+_REGISTRY: dict[str, dict[str, Backend]] = {}
+
+
+def register(design: str, name: str, launcher: Callable, *, supports: Callable[[torch.device], bool] = _always,
+             priority: int = 0) -> Callable:
+    """Register (or replace) backend ``name`` of ``design``; returns ``launcher`` so it can be
+    used as a decorator-like call."""
+    _REGISTRY.setdefault(design, {})[name] = Backend(name, launcher, supports, priority)
+    return launcher
+
+
+def backends(design: str) -> dict[str, Backend]:
+    """The registered backends of ``design`` (name -> Backend); empty if none."""
+    return dict(_REGISTRY.get(design, {}))
+
+
+def available(design: str, device: torch.device | str) -> list[str]:
+    """Names of the backends of ``design`` that can run on ``device``, best first."""
+    device = torch.device(device)
+    found = [b for b in _REGISTRY.get(design, {}).values() if b.supports(device)]
+    return [b.name for b in sorted(found, key=lambda b: -b.priority)]
+
+
+def select(design: str, device: torch.device | str, backend: str = "auto") -> Callable:
+    """The launcher to run ``design`` on ``device``.
+
+    ``backend="auto"`` picks the highest-priority backend whose ``supports(device)`` holds; a
+    name picks that backend and raises ValueError if it is unknown or cannot run on ``device``.
+    """
+    device = torch.device(device)
+    table = _REGISTRY.get(design)
+    if not table:
+        raise ValueError(f"no backend registered for design {design!r}; known designs: {sorted(_REGISTRY)}")
+    if backend == "auto":
+        names = available(design, device)
+        if not names:
+            raise ValueError(f"no backend of {design!r} runs on {device}; registered: {sorted(table)}")
+        return table[names[0]].launcher
+    if backend not in table:
+        raise ValueError(f"unknown backend {backend!r} for {design!r}; registered: {sorted(table)}")
+    if not table[backend].supports(device):
+        raise ValueError(f"backend {backend!r} of {design!r} does not run on {device}; "
+                         f"available there: {available(design, device)}")
+    return table[backend].launcher
+
+
+def cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
+    """(major, minor) compute capability of a CUDA ``device``; None for any other device."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def is_hopper(device: torch.device | str) -> bool:
+    """True on sm_90 (H100/H200): the predicate for Hopper-specific backends."""
+    return cuda_capability(device) == (9, 0)

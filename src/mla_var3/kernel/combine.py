@@ -1,0 +1,150 @@
+"""Split-KV combine: merge partial attention outputs computed over disjoint key ranges.
+
+When a kernel splits the context of one sequence into ``NS`` ranges (split-KV), each range
+produces a partial output ``o_i`` (normalised by its own softmax sum) and the natural-log LSE
+``lse_i`` of its scores. The exact result over all keys is the LSE-weighted mean::
+
+    lse = log(sum_i exp(lse_i))
+    o   = sum_i exp(lse_i - lse) * o_i
+
+A range that saw no key has ``lse_i = -inf`` and weight 0 (its ``o_i`` is ignored, even NaN).
+The kernel is generic over the value width ``V`` (512 for the absorbed design's latent
+output, 128 for an expanded head), so every design reuses it.
+
+Example
+-------
+>>> o_part = torch.randn(4, 3, 64)          # 4 rows, 3 splits, V = 64      # doctest: +SKIP
+>>> lse_part = torch.randn(4, 3)                                          # doctest: +SKIP
+>>> out, lse = combine(o_part, lse_part, out_dtype=torch.bfloat16)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_var3.kernel._common import check_device, interpreting, next_pow2
+from mla_var3.kernel._jit import LOG2E_C as LOG2E
+
+
+@triton.jit
+def _combine_kernel(
+    o_part_ptr, lse_part_ptr, out_ptr, lse_out_ptr,
+    M, NS, V,
+    stride_pm, stride_ps, stride_pv,
+    stride_lm, stride_ls,
+    stride_om, stride_ov,
+    stride_lo,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    """One program merges ``BLOCK_R`` rows x ``BLOCK_V`` value columns over all NS splits.
+
+    Reads NS * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ BLOCK_R lse).
+    """
+    pid_r = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < M
+    col_ok = cols < V
+    # pass 1: the max LSE over splits (rows without any key stay -inf)
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for i in range(NS):
+        lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
+        m = tl.maximum(m, lse_i)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    # pass 2: weighted sum of the partial outputs
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+    denom = tl.zeros([BLOCK_R], tl.float32)
+    for i in range(NS):
+        lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
+        w = tl.exp2((lse_i - m_safe) * LOG2E)
+        o_i = tl.load(o_part_ptr + rows[:, None] * stride_pm + i * stride_ps + cols[None, :] * stride_pv,
+                      mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
+        denom += w
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_ov,
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if WRITE_LSE:
+        lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
+        tl.store(lse_out_ptr + rows * stride_lo, lse, mask=row_ok & (pid_v == 0))
+
+
+def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor | None = None,
+            lse_out: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
+            block_r: int | None = None, block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge split-KV partial outputs by their LSE.
+
+    Parameters
+    ----------
+    o_part : [..., NS, V] float32
+        Partial outputs, each normalised over its own key range (any strides).
+    lse_part : [..., NS] float32
+        Natural-log LSE of each range's scaled scores; ``-inf`` for a range without keys.
+    out : [..., V], optional
+        Output buffer (any float dtype, any strides). Allocated with ``out_dtype`` (default
+        float32) if None.
+    lse_out : [...] float32, optional
+        Output LSE buffer; allocated if None.
+    block_r, block_v : int, optional
+        Rows and value columns per program (powers of two); defaults suit the device.
+
+    Returns
+    -------
+    (out [..., V], lse_out [...] float32). Rows where every split is empty get 0 and ``-inf``.
+    """
+    if o_part.dim() < 2 or lse_part.shape != o_part.shape[:-1]:
+        raise ValueError(f"combine: o_part must be [..., NS, V] and lse_part [..., NS]; got "
+                         f"{list(o_part.shape)} and {list(lse_part.shape)}")
+    if o_part.dtype != torch.float32 or lse_part.dtype != torch.float32:
+        raise ValueError(f"combine: o_part and lse_part must be float32, got {o_part.dtype} and {lse_part.dtype}")
+    check_device("o_part", o_part)
+    lead, ns, v = tuple(o_part.shape[:-2]), o_part.shape[-2], o_part.shape[-1]
+    if out is None:
+        out = torch.empty(lead + (v,), dtype=out_dtype or torch.float32, device=o_part.device)
+    if lse_out is None:
+        lse_out = torch.empty(lead, dtype=torch.float32, device=o_part.device)
+    if tuple(out.shape) != lead + (v,) or tuple(lse_out.shape) != lead:
+        raise ValueError(f"combine: out must be {list(lead + (v,))} and lse_out {list(lead)}; got "
+                         f"{list(out.shape)} and {list(lse_out.shape)}")
+    if lse_out.dtype != torch.float32:
+        raise ValueError(f"combine: lse_out must be float32, got {lse_out.dtype}")
+    m = 1
+    for size in lead:
+        m *= size
+    if m == 0 or v == 0:
+        return out, lse_out
+    p3 = o_part.reshape(m, ns, v)
+    l2 = lse_part.reshape(m, ns)
+    # Outputs must be written in place: use a view when the strides allow it, else a temporary.
+    out2 = _flat_view(out, (m, v))
+    lse1 = _flat_view(lse_out, (m,))
+    o_target = out2 if out2 is not None else torch.empty((m, v), dtype=out.dtype, device=out.device)
+    l_target = lse1 if lse1 is not None else torch.empty((m,), dtype=torch.float32, device=out.device)
+    # the interpreter pays per program: few, wide programs there; on a GPU, enough programs
+    # to fill the SMs and tiles that stay in registers
+    if block_r is None:
+        block_r = 32 if interpreting() else 16
+    if block_v is None:
+        block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
+    grid = (triton.cdiv(m, block_r), triton.cdiv(v, block_v))
+    _combine_kernel[grid](
+        p3, l2, o_target, l_target, m, ns, v,
+        p3.stride(0), p3.stride(1), p3.stride(2), l2.stride(0), l2.stride(1),
+        o_target.stride(0), o_target.stride(1), l_target.stride(0),
+        BLOCK_R=block_r, BLOCK_V=block_v, WRITE_LSE=True, num_warps=4,
+    )
+    if out2 is None:
+        out.copy_(o_target.view(out.shape))
+    if lse1 is None:
+        lse_out.copy_(l_target.view(lse_out.shape))
+    return out, lse_out
+
+
+def _flat_view(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    try:
+        return x.view(shape)
+    except RuntimeError:
+        return None

@@ -1,0 +1,501 @@
+"""Absorbed (FlashMLA-style) attention over the latent cache: the portable Triton kernel.
+
+Design
+------
+* **Head grouping.** A program owns ``BLOCK_M`` rows of one sequence, a row being one
+  (head, query token) pair, ordered ``row = head * S + token``. Each key block of ``Z`` is read
+  once per row block and feeds every head in it — the point of the absorbed design.
+* **Score split.** ``score = qc . z^T`` (K wide) ``+ qpe . kpe^T`` (P wide): two dots, because
+  ``tl.arange`` needs powers of two and 576 = 512 + 64 is not one.
+* **Online softmax** in the log2 domain (``scale * log2 e`` folded into the scores), from
+  :mod:`mla_var3.kernel._jit`; ``Z`` is also the value, so ``acc += p . z``.
+* **Causal mask per row**: query token ``i`` of a sequence with ``L`` keys sees ``j <= L - S + i``.
+* **Split-KV.** When ``B * ceil(H*S / BLOCK_M)`` programs would not fill the GPU, the context
+  is cut into ``num_splits`` ranges; each writes a normalised partial output and its LSE, and
+  :func:`mla_var3.kernel.combine.combine` merges them. The split count is a function of
+  (b, h*s, t, SM count) — :func:`choose_num_splits`.
+* **Paged** caches (FlashMLA's layout) run the same kernel with ``PAGED=True``: the page of
+  each key comes from the block table.
+* **Interpreter.** ``UPCAST`` (True under ``TRITON_INTERPRET=1``) converts operands to float32,
+  because the interpreter computes garbage on bf16; ``p`` is still rounded to the storage dtype
+  before ``p . z`` so the numerics follow the GPU path.
+
+Requirements: K and P powers of two, each >= 16 (DeepSeek: 512, 64; MiniCPM3: 256, 32); any H,
+S <= T, any T. Inputs may be non-contiguous (strides are passed through).
+
+Example
+-------
+>>> o_latent, lse = flash_mla(qc, qpe, z, kpe, scale=192 ** -0.5)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_var3.kernel import backends
+from mla_var3.kernel._common import (
+    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+)
+from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
+from mla_var3.kernel.combine import combine
+
+__all__ = [
+    "FlashMLAConfig", "candidate_configs", "choose_num_splits", "default_config", "flash_mla", "flash_mla_paged",
+]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configuration
+
+#: shared memory per program on the H200 (bytes, as Triton reports the limit).
+_SMEM_LIMIT = 232_448
+
+
+@dataclass(frozen=True)
+class FlashMLAConfig:
+    """Launch configuration of the absorbed kernel.
+
+    block_m : rows (heads x query tokens of one sequence) per program; a power of two >= 16.
+    block_n : keys per inner step; a power of two >= 16.
+    num_warps, num_stages : Triton launch options (software pipelining depth of the key loop).
+    num_splits : key ranges per sequence (split-KV); 1 = no split, no combine step.
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+    num_splits: int = 1
+
+    def validate(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 16 or value & (value - 1):
+                raise ValueError(f"FlashMLAConfig.{name} must be a power of two >= 16, got {value!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"FlashMLAConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"FlashMLAConfig.num_stages must be a positive int, got {self.num_stages!r}")
+        if not isinstance(self.num_splits, int) or self.num_splits < 1:
+            raise ValueError(f"FlashMLAConfig.num_splits must be a positive int, got {self.num_splits!r}")
+
+    def replace(self, **changes) -> "FlashMLAConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def choose_num_splits(b: int, rows: int, t: int, *, block_m: int, block_n: int, sms: int,
+                      min_blocks_per_split: int = 2, max_splits: int = 64) -> int:
+    """Split-KV count for ``b`` sequences of ``rows = h * s`` rows and ``t`` keys on ``sms`` SMs.
+
+    Without splitting there are ``b * ceil(rows / block_m)`` programs. When they leave SMs idle,
+    each sequence's keys are cut into as many ranges as fill about one wave, but never ranges
+    shorter than ``min_blocks_per_split`` key blocks (each program re-reads its query block,
+    BLOCK_M*(K+P) elements, which must stay small next to the keys it streams).
+    """
+    programs = b * cdiv(rows, block_m)
+    if programs <= 0 or programs >= sms:
+        return 1
+    by_sms = sms // programs
+    by_len = t // (block_n * min_blocks_per_split)
+    return max(1, min(by_sms, by_len, max_splits))
+
+
+def _device_sms(device) -> int:
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        return num_sms(device.index)
+    return 132  # the benchmark GPU (H200), so the interpreter splits as it would
+
+
+def default_config(b: int, rows: int, t: int, k: int = 512, p: int = 64, *, device=None,
+                   sms: int | None = None) -> FlashMLAConfig:
+    """The analytic default for ``b`` sequences, ``rows = h * s``, ``t`` keys, widths k, p.
+
+    64-row blocks (the wgmma tile height on Hopper; FlashMLA's choice) unless there are fewer
+    rows; 8 warps so the [64, K] fp32 accumulator fits in registers at K = 512 (128 registers
+    per thread); 32-key steps when the accumulator is that large (64-key steps spill a few
+    registers at K = 512 on sm_90, compiled with triton 3.6), else 64; two pipeline stages
+    (three 64-key stages of a 576-wide cache exceed the 227 KB of shared memory);
+    split-KV from :func:`choose_num_splits`.
+    """
+    block_m = min(64, max(16, next_pow2(rows)))
+    big_acc = block_m * k >= 64 * 512
+    block_n = 32 if big_acc else 64
+    num_warps = 8 if block_m * k >= 64 * 256 else 4
+    num_stages = 2
+    sms = sms if sms is not None else _device_sms(device)
+    ns = choose_num_splits(b, rows, t, block_m=block_m, block_n=block_n, sms=sms)
+    return FlashMLAConfig(block_m, block_n, num_warps, num_stages, ns)
+
+
+def smem_estimate(config: FlashMLAConfig, k: int, p: int, elem_bytes: int = 2) -> int:
+    """Rough shared memory of a config: the query block plus ``num_stages`` key blocks."""
+    return elem_bytes * (k + p) * (config.block_m + max(1, config.num_stages) * config.block_n)
+
+
+def candidate_configs(b: int, rows: int, t: int, k: int = 512, p: int = 64, *, device=None,
+                      sms: int | None = None) -> list[FlashMLAConfig]:
+    """Configs worth timing for this problem (for an autotuner), the default first.
+
+    Block shapes x warps x stages, filtered by a shared-memory estimate and by the register
+    budget of the fp32 accumulator (block_m * k * 4 bytes over num_warps * 32 threads must stay
+    within ~128 registers); each with its heuristic split count and with twice / half of it.
+    """
+    sms = sms if sms is not None else _device_sms(device)
+    first = default_config(b, rows, t, k, p, device=device, sms=sms)
+    found = [first]
+    top_m = min(64, max(16, next_pow2(rows)))
+    for block_m in (16, 32, 64):
+        if block_m > top_m:
+            continue
+        for block_n in (32, 64, 128):
+            for num_warps in (4, 8):
+                if block_m * k > num_warps * 32 * 128:
+                    continue
+                for num_stages in (1, 2, 3):
+                    base = FlashMLAConfig(block_m, block_n, num_warps, num_stages, 1)
+                    if smem_estimate(base, k, p) > _SMEM_LIMIT:
+                        continue
+                    ns = choose_num_splits(b, rows, t, block_m=block_m, block_n=block_n, sms=sms)
+                    for n in sorted({ns, max(1, ns // 2), min(64, 2 * ns)}):
+                        if n > 1 and n * block_n > t:
+                            continue
+                        cfg = base.replace(num_splits=n)
+                        if cfg not in found:
+                            found.append(cfg)
+    return found
+
+
+@triton.jit
+def _flash_mla_kernel(
+    qc_ptr, qpe_ptr, z_ptr, kpe_ptr, block_table_ptr, seqlens_ptr,
+    out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
+    scale_log2, S, T, ROWS, NUM_SPLITS,
+    stride_qb, stride_qh, stride_qs, stride_qk,
+    stride_pb, stride_ph, stride_ps, stride_pp,
+    stride_zb, stride_zt, stride_zk,
+    stride_kb, stride_kt, stride_kp,
+    stride_bt,
+    stride_ob, stride_oh, stride_os, stride_ok,
+    stride_lb, stride_lh, stride_ls,
+    stride_xb, stride_xr, stride_xs,
+    K: tl.constexpr, P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Grid (row blocks, B, NUM_SPLITS). Dense: z/kpe strides are (batch, token, dim). Paged:
+    z_ptr/kpe_ptr point into kv_cache (kpe_ptr = z_ptr + K), the "batch" stride is the page
+    stride and the token stride is the in-page stride.
+
+    Per program: reads BLOCK_M*(K+P) query elements once, then (K+P) per key of its range;
+    2*BLOCK_M*(2K+P) FLOPs per key; writes BLOCK_M*K outputs (fp32 partials when SPLIT).
+    """
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    head = rows // S
+    tok = rows % S
+    offs_k = tl.arange(0, K)
+    offs_p = tl.arange(0, P)
+
+    if HAS_SEQLENS:
+        L = tl.load(seqlens_ptr + b)
+    else:
+        L = T
+    # keys visible to this block: [0, kv_end); per row [0, row_end)
+    if CAUSAL:
+        row_end = L - S + tok + 1
+        kv_end = L - S + 1 + tl.max(tl.where(row_ok, tok, 0), 0)
+    else:
+        row_end = tl.zeros([BLOCK_M], tl.int32) + L
+        kv_end = L
+    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * chunk
+    kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+
+    # the query block stays on chip for the whole key loop: BLOCK_M * (K + P) elements
+    q_rows = b * stride_qb + head * stride_qh + tok * stride_qs
+    qc = tl.load(qc_ptr + q_rows[:, None] + offs_k[None, :] * stride_qk, mask=row_ok[:, None], other=0.0)
+    p_rows = b * stride_pb + head * stride_ph + tok * stride_ps
+    qpe = tl.load(qpe_ptr + p_rows[:, None] + offs_p[None, :] * stride_pp, mask=row_ok[:, None], other=0.0)
+    qc = operand(qc, UPCAST)
+    qpe = operand(qpe, UPCAST)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, K], tl.float32)
+
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < kv_hi
+        if PAGED:
+            page = tl.load(block_table_ptr + b * stride_bt + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+            z_tok = page.to(tl.int64) * stride_zb + (offs_n % PAGE_SIZE) * stride_zt
+            k_tok = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE) * stride_kt
+        else:
+            z_tok = b * stride_zb + offs_n.to(tl.int64) * stride_zt
+            k_tok = b * stride_kb + offs_n.to(tl.int64) * stride_kt
+        # read BLOCK_N * (K + P) cache elements; z serves as key and value
+        z = tl.load(z_ptr + z_tok[:, None] + offs_k[None, :] * stride_zk, mask=n_ok[:, None], other=0.0)
+        kpe = tl.load(kpe_ptr + k_tok[:, None] + offs_p[None, :] * stride_kp, mask=n_ok[:, None], other=0.0)
+        zop = operand(z, UPCAST)
+        # 2 * BLOCK_M * BLOCK_N * (K + P) FLOPs: the latent part and the RoPE part
+        scores = tl.dot(qc, tl.trans(zop))
+        scores += tl.dot(qpe, tl.trans(operand(kpe, UPCAST)))
+        scores = scores * scale_log2
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] < row_end[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        p, alpha, m_i, l_i = online_softmax_step(scores, m_i, l_i)
+        # round p to the storage dtype as the tensor-core path does, then p . z
+        pv = operand(to_storage(p, z_ptr.dtype.element_ty, UPCAST), UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(pv, zop)
+
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    o = acc * inv_l[:, None]
+    lse = finalize_lse(m_i, l_i)
+    if SPLIT:
+        # fp32 partials: o_part [B, ROWS, NUM_SPLITS, K], lse_part [B, ROWS, NUM_SPLITS]
+        x_rows = b * stride_xb + rows * stride_xr + split * stride_xs
+        tl.store(o_part_ptr + x_rows[:, None] * K + offs_k[None, :], o, mask=row_ok[:, None])
+        tl.store(lse_part_ptr + x_rows, lse, mask=row_ok)
+    else:
+        o_rows = b * stride_ob + head * stride_oh + tok * stride_os
+        tl.store(out_ptr + o_rows[:, None] + offs_k[None, :] * stride_ok,
+                 to_storage(o, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None])
+        tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def _check_pow2(name: str, value: int, what: str) -> None:
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"{name}: {what} must be a power of two >= 16 for the Triton kernel, got {value}")
+
+
+def _check_queries(qc, qpe, out):
+    """Validate qc/qpe (and out) and return (sizes, device)."""
+    sizes: dict[str, int] = {}
+    if not isinstance(qc, torch.Tensor):
+        raise ValueError(f"qc must be a torch.Tensor [B, H, S, K], got {type(qc).__name__}")
+    device = qc.device
+    check_device("qc", qc)
+    dtypes = allowed_dtypes(device)
+    bind_shape("qc", qc, "B H S K", sizes, dtypes=dtypes, device=device)
+    bind_shape("qpe", qpe, "B H S P", sizes, dtypes=(qc.dtype,), device=device)
+    _check_pow2("qc", sizes["K"], "the latent width K (last dim)")
+    _check_pow2("qpe", sizes["P"], "the RoPE width P (last dim)")
+    if out is not None:
+        bind_shape("out", out, "B H S K", sizes, dtypes=(qc.dtype,), device=device)
+    return sizes, device
+
+
+def _validate_dense(qc, qpe, z, kpe, seqlens, out):
+    sizes, device = _check_queries(qc, qpe, out)
+    bind_shape("z", z, "B T K", sizes, dtypes=(qc.dtype,), device=device)
+    bind_shape("kpe", kpe, "B T P", sizes, dtypes=(qc.dtype,), device=device)
+    if sizes["S"] > sizes["T"]:
+        raise ValueError(f"qc has S={sizes['S']} query tokens but z holds only T={sizes['T']} keys; "
+                         f"the cache must include the new tokens (S <= T)")
+    seqlens = check_seqlens(seqlens, sizes["B"], sizes["T"], sizes["S"], device)
+    return sizes, seqlens
+
+
+def _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out):
+    sizes, device = _check_queries(qc, qpe, out)
+    width = sizes["K"] + sizes["P"]
+    bind_shape("kv_cache", kv_cache, f"NB PAGE 1 {width}", sizes, dtypes=(qc.dtype,), device=device)
+    bind_shape("block_table", block_table, "B MAXB", sizes, dtypes=(torch.int32,), device=device)
+    if seqlens is None:
+        raise ValueError("seqlens [B] int32 is required with a paged cache")
+    t = sizes["MAXB"] * sizes["PAGE"]
+    if sizes["S"] > t:
+        raise ValueError(f"qc has S={sizes['S']} query tokens but the block table covers only "
+                         f"T={t} keys (max_blocks {sizes['MAXB']} x page_block_size {sizes['PAGE']})")
+    seqlens = check_seqlens(seqlens, sizes["B"], t, sizes["S"], device)
+    # every block a sequence uses must be a valid page (one small reduction on the device)
+    used = torch.arange(sizes["MAXB"], device=device)[None, :] < (seqlens.long()[:, None] + sizes["PAGE"] - 1) // sizes["PAGE"]
+    pages = block_table[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= sizes["NB"]):
+        raise ValueError(f"block_table entries for the blocks within seqlens must lie in [0, num_blocks={sizes['NB']}), "
+                         f"got min {int(pages.min())}, max {int(pages.max())}")
+    sizes["T"] = t
+    return sizes, seqlens
+
+
+# ---------------------------------------------------------------------------------------------
+# launch
+
+
+def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seqlens, out, sizes, *, scale,
+             causal, config, page_size, paged, upcast):
+    """Allocate outputs and build the kernel's arguments: (grid, kwargs, config, out, lse,
+    partials). Works on meta tensors too (for compiling without data)."""
+    b, h, s, k, p, t = sizes["B"], sizes["H"], sizes["S"], sizes["K"], sizes["P"], sizes["T"]
+    device = qc.device
+    rows = h * s
+    if config is None:
+        config = default_config(b, rows, t, k, p, device=device)
+    config.validate()
+    if out is None:
+        out = torch.empty((b, h, s, k), dtype=qc.dtype, device=device)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=device)
+    ns = config.num_splits
+    split = ns > 1
+    if split:
+        o_part = torch.empty((b, rows, ns, k), dtype=torch.float32, device=device)
+        lse_part = torch.empty((b, rows, ns), dtype=torch.float32, device=device)
+    else:
+        o_part = lse_part = lse  # unused placeholders
+    dummy_i32 = seqlens if seqlens is not None else torch.zeros(1, dtype=torch.int32, device=device)
+    bt = block_table if block_table is not None else dummy_i32
+    names = ("b", "h", "s", "k")
+    kwargs = dict(
+        qc_ptr=qc, qpe_ptr=qpe, z_ptr=z_view, kpe_ptr=kpe_view, block_table_ptr=bt, seqlens_ptr=dummy_i32,
+        out_ptr=out, lse_ptr=lse, o_part_ptr=o_part, lse_part_ptr=lse_part,
+        scale_log2=float(scale * LOG2E), S=s, T=t, ROWS=rows, NUM_SPLITS=ns,
+        **{f"stride_q{n}": v for n, v in zip(names, qc.stride())},
+        **{f"stride_p{n}": v for n, v in zip(("b", "h", "s", "p"), qpe.stride())},
+        **{f"stride_z{n}": v for n, v in zip(("b", "t", "k"), z_strides)},
+        **{f"stride_k{n}": v for n, v in zip(("b", "t", "p"), kpe_strides)},
+        stride_bt=bt.stride(0) if block_table is not None else 0,
+        **{f"stride_o{n}": v for n, v in zip(names, out.stride())},
+        **{f"stride_l{n}": v for n, v in zip(("b", "h", "s"), lse.stride())},
+        **dict(zip(("stride_xb", "stride_xr", "stride_xs"), (rows * ns, ns, 1) if split else (0, 0, 0))),
+        K=k, P=p, BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size, PAGED=paged,
+        HAS_SEQLENS=seqlens is not None, CAUSAL=bool(causal), SPLIT=split, UPCAST=upcast,
+    )
+    grid = (cdiv(rows, config.block_m), b, ns)
+    return grid, kwargs, config, out, lse, (o_part, lse_part)
+
+
+def _launch(*args, **kw):
+    grid, kwargs, config, out, lse, (o_part, lse_part) = _prepare(*args, **kw, upcast=interpreting())
+    b, h, s, k = out.shape
+    if b == 0 or h * s == 0:
+        return out, lse
+    _flash_mla_kernel[grid](**kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.num_splits > 1:
+        # rows are ordered head * S + token, so [B, ROWS, ...] is [B, H, S, ...] flattened
+        ns = config.num_splits
+        combine(o_part.view(b, h, s, ns, k), lse_part.view(b, h, s, ns), out, lse)
+    return out, lse
+
+
+def example_launch(b: int, h: int, s: int, t: int, k: int = 512, p: int = 64, *, dtype: torch.dtype = torch.bfloat16,
+                   causal: bool = True, paged: bool = False, page_size: int = 64, ragged: bool = False,
+                   config: FlashMLAConfig | None = None, sms: int = 132) -> tuple[dict, FlashMLAConfig]:
+    """The GPU launch arguments of the main kernel for a problem (contiguous inputs), with
+    pointers as type strings: feed to :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`
+    to check the compiled kernel (registers, spills, HGMMA) without a GPU. Also returns the
+    config used (default: :func:`default_config` with ``sms`` SMs)."""
+    meta = dict(device="meta")
+    qc = torch.empty(b, h, s, k, dtype=dtype, **meta)
+    qpe = torch.empty(b, h, s, p, dtype=dtype, **meta)
+    seqlens = torch.empty(b, dtype=torch.int32, **meta) if (ragged or paged) else None
+    if config is None:
+        config = default_config(b, h * s, t, k, p, sms=sms)
+    sizes = dict(B=b, H=h, S=s, K=k, P=p, T=t)
+    if paged:
+        nblocks = cdiv(t, page_size)
+        cache = torch.empty(b * nblocks, page_size, 1, k + p, dtype=dtype, **meta)
+        table = torch.empty(b, nblocks, dtype=torch.int32, **meta)
+        strides = (cache.stride(0), cache.stride(1), cache.stride(3))
+        views = (cache, cache[..., k:], strides, strides, table)
+    else:
+        z = torch.empty(b, t, k, dtype=dtype, **meta)
+        kpe = torch.empty(b, t, p, dtype=dtype, **meta)
+        views = (z, kpe, z.stride(), kpe.stride(), None)
+    _, kwargs, config, *_ = _prepare(qc, qpe, *views, seqlens, None, sizes, scale=0.07, causal=causal, config=config,
+                                     page_size=page_size if paged else 1, paged=paged, upcast=False)
+    type_names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
+    args = {name: f"*{type_names[v.dtype]}" if isinstance(v, torch.Tensor) else v for name, v in kwargs.items()}
+    return args, config
+
+
+def _flash_mla_triton(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out):
+    """The portable Triton backend of :func:`flash_mla` (inputs already validated)."""
+    b, h, s, k = qc.shape
+    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=z.shape[1])
+    return _launch(qc, qpe, z, kpe, (z.stride(0), z.stride(1), z.stride(2)), kpe.stride(), None, seqlens, out,
+                   sizes, scale=scale, causal=causal, config=config, page_size=1, paged=False)
+
+
+def _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out):
+    """The portable Triton backend of :func:`flash_mla_paged` (inputs already validated)."""
+    b, h, s, k = qc.shape
+    nb, page, _, width = kv_cache.shape
+    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=block_table.shape[1] * page)
+    strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(3))
+    return _launch(qc, qpe, kv_cache, kv_cache[..., k:], strides, strides, block_table, seqlens, out, sizes,
+                   scale=scale, causal=causal, config=config, page_size=page, paged=True)
+
+
+backends.register("flash_mla", "triton", _flash_mla_triton)
+backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
+
+
+def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
+              causal: bool = True, seqlens: torch.Tensor | None = None, config: FlashMLAConfig | None = None,
+              out: torch.Tensor | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA attention over a dense latent cache.
+
+    Parameters
+    ----------
+    qc : [B, H, S, K]   absorbed no-RoPE query (bf16/fp16; fp32 too under the interpreter)
+    qpe : [B, H, S, P]  RoPE query
+    z : [B, T, K]       latent cache (key and value), T includes the S new tokens
+    kpe : [B, T, P]     RoPE key, one per token, shared by all heads
+    scale : float       softmax scale (DeepSeek: 1/sqrt(d + p), times mscale^2 with YaRN)
+    causal : bool       query i of S sees keys j <= L - S + i (L = T or seqlens[b])
+    seqlens : [B] int32, optional   valid keys per sequence, S <= seqlens[b] <= T
+    config : FlashMLAConfig, optional   launch config (default: :func:`default_config`)
+    out : [B, H, S, K], optional        output buffer (any strides) in qc's dtype
+    backend : str       ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
+
+    Returns
+    -------
+    o_latent : [B, H, S, K] in qc's dtype (decompress with W_UV to get [B, H, S, D])
+    lse : [B, H, S] float32, natural-log LSE of the scaled scores
+
+    K and P must be powers of two >= 16. Raises ValueError on any invalid input.
+    """
+    sizes, seqlens = _validate_dense(qc, qpe, z, kpe, seqlens, out)
+    scale = check_scale(scale)
+    run = backends.select("flash_mla", qc.device, backend)
+    return run(qc, qpe, z, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out)
+
+
+def flash_mla_paged(qc: torch.Tensor, qpe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                    seqlens: torch.Tensor, *, scale: float, causal: bool = True,
+                    config: FlashMLAConfig | None = None, out: torch.Tensor | None = None,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA attention over a paged latent cache (FlashMLA's layout).
+
+    Parameters
+    ----------
+    qc : [B, H, S, K], qpe : [B, H, S, P]   as in :func:`flash_mla`
+    kv_cache : [num_blocks, page_block_size, 1, K + P]   first K = latent z, last P = RoPE key
+    block_table : [B, max_blocks] int32   page of each block of each sequence; entries past a
+        sequence's last block are never read (may be -1)
+    seqlens : [B] int32   valid keys per sequence, S <= seqlens[b] <= max_blocks * page_block_size
+    scale, causal, config, out, backend : as in :func:`flash_mla`
+
+    Returns (o_latent [B, H, S, K] in qc's dtype, lse [B, H, S] float32).
+    """
+    sizes, seqlens = _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out)
+    scale = check_scale(scale)
+    run = backends.select("flash_mla_paged", qc.device, backend)
+    return run(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=bool(causal), config=config, out=out)

@@ -1,0 +1,218 @@
+"""Compile a ``@triton.jit`` kernel for a GPU architecture (sm_90 by default) on any machine,
+GPU or not, and report what the compiler made of it: registers, spills, shared memory, and
+whether the SASS uses Hopper's warpgroup MMA (HGMMA).
+
+The Triton interpreter does not catch the layout and shape errors of ``tl.dot`` that fail on a
+GPU, nor register pressure; this does, at no device cost. ptxas and cuobjdump ship with the
+Triton wheel.
+
+``TRITON_INTERPRET=1`` changes what ``@triton.jit`` returns at import time, so compiling must
+happen in a process where it is ``0`` (``mla_var3.kernel`` turns it on when it is unset and there
+is no GPU): use :func:`compile_in_subprocess` from tests (which run
+under the interpreter on CPU machines), :func:`compile_report` in a clean process.
+
+Example
+-------
+>>> rep = compile_in_subprocess("mla_var3.kernel.combine", "_combine_kernel",
+...     {"o_part_ptr": "*fp32", ..., "BLOCK_R": "constexpr"}, {"BLOCK_R": 16, ...})  # doctest: +SKIP
+>>> rep.registers, rep.spill_stores, rep.shared_bytes, rep.hgmma                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What ptxas and the SASS say about one compiled kernel.
+
+    registers : registers per thread.
+    spill_stores, spill_loads : bytes spilled to local memory (0 is the goal).
+    stack_bytes : stack frame per thread.
+    shared_bytes : dynamic shared memory Triton requests per program (its ``metadata.shared``).
+    hgmma : the SASS contains HGMMA (warpgroup MMA; Hopper tensor cores at full rate).
+    hgmma_count : number of HGMMA instructions in the SASS.
+    num_warps, num_stages, arch : the compile options.
+    """
+
+    kernel: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    shared_bytes: int
+    hgmma: bool
+    hgmma_count: int
+    num_warps: int
+    num_stages: int
+    arch: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    def summary(self) -> str:
+        return (f"{self.kernel} sm_{self.arch} warps={self.num_warps} stages={self.num_stages}: "
+                f"{self.registers} regs, spills {self.spill_stores}/{self.spill_loads} B (st/ld), "
+                f"stack {self.stack_bytes} B, smem {self.shared_bytes} B, HGMMA x{self.hgmma_count}")
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} not found at {path}: the Triton wheel ships it for NVIDIA targets")
+    return str(path)
+
+
+def compile_report(fn, signature: dict[str, str], constexprs: dict[str, object], *, num_warps: int = 4,
+                   num_stages: int = 2, arch: int = 90, attrs: dict | None = None) -> CompileReport:
+    """Compile ``fn`` (a ``@triton.jit`` function; not under the interpreter) for ``sm_<arch>``.
+
+    ``signature`` maps every argument to a Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``,
+    ``"constexpr"``); ``constexprs`` gives the constexpr values; ``attrs`` optional argument
+    attributes (``{(index,): [["tt.divisibility", 16]]}``), as :func:`launch_signature` builds
+    them. Prefer :func:`launch_signature`: a hand-written signature without the launch's
+    specialisation (unit strides as constants, 16-divisibility) compiles to slower, scalar
+    code with more registers than the real launch. Raises whatever the compiler
+    raises when the kernel does not compile (e.g. OutOfResources for shared memory).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not hasattr(fn, "arg_names"):
+        raise TypeError("compile_report needs a @triton.jit function compiled without TRITON_INTERPRET")
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    name = compiled.metadata.name
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        cubin = Path(tmp) / "k.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin.write_bytes(compiled.asm["cubin"])
+        suffix = "a" if arch >= 90 else ""
+        ptxas = subprocess.run([_tool("ptxas"), "-v", f"-arch=sm_{arch}{suffix}", str(ptx), "-o", os.devnull],
+                               capture_output=True, text=True, check=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    info = ptxas.stdout + ptxas.stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    hgmma_count = len(re.findall(r"\bHGMMA\b", sass))
+    return CompileReport(
+        kernel=name,
+        registers=int(regs.group(1)) if regs else -1,
+        stack_bytes=int(spill.group(1)) if spill else -1,
+        spill_stores=int(spill.group(2)) if spill else -1,
+        spill_loads=int(spill.group(3)) if spill else -1,
+        shared_bytes=int(compiled.metadata.shared),
+        hgmma=hgmma_count > 0,
+        hgmma_count=hgmma_count,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        arch=arch,
+    )
+
+
+def launch_signature(fn, args: dict[str, object]) -> tuple[dict[str, str], dict[str, object], dict]:
+    """The (signature, constexprs, attrs) a launch of ``fn`` with ``args`` would compile.
+
+    ``args`` maps every parameter of ``fn`` to its launch value: a pointer as a type string
+    (``"*bf16"``; assumed 16-byte aligned, as torch allocations are), an int, a float, or a
+    constexpr value. Mirrors Triton's JIT specialisation: constexpr parameters keep their
+    value, an int equal to 1 becomes the constant 1, ints divisible by 16 and pointers carry
+    ``tt.divisibility = 16``, ints beyond 32 bits become i64, floats fp32.
+    """
+    names = list(fn.arg_names)
+    missing = [n for n in names if n not in args and not fn.params[names.index(n)].has_default]
+    unknown = [n for n in args if n not in names]
+    if missing or unknown:
+        raise ValueError(f"launch_signature({fn.__name__}): missing {missing}, unknown {unknown}")
+    signature: dict[str, str] = {}
+    constexprs: dict[str, object] = {}
+    attrs: dict = {}
+    for i, (name, param) in enumerate(zip(names, fn.params)):
+        value = args[name] if name in args else param.default
+        divisible = False
+        if param.is_constexpr:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, str) and value.startswith("*"):
+            signature[name], divisible = value, True
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            if value == 1:
+                signature[name], constexprs[name] = "constexpr", 1
+            else:
+                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+                divisible = value % 16 == 0
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise ValueError(f"launch_signature: cannot type argument {name}={value!r}")
+        if divisible:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
+
+
+def compile_launch_in_subprocess(module: str, kernel: str, args: dict[str, object], *, num_warps: int = 4,
+                                 num_stages: int = 2, arch: int = 90, timeout: float = 600) -> CompileReport:
+    """Compile ``module.kernel`` as a launch with ``args`` would (see :func:`launch_signature`),
+    in a fresh process without the interpreter; the way tests check a kernel's GPU path."""
+    return _run_child(dict(module=module, kernel=kernel, args=args, num_warps=num_warps, num_stages=num_stages,
+                           arch=arch), timeout)
+
+
+def compile_in_subprocess(module: str, kernel: str, signature: dict[str, str], constexprs: dict[str, object], *,
+                          num_warps: int = 4, num_stages: int = 2, arch: int = 90,
+                          timeout: float = 600) -> CompileReport:
+    """:func:`compile_report` for ``module.kernel`` in a fresh Python process with
+    ``TRITON_INTERPRET=0`` (safe to call from interpreter-mode tests). Raises RuntimeError with
+    the child's stderr when compilation fails."""
+    return _run_child(dict(module=module, kernel=kernel, signature=signature, constexprs=constexprs,
+                           num_warps=num_warps, num_stages=num_stages, arch=arch), timeout)
+
+
+def _run_child(request: dict, timeout: float) -> CompileReport:
+    payload = json.dumps(request)
+    module, kernel, arch = request["module"], request["kernel"], request["arch"]
+    # "0", not unset: importing mla_var3.kernel turns the interpreter on when the variable is
+    # absent and there is no GPU.
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    src_dir = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src_dir + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "mla_var3.kernel.sass"], input=payload, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {module}.{kernel} for sm_{arch} failed:\n{proc.stderr[-4000:]}")
+    return CompileReport(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _main() -> None:
+    import importlib
+
+    args = json.loads(sys.stdin.read())
+    fn = getattr(importlib.import_module(args["module"]), args["kernel"])
+    if "args" in args:
+        signature, constexprs, attrs = launch_signature(fn, args["args"])
+    else:
+        signature, constexprs, attrs = args["signature"], args["constexprs"], None
+    rep = compile_report(fn, signature, constexprs, num_warps=args["num_warps"], num_stages=args["num_stages"],
+                         arch=args["arch"], attrs=attrs)
+    print(json.dumps(dataclasses.asdict(rep)))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,75 @@
+"""Compile the kernels' GPU path for the H200 (sm_90) on any machine, GPU or not.
+
+The interpreter does not catch what fails or slows down on a GPU: ``tl.dot`` layout and shape
+errors, register spills, shared memory over the 227 KB limit, a matmul that misses the
+warpgroup MMA (HGMMA) units. Each entry below is compiled as the launcher would launch it for a
+realistic problem (bf16, UPCAST=False, the launcher's default config), in a subprocess with the
+interpreter off (:mod:`mla_var3.kernel.sass`), and the compiler's report is printed.
+
+To add a kernel: append a ``Kernel(...)`` to ``KERNELS`` with a factory that returns the launch
+arguments (pointers as ``"*bf16"`` strings, ints, floats, constexprs; see
+``sass.launch_signature``) and the launch options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from mla_var3.kernel.sass import compile_launch_in_subprocess
+
+#: shared memory per block on the H200 (bytes), as Triton's OutOfResources reports it.
+SMEM_LIMIT = 232_448
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch to compile.
+
+    factory() -> (args, num_warps, num_stages); hgmma: whether the SASS must use HGMMA.
+    """
+
+    id: str
+    module: str
+    kernel: str
+    factory: Callable[[], tuple[dict, int, int]]
+    hgmma: bool = True
+
+
+def _flash_mla(b: int, s: int, paged: bool = False):
+    from mla_var3.kernel.flash_mla import example_launch
+
+    args, cfg = example_launch(b, 128, s, 4096, 512, 64, causal=s > 1, paged=paged)
+    return args, cfg.num_warps, cfg.num_stages
+
+
+def _combine(rows: int, splits: int, v: int):
+    args = dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_out_ptr="*fp32",
+                M=rows, NS=splits, V=v, stride_pm=splits * v, stride_ps=v, stride_pv=1, stride_lm=splits,
+                stride_ls=1, stride_om=v, stride_ov=1, stride_lo=1, BLOCK_R=16, BLOCK_V=128, WRITE_LSE=True)
+    return args, 4, 2
+
+
+KERNELS = [
+    Kernel("flash_mla-b32-s1", "mla_var3.kernel.flash_mla", "_flash_mla_kernel", lambda: _flash_mla(32, 1)),
+    Kernel("flash_mla-b32-s16", "mla_var3.kernel.flash_mla", "_flash_mla_kernel", lambda: _flash_mla(32, 16)),
+    Kernel("flash_mla_paged-b32-s1", "mla_var3.kernel.flash_mla", "_flash_mla_kernel",
+           lambda: _flash_mla(32, 1, paged=True)),
+    Kernel("combine-v512", "mla_var3.kernel.combine", "_combine_kernel", lambda: _combine(32 * 128, 2, 512),
+           hgmma=False),
+]
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=[k.id for k in KERNELS])
+def test_compiles_for_sm90(spec: Kernel, capsys):
+    args, num_warps, num_stages = spec.factory()
+    rep = compile_launch_in_subprocess(spec.module, spec.kernel, args, num_warps=num_warps, num_stages=num_stages)
+    with capsys.disabled():
+        print(f"\n  [{spec.id}] {rep.summary()}")
+    assert rep.registers > 0
+    assert rep.spills == 0, f"{spec.id}: register spills {rep.spill_stores}/{rep.spill_loads} bytes"
+    assert rep.shared_bytes <= SMEM_LIMIT, f"{spec.id}: {rep.shared_bytes} bytes of shared memory > {SMEM_LIMIT}"
+    if spec.hgmma:
+        assert rep.hgmma, f"{spec.id}: no HGMMA in the SASS (the matmuls miss the warpgroup MMA units)"
