@@ -366,10 +366,37 @@ def _cmd_report(args) -> int:
     Problem(b=args.b, s=1, t=args.t)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, formats, args.context, note)
+    status = 0
+    if args.kernel_check:
+        check_path, status = _kernel_check(args.out)
+        paths.append(check_path)
     print(f"device: {note}")
     for p in paths:
         print(p)
-    return 0
+    return status
+
+
+def _kernel_check(out_dir) -> tuple[str, int]:
+    """Run every kernel once against the fp32 reference (on the GPU, or small shapes under the
+    interpreter); print a table, write kernel_check.json; status 1 if any check fails."""
+    import dataclasses
+    import json
+    import os
+
+    from mla_var3.kernel.selfcheck import run_selfcheck  # imports torch + triton (and picks the interpreter)
+
+    where = "GPU" if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") else "CPU, Triton interpreter"
+    print(f"kernel check ({where}): each design against the fp32 reference ...", flush=True)
+    results = run_selfcheck()
+    rows = [[r.design, r.shape, r.dtype, f"{r.error:.2e}", f"{r.tolerance:.0e}", f"{r.seconds:.1f}",
+             "PASS" if r.passed else "FAIL"] for r in results]
+    _console().print(_table(f"kernel check ({where})",
+                            ["design", "shape", "dtype", "rel. error", "tolerance", "s", "result"], rows))
+    path = os.path.join(out_dir, "kernel_check.json")
+    with open(path, "w") as f:
+        json.dump({"where": where, "results": [dataclasses.asdict(r) | {"passed": r.passed} for r in results]}, f,
+                  indent=2)
+    return path, 0 if all(r.passed for r in results) else 1
 
 
 def _add_report(sub) -> None:
@@ -383,6 +410,8 @@ def _add_report(sub) -> None:
     p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
     p.add_argument("--context", type=positive_int, default=32768, help="memory table: tokens per sequence (default 32768)")
     p.add_argument("--format", default="md,json", help="md, json or md,json (default)")
+    p.add_argument("--kernel-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run every kernel once against the fp32 reference (default on; exit 1 on a failure)")
     p.set_defaults(func=_cmd_report)
 
 
@@ -391,6 +420,8 @@ def _add_report(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: the built-in commands plus every function in :data:`_EXTRA_COMMANDS`."""
+    import mla_var3.runtime.commands  # noqa: F401  (registers bench, autotune, devices --measure; no torch)
+
     parser = _Parser(prog=PROG, description="MLA analysis: cost models, roofline, regime guide, KV-cache memory.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_cost, _add_regime, _add_memory, _add_devices, _add_report, *_EXTRA_COMMANDS):

@@ -1,0 +1,22 @@
+"""Measurement: the timing primitive, device environment and ceilings, autotuning with an
+on-disk cache, result records, baselines and the benchmark sweep.
+
+==================  ==========================================================
+``timing``          :func:`time_fn` — the one timing primitive (CUDA graph + events, L2 flushed)
+``environment``     device name, clocks as found, versions, project commit
+``ceilings``        measured copy bandwidth and bf16 matmul rate
+``autotune``        config search and the on-disk cache of winners
+``designs``         the adapter to the kernel launchers, their configs and inputs
+``records``         the result record, results.json, Markdown table, plots
+``baselines``       torch eager / SDPA, FlashMLA and FlashInfer when importable
+``bench``           the sweep runner behind ``mla-var3 bench``
+``commands``        the ``bench``, ``autotune`` and ``devices --measure`` CLI commands
+==================  ==========================================================
+"""
+
+from mla_var3.runtime.autotune import AutotuneCache, cache_dir, cache_key
+from mla_var3.runtime.records import Record, load_results, markdown_table, write_results
+from mla_var3.runtime.timing import Timing, time_fn
+
+__all__ = ["AutotuneCache", "cache_dir", "cache_key", "Record", "load_results", "markdown_table",
+           "write_results", "Timing", "time_fn"]

@@ -1,0 +1,271 @@
+"""Autotuning of launch configs, with the winners cached on disk.
+
+:func:`autotune` times every candidate of a design's config enumerator with the package's one
+timing primitive, skips candidates that fail (compile errors, out of shared memory or
+registers), and stores the winner in an :class:`AutotuneCache`.
+
+The cache is one JSON file, ``autotune.json``, in the user cache folder:
+``$MLA_VAR3_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/mla_var3``, else ``~/.cache/mla_var3``.
+Entries are keyed by (device name, design, dims, problem shape bucket, dtype, triton version)
+— see :func:`cache_key`. Writes are atomic (a temporary file in the same folder, then
+``os.replace``) and merge with what another process may have written meanwhile. A corrupt or
+truncated file is never fatal: it is reported with a warning, treated as empty and rewritten
+on the next store, so the affected shapes are simply re-tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mla_var3.runtime.timing import Timing, time_fn
+
+CACHE_ENV = "MLA_VAR3_CACHE_DIR"
+CACHE_FILE = "autotune.json"
+_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """The user cache folder (not created here)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mla_var3"
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def shape_bucket(problem) -> str:
+    """The problem-size bucket a tuned config is reused for.
+
+    b and t are rounded up to a power of two; s is exact up to 16 (decode and speculative
+    lengths change the best tiling) and a power of two above; the hybrid's n likewise to a
+    power of two (0 stays 0); causal is part of the bucket.
+    """
+    s = problem.s if problem.s <= 16 else _pow2_ceil(problem.s)
+    parts = [f"b{_pow2_ceil(problem.b)}", f"s{s}", f"t{_pow2_ceil(problem.t)}"]
+    if getattr(problem, "n", None) is not None:
+        parts.append(f"n{0 if problem.n == 0 else _pow2_ceil(problem.n)}")
+    parts.append("causal" if problem.causal else "full")
+    return "-".join(parts)
+
+
+def _dims_key(dims) -> str:
+    return f"h{dims.h}-d{dims.d}-p{dims.p}-k{dims.k}-dv{dims.dv}"
+
+
+def cache_key(device: str, design: str, dims, problem, dtype: str, triton_version: str | None = None) -> str:
+    """The cache key of one tuning: ``device|design|dims|bucket|dtype|triton``."""
+    if triton_version is None:
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except ImportError:
+            triton_version = "none"
+    return "|".join([device, design, _dims_key(dims), shape_bucket(problem), dtype, f"triton-{triton_version}"])
+
+
+def config_to_dict(config) -> dict:
+    """A launch config as a JSON-able dict (frozen dataclasses, or objects with ``to_dict``)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    if isinstance(config, dict):
+        return dict(config)
+    raise TypeError(f"cannot serialise launch config of type {type(config).__name__}")
+
+
+class AutotuneCache:
+    """The on-disk cache of tuned configs (see the module docstring).
+
+    >>> cache = AutotuneCache(tmp_path / "autotune.json")             # doctest: +SKIP
+    >>> cache.put("key", {"BLOCK_N": 64}, time_us=12.5)                # doctest: +SKIP
+    >>> cache.get("key")["config"]                                     # doctest: +SKIP
+    {'BLOCK_N': 64}
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else cache_dir() / CACHE_FILE
+
+    def _read(self) -> dict[str, dict]:
+        """All entries; {} for a missing file; {} plus a warning for a corrupt one."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            warnings.warn(f"autotune cache {self.path} unreadable ({exc}); configs will be re-tuned", stacklevel=3)
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError("no 'entries' object")
+            entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("config"), dict)}
+        except ValueError as exc:
+            warnings.warn(f"autotune cache {self.path} is corrupt ({exc}); ignoring it, configs will be re-tuned "
+                          "and the file rewritten", stacklevel=3)
+            return {}
+        return entries
+
+    def entries(self) -> dict[str, dict]:
+        """A copy of every cached entry (key -> {"config", "time_us", ...})."""
+        return self._read()
+
+    def get(self, key: str) -> dict | None:
+        """The entry for ``key`` or None."""
+        return self._read().get(key)
+
+    def put(self, key: str, config: dict, **info) -> None:
+        """Store ``config`` (a dict) under ``key`` with extra ``info`` (time_us, tried, ...); atomic."""
+        entry = {"config": dict(config), **info,
+                 "stored": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        entries = self._read()        # merge with what is on disk now
+        entries[key] = entry
+        self._write(entries)
+
+    def clear(self) -> bool:
+        """Delete the cache file; True when there was one."""
+        try:
+            self.path.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(prefix=".autotune-", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+@dataclass
+class TuneResult:
+    """Outcome of :func:`autotune`: the chosen ``config`` and its ``time_us`` (None when it came
+    from the cache without re-timing); ``trials`` lists (config dict, Timing or error text)."""
+
+    config: object
+    time_us: float | None
+    from_cache: bool
+    key: str
+    trials: list[tuple[dict, object]] = field(default_factory=list)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _describe(cfg: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def restore_config(stored: dict, candidates: Sequence):
+    """The candidate equal to a stored config dict, else one built from the candidates' class,
+    else None (the enumerator changed: re-tune)."""
+    for cand in candidates:
+        if config_to_dict(cand) == stored:
+            return cand
+    if candidates and dataclasses.is_dataclass(candidates[0]) and not any(isinstance(v, dict) for v in stored.values()):
+        try:
+            return type(candidates[0])(**stored)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Callable[[], object]], *,
+             key: str, cache: AutotuneCache | None = None, retune: bool = False,
+             timer: Callable[[Callable[[], object]], Timing] | None = None,
+             log: Callable[[str], None] | None = _stderr, budget_s: float | None = None) -> TuneResult:
+    """Pick the fastest of ``candidates`` for one problem, using and filling the cache.
+
+    Parameters
+    ----------
+    design : str
+        Design name, for messages.
+    candidates : sequence of launch configs
+        The design's config enumerator output (frozen dataclasses).
+    make_call : callable
+        ``make_call(config)`` returns a no-argument callable that runs the design with that config.
+    key : str
+        The cache key (:func:`cache_key`).
+    cache : AutotuneCache or None
+        Where winners are stored; None tunes without caching.
+    retune : bool
+        Ignore a cached entry and tune again.
+    timer : callable
+        ``timer(fn) -> Timing``; default :func:`time_fn` with a short per-candidate budget.
+    log : callable or None
+        Progress lines (what is tried, how many are left); None for silence.
+    budget_s : float or None
+        Stop trying further candidates once this many seconds have passed (compilation
+        included); the best so far wins (the enumerators list their default first).
+
+    Raises
+    ------
+    RuntimeError
+        When every candidate failed (the message lists each failure).
+    """
+    candidates = list(candidates)
+    if not candidates:
+        raise ValueError(f"autotune {design}: no candidate configs")
+    say = log or (lambda _msg: None)
+    if cache is not None and not retune:
+        entry = cache.get(key)
+        if entry is not None:
+            cfg = restore_config(entry["config"], candidates)
+            if cfg is not None:
+                return TuneResult(cfg, entry.get("time_us"), True, key)
+            say(f"autotune {design}: cached config {entry['config']} is no longer valid; re-tuning")
+    timer = timer or (lambda fn: time_fn(fn, warmup=2, reps=30, min_reps=3, max_seconds=0.3))
+    best, best_us, trials = None, float("inf"), []
+    total = len(candidates)
+    start = time.perf_counter()
+    for i, cfg in enumerate(candidates, 1):
+        if budget_s is not None and best is not None and time.perf_counter() - start > budget_s:
+            say(f"autotune {design}: time budget of {budget_s:g} s reached after {i - 1}/{total} candidates")
+            break
+        desc = _describe(config_to_dict(cfg))
+        try:
+            timing = timer(make_call(cfg))
+        except Exception as exc:           # compile error, OutOfResources, invalid tiling
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            trials.append((config_to_dict(cfg), reason))
+            say(f"autotune {design} [{i}/{total}, {total - i} left] {desc}: skipped ({reason})")
+            continue
+        trials.append((config_to_dict(cfg), timing))
+        if timing.median_us < best_us:
+            best, best_us = cfg, timing.median_us
+        say(f"autotune {design} [{i}/{total}, {total - i} left] {desc}: {timing.median_us:,.1f} µs "
+            f"(best {best_us:,.1f} µs)")
+    if best is None:
+        lines = "\n".join(f"  {_describe(c)}: {r}" for c, r in trials)
+        raise RuntimeError(f"autotune {design}: every candidate failed:\n{lines}")
+    if cache is not None:
+        cache.put(key, config_to_dict(best), design=design, time_us=best_us, tried=len(trials), candidates=total,
+                  failed=sum(1 for _, r in trials if isinstance(r, str)))
+    say(f"autotune {design}: chose {_describe(config_to_dict(best))} ({best_us:,.1f} µs)")
+    return TuneResult(best, best_us, False, key, trials)

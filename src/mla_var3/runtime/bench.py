@@ -1,0 +1,285 @@
+"""The sweep runner behind ``mla-var3 bench``: every design (and baseline) over a grid of shapes.
+
+For each point it times the attention kernel with :func:`~mla_var3.runtime.timing.time_fn`,
+fills a :class:`~mla_var3.runtime.records.Record` (achieved TFLOP/s and GB/s from the cost
+models, % of the roofline bound, the model's prediction ÷ measured) and rewrites
+``results.json`` after every point, so an interrupted run (Ctrl-C) keeps what it finished.
+At the end it writes ``results.md`` and the plots.
+
+Budget: each point gets ``point_seconds`` of timing (repetitions are cut to fit); a point whose
+single call is so slow that ``min_reps`` calls would not fit in ``slow_point_seconds`` is
+skipped with a note; the whole sweep stops at ``max_seconds`` (the rest recorded as skipped).
+The default grid (3 designs + 2 torch baselines, b = 32 and 64, ten s values, t = 4096, plus
+the hybrid's n sweep at s = 16) is about 115 points and is planned to take ~5–8 minutes on an
+H200 with autotuning off or cached, Triton compilation included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mla_var3.runtime import designs as D
+from mla_var3.runtime.records import BASELINE, DESIGN, Record, fill_roofline, fill_timing
+from mla_var3.shapes import MLADims, Problem
+
+DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 512, 1024)
+DEFAULT_B = (32, 64)
+DEFAULT_BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
+#: the hybrid's n sweep, as fractions of t (plus the model's optimum).
+N_SWEEP_FRACTIONS = (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
+N_ALIGN = 64
+
+
+@dataclass
+class BenchSpec:
+    """What to measure and under which budget (see ``mla-var3 bench --help``)."""
+
+    dims: MLADims
+    designs: tuple[str, ...] = D.DESIGNS
+    bs: tuple[int, ...] = DEFAULT_B
+    ss: tuple[int, ...] = DEFAULT_S
+    t: int = 4096
+    n: str | tuple[int, ...] = "auto"
+    sweep_s: int | None = 16
+    baselines: tuple[str, ...] = ()
+    dtype: str = "bf16"
+    causal: bool = True
+    point_seconds: float = 0.3
+    slow_point_seconds: float = 3.0
+    max_seconds: float = 480.0
+    warmup: int = 2
+    reps: int = 100
+    min_reps: int = 5
+    autotune: bool = False
+    retune: bool = False
+    tune_seconds: float = 30.0
+    interpret: bool = False
+
+
+@dataclass
+class Point:
+    name: str
+    kind: str
+    problem: Problem
+    extra: dict = field(default_factory=dict)
+
+
+def _align(n: float, t: int) -> int:
+    return int(min(t, max(0, round(n / N_ALIGN) * N_ALIGN)))
+
+
+def model_best_n(dims: MLADims, problem: Problem, device) -> int:
+    """The model's optimum hybrid split for ``problem`` on ``device`` (analysis.regime)."""
+    from mla_var3.analysis.regime import best_hybrid_n
+
+    return best_hybrid_n(dims, problem, device, "measured").n
+
+
+def plan_points(spec: BenchSpec, device) -> list[Point]:
+    """The grid, in order: for each b and s every design then every baseline; then the n sweep."""
+    points: list[Point] = []
+    for b in spec.bs:
+        for s in spec.ss:
+            if s > spec.t:
+                continue
+            base = Problem(b=b, s=s, t=spec.t, causal=spec.causal)
+            for name in spec.designs:
+                if name == "mla_var6_plus":
+                    ns = spec.n if isinstance(spec.n, tuple) else (_align(model_best_n(spec.dims, base, device), spec.t),)
+                    for n in ns:
+                        points.append(Point(name, DESIGN, base.with_n(min(n, spec.t)),
+                                            {"n_choice": "model optimum" if spec.n == "auto" else "given"}))
+                else:
+                    points.append(Point(name, DESIGN, base))
+            for name in spec.baselines:
+                points.append(Point(name, BASELINE, base))
+    if "mla_var6_plus" in spec.designs and spec.sweep_s is not None and spec.sweep_s <= spec.t:
+        for b in spec.bs:
+            base = Problem(b=b, s=spec.sweep_s, t=spec.t, causal=spec.causal)
+            best = _align(model_best_n(spec.dims, base, device), spec.t)
+            ns = sorted({_align(f * spec.t, spec.t) for f in N_SWEEP_FRACTIONS} | {best})
+            for n in ns:
+                points.append(Point("mla_var6_plus", DESIGN, base.with_n(n),
+                                    {"sweep": "n", "model_best_n": best}))
+    return points
+
+
+def _sync(device) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _free(device) -> None:
+    gc.collect()
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, *, cache=None, tune: bool = False,
+                retune: bool = False, log: Callable[[str], None] | None = None, budget_s: float | None = 30.0):
+    """(config, how) for one launcher and problem: the cached autotuned config when there is
+    one, else a fresh tuning (at most ``budget_s`` seconds) when ``tune``/``retune``, else the
+    launcher's analytic default."""
+    from mla_var3.runtime import autotune as at
+    from mla_var3.runtime.environment import device_name
+
+    cands = D.candidate_configs(name, dims, problem, dtype, device)
+    if not cands:
+        return None, "launcher default (no config enumerator)"
+    key = at.cache_key(device_name(), name, dims, problem, dtype)
+    if cache is not None and not retune:
+        entry = cache.get(key)
+        if entry is not None:
+            cfg = at.restore_config(entry["config"], cands)
+            if cfg is not None:
+                return cfg, "autotuned (cached)"
+    if tune or retune:
+        inputs = D.design_inputs(name, dims, problem, dtype=dtype, device=device)
+        res = at.autotune(name, cands, lambda cfg: (lambda: D.run(name, inputs, cfg)), key=key, cache=cache,
+                          retune=retune, log=log, budget_s=budget_s)
+        return res.config, "autotuned"
+    return D.default_config(name, dims, problem, dtype, device), "default"
+
+
+class Runner:
+    """Runs a :class:`BenchSpec` on ``device`` ("cuda" or "cpu" under the interpreter).
+
+    ``device_entry`` is the analysis ``Device`` whose ``measured`` block holds the ceilings in
+    use (measured in this process, or the table's); ``ceilings`` the analysis ``Ceilings``.
+    """
+
+    def __init__(self, spec: BenchSpec, device: str, device_entry, ceilings, *, cache=None,
+                 log: Callable[[str], None] | None = None):
+        self.spec, self.device, self.dev, self.ceil = spec, device, device_entry, ceilings
+        self.cache = cache
+        self.log = log or (lambda _m: None)
+        self.records: list[Record] = []
+
+    # ---- one point -------------------------------------------------------------------------
+
+    def _config(self, name: str, problem: Problem):
+        return pick_config(name, self.spec.dims, problem, self.spec.dtype, self.device, cache=self.cache,
+                           tune=self.spec.autotune, retune=self.spec.retune, log=self.log,
+                           budget_s=self.spec.tune_seconds)
+
+    def _callable(self, point: Point, rec: Record):
+        if point.kind == DESIGN:
+            cfg, how = self._config(point.name, point.problem)
+            from mla_var3.runtime.autotune import config_to_dict
+
+            rec.config = config_to_dict(cfg) if cfg is not None else None
+            rec.extra["config_source"] = how
+            inputs = D.design_inputs(point.name, self.spec.dims, point.problem, dtype=self.spec.dtype,
+                                     device=self.device)
+            return lambda: D.run(point.name, inputs, cfg)
+        from mla_var3.runtime.baselines import make_baseline
+
+        bl = make_baseline(point.name, self.spec.dims, point.problem, self.spec.dtype, self.device)
+        rec.backend = bl.backend
+        return bl.call
+
+    def run_point(self, point: Point) -> Record:
+        """Measure one point; never raises for a failure of the point itself."""
+        import torch
+
+        from mla_var3.analysis.cost import cost
+        from mla_var3.analysis.roofline import predict
+        from mla_var3.runtime.baselines import COST_MODEL as BL_COST, BaselineUnavailable
+        from mla_var3.runtime.timing import time_fn
+
+        pr, spec = point.problem, self.spec
+        rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
+                     dtype=spec.dtype, extra=dict(point.extra))
+        model_name = D.COST_MODEL[point.name] if point.kind == DESIGN else BL_COST[point.name]
+        rec.cost_model = model_name
+        design_for_prediction = point.name if point.kind == DESIGN else model_name
+        try:
+            fn = self._callable(point, rec)
+            t0 = time.perf_counter()
+            fn()                                     # compile / first call
+            _sync(self.device)
+            t1 = time.perf_counter()
+            fn()
+            _sync(self.device)
+            one = time.perf_counter() - t1
+            rec.extra["first_call_s"] = round(t1 - t0, 3)
+            if one * (spec.min_reps + spec.warmup) > spec.slow_point_seconds:
+                rec.status = "skipped"
+                rec.note = (f"one call takes {one * 1e3:,.0f} ms: {spec.min_reps + spec.warmup} calls exceed the "
+                            f"per-point budget of {spec.slow_point_seconds:g} s")
+            else:
+                timing = time_fn(fn, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps,
+                                 max_seconds=spec.point_seconds)
+                fill_timing(rec, timing)
+        except BaselineUnavailable as exc:
+            rec.status, rec.note = "skipped", str(exc)
+        except torch.cuda.OutOfMemoryError:
+            rec.status, rec.note = "skipped", "out of GPU memory"
+        except ImportError as exc:
+            rec.status, rec.note = "skipped", f"not available: {exc}"
+        except Exception as exc:                     # a failing kernel must not end the sweep
+            rec.status, rec.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        finally:
+            fn = None
+            _free(self.device)
+        c = cost(model_name, spec.dims, pr)
+        try:
+            pred = predict(design_for_prediction, spec.dims, pr, self.dev, "measured").time_s
+        except ValueError:
+            pred = None
+        fill_roofline(rec, c, self.ceil, pred)
+        return rec
+
+    # ---- the sweep ---------------------------------------------------------------------------
+
+    def run(self, points: list[Point], on_record: Callable[[Record], None] | None = None,
+            progress: bool = True) -> tuple[list[Record], bool]:
+        """Run ``points``; returns (records, interrupted). ``on_record`` is called after each point."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        start = time.perf_counter()
+        interrupted = False
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, disable=not progress, transient=False) as bar:
+            task = bar.add_task("bench", total=len(points))
+            try:
+                for point in points:
+                    pr = point.problem
+                    label = f"{point.name} b={pr.b} s={pr.s}" + (f" n={pr.n}" if pr.n is not None else "")
+                    bar.update(task, description=label)
+                    if time.perf_counter() - start > self.spec.max_seconds:
+                        rec = Record(name=point.name, kind=point.kind, model=self.spec.dims.name, b=pr.b, s=pr.s,
+                                     t=pr.t, n=pr.n, dtype=self.spec.dtype, status="skipped",
+                                     note=f"total budget of {self.spec.max_seconds:g} s exhausted",
+                                     extra=dict(point.extra))
+                    else:
+                        rec = self.run_point(point)
+                    self.records.append(rec)
+                    if on_record:
+                        on_record(rec)
+                    bar.advance(task)
+            except KeyboardInterrupt:
+                interrupted = True
+        return self.records, interrupted
+
+
+def interpret_spec(spec: BenchSpec) -> BenchSpec:
+    """The tiny grid for ``--interpret`` (CPU, Triton interpreter): tests the plumbing only.
+
+    h = min(h, 16) heads, b = 1, s = 1 and 2 (or the given s when at most two values <= 16),
+    t = 64, n = 32, no n sweep, two repetitions.
+    """
+    h = min(spec.dims.h, 16)
+    dims = spec.dims if h == spec.dims.h else spec.dims.replace(h=h, name=f"{spec.dims.name}(h={h})")
+    ss = spec.ss if len(spec.ss) <= 2 and max(spec.ss) <= 16 else (1, 2)
+    return dataclasses.replace(spec, dims=dims, bs=(1,), ss=ss, t=64, n=(32,), sweep_s=None,
+                               warmup=1, reps=2, min_reps=1, point_seconds=5.0, slow_point_seconds=60.0,
+                               max_seconds=min(spec.max_seconds, 120.0))

@@ -1,0 +1,126 @@
+"""Measured ceilings of the current GPU: copy bandwidth and bf16 matmul rate.
+
+Both are measured in the same process with :func:`mla_var3.runtime.timing.time_fn`:
+
+* **copy bandwidth** — ``dst.copy_(src)`` of a large device buffer (default 2 GiB); the bytes
+  counted are read + write (2 x size). This is the bandwidth a streaming kernel can reach,
+  below the datasheet's number.
+* **bf16 matmul rate** — ``torch.matmul`` of two 8192 x 8192 bf16 matrices of random normal
+  values (2·n³ FLOPs). Random data matters: zeros let the GPU lower its clock less.
+
+Roofline reports say whether they used these (``"measured"``) or the datasheet's numbers.
+"""
+
+from __future__ import annotations
+
+from mla_var3.analysis.devices import Ceilings
+from mla_var3.runtime.timing import time_fn
+
+
+class NoGPUError(RuntimeError):
+    """Raised when a measurement needs a CUDA device and there is none."""
+
+
+def _require_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoGPUError("measuring ceilings needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)")
+
+
+def measure_copy_bandwidth(nbytes: int = 2 * 2**30, *, max_seconds: float = 2.0) -> tuple[float, str]:
+    """Device-to-device copy bandwidth in GB/s (read + write counted), and a description."""
+    _require_gpu()
+    import torch
+
+    n = nbytes // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    timing = time_fn(lambda: dst.copy_(src), warmup=3, reps=50, max_seconds=max_seconds, flush_l2=False)
+    gbs = 2 * src.numel() * src.element_size() / (timing.median_us * 1e-6) / 1e9
+    del src, dst
+    return gbs, f"D2D copy of {nbytes / 2**30:.1f} GiB, read+write counted, median of {timing.reps} ({timing.method})"
+
+
+def measure_matmul_rate(n: int = 8192, *, max_seconds: float = 2.0) -> tuple[float, str]:
+    """bf16 ``torch.matmul`` rate in TFLOP/s on n x n random matrices, and a description."""
+    _require_gpu()
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    timing = time_fn(lambda: torch.matmul(a, b, out=c), warmup=5, reps=50, max_seconds=max_seconds)
+    tflops = 2 * n**3 / (timing.median_us * 1e-6) / 1e12
+    del a, b, c
+    return tflops, f"bf16 matmul {n}^3, random normal data, median of {timing.reps} ({timing.method})"
+
+
+def measure_ceilings(*, copy_bytes: int = 2 * 2**30, matmul_n: int = 8192) -> Ceilings:
+    """Measure both ceilings of the current GPU (raises :class:`NoGPUError` without one).
+
+    Returns the analysis' :class:`~mla_var3.analysis.devices.Ceilings` with ``kind="measured"``.
+    """
+    _require_gpu()
+    gbs, copy_detail = measure_copy_bandwidth(copy_bytes)
+    tflops, mm_detail = measure_matmul_rate(matmul_n)
+    return Ceilings(flops_per_s=tflops * 1e12, bytes_per_s=gbs * 1e9, kind="measured",
+                    source=f"measured in-process: {copy_detail}; {mm_detail}")
+
+
+def device_entry(measured: Ceilings, *, base=None, name: str | None = None, memory_gb: float | None = None,
+                 sms: int | None = None) -> dict:
+    """A devices-file entry (the shape of ``conf/devices.json``) carrying ``measured`` ceilings.
+
+    ``base`` (an :class:`~mla_var3.analysis.devices.Device`) supplies the datasheet fields; a
+    device the table does not know gets the measured numbers as its peaks, said so in ``sources``.
+    """
+    measured_block = {
+        "bf16_tflops": round(measured.flops_per_s / 1e12, 1),
+        "bandwidth_gbs": round(measured.bytes_per_s / 1e9, 1),
+        "source": measured.source,
+    }
+    if base is not None:
+        entry = {"name": base.name, "match": list(base.match), "bf16_tflops": base.bf16_tflops,
+                 "bandwidth_gbs": base.bandwidth_gbs, "memory_gb": base.memory_gb, "sources": dict(base.sources)}
+        for key in ("fp8_tflops", "sms", "l2_mb", "smem_per_sm_kb"):
+            if getattr(base, key) is not None:
+                entry[key] = getattr(base, key)
+    else:
+        if not name or not memory_gb:
+            raise ValueError("a device unknown to the table needs name= and memory_gb=")
+        entry = {"name": name, "match": [name.lower()], "bf16_tflops": measured_block["bf16_tflops"],
+                 "bandwidth_gbs": measured_block["bandwidth_gbs"], "memory_gb": memory_gb,
+                 "sources": {"bf16_tflops": "no datasheet entry: the measured rate", "bandwidth_gbs":
+                             "no datasheet entry: the measured copy bandwidth"}}
+        if sms:
+            entry["sms"] = sms
+    entry["measured"] = measured_block
+    return entry
+
+
+def write_user_device(path, key: str, entry: dict) -> None:
+    """Add or replace device ``key`` in the user devices file at ``path`` (created if missing),
+    atomically; other devices in the file are kept. Raises ValueError for a file that is not a
+    JSON object."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    data: dict = {}
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"devices file {str(path)!r} is not valid JSON ({exc}); not overwriting it") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"devices file {str(path)!r} must hold a JSON object; not overwriting it")
+    data[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".devices-", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,263 @@
+"""The measurement commands of ``mla-var3``: ``bench``, ``autotune``, and ``devices --measure``.
+
+Importing this module registers them with :mod:`mla_var3.cli` (``register_command``); the
+``devices`` command of the CLI gains ``--measure`` and ``--write``. Nothing here imports torch
+at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from mla_var3 import cli
+from mla_var3.analysis.cost import DESIGNS
+
+_CEILING_CHOICES = ("measure", "measured", "datasheet")
+
+
+def _csv_ints(text: str) -> tuple[int, ...]:
+    return tuple(cli.int_list(text))
+
+
+# --------------------------------------------------------------------------------------------
+# ceilings
+
+
+def _ceilings_for(dev, how: str, gpu: bool):
+    """(device entry carrying the ceilings in use, the analysis Ceilings)."""
+    if how == "measure" and gpu:
+        from mla_var3.runtime.ceilings import measure_ceilings
+
+        c = measure_ceilings()
+        dev = dataclasses.replace(dev, measured={"bf16_tflops": c.flops_per_s / 1e12,
+                                                 "bandwidth_gbs": c.bytes_per_s / 1e9, "source": c.source})
+        return dev, dev.ceilings("measured")
+    if how == "datasheet":
+        dev = dataclasses.replace(dev, measured=None)
+        return dev, dev.ceilings("datasheet")
+    return dev, dev.ceilings("measured")          # the table's measured block, else datasheet
+
+
+def _cmd_devices_measure(args) -> int:
+    import torch
+
+    from mla_var3.analysis.devices import match_device_name
+    from mla_var3.runtime.ceilings import NoGPUError, device_entry, measure_ceilings, write_user_device
+    from mla_var3.runtime.environment import device_name, device_slug
+
+    if not torch.cuda.is_available():
+        raise ValueError("devices --measure needs a CUDA GPU (it times a device-to-device copy and a bf16 matmul); "
+                         "none is visible here")
+    try:
+        measured = measure_ceilings()
+    except NoGPUError as exc:
+        raise ValueError(str(exc)) from None
+    name = device_name()
+    base = match_device_name(name, args.devices_file)
+    rows = [["copy bandwidth (GB/s, read+write)", f"{measured.bytes_per_s / 1e9:,.0f}",
+             f"{base.bandwidth_gbs:,.0f}" if base else "-"],
+            ["bf16 matmul (TFLOP/s)", f"{measured.flops_per_s / 1e12:,.0f}", f"{base.bf16_tflops:,.1f}" if base else "-"],
+            ["ridge (FLOP/byte)", f"{measured.ridge:.1f}", f"{base.ridge('datasheet'):.1f}" if base else "-"]]
+    cli._console().print(cli._table(f"{name}: measured in this process vs datasheet"
+                                    f" ({base.key if base else 'not in the devices table'})",
+                                    ["ceiling", "measured", "datasheet"], rows))
+    print(measured.source)
+    if args.write:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        entry = device_entry(measured, base=base, name=name, memory_gb=round(props.total_memory / 1e9, 1),
+                             sms=props.multi_processor_count)
+        key = base.key if base else device_slug(name)
+        write_user_device(args.write, key, entry)
+        print(f"wrote device {key!r} with the measured ceilings to {args.write} "
+              f"(use it with --devices-file {args.write} or ${cli.DEVICES_ENV})")
+    return 0
+
+
+def _extend_devices(sub) -> None:
+    """Add --measure / --write to the CLI's ``devices`` command."""
+    p = sub.choices.get("devices")
+    if p is None:
+        p = sub.add_parser("devices", help="measure this GPU's ceilings")
+        p.add_argument("--devices-file")
+        p.set_defaults(func=None)
+    p.add_argument("--measure", action="store_true",
+                   help="measure this GPU's copy bandwidth and bf16 matmul rate and print them beside the datasheet")
+    p.add_argument("--write", metavar="PATH", help="with --measure: add the measured ceilings to this user devices file")
+    table = p.get_default("func")
+
+    def dispatch(args) -> int:
+        if args.measure:
+            return _cmd_devices_measure(args)
+        if args.write:
+            raise ValueError("--write needs --measure")
+        return table(args)
+
+    p.set_defaults(func=dispatch)
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+
+
+def _cmd_bench(args) -> int:
+    import torch
+
+    from mla_var3.analysis.devices import detect_device, get_device
+    from mla_var3.runtime import records as R
+    from mla_var3.runtime.autotune import AutotuneCache
+    from mla_var3.runtime.bench import BenchSpec, Runner, interpret_spec, plan_points
+    from mla_var3.runtime.designs import parse_designs
+    from mla_var3.runtime.environment import device_slug, environment
+
+    gpu = torch.cuda.is_available()
+    if not gpu and not args.interpret:
+        raise ValueError("bench needs a CUDA GPU: none is visible here. For a plumbing test on this machine, "
+                         "`mla-var3 bench --interpret` runs a 2-point grid under the Triton interpreter "
+                         "(CPU times, not GPU timings)")
+    if args.interpret and gpu:
+        raise ValueError("--interpret is for machines without a GPU (the kernels would run on the GPU here)")
+    if args.interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = "cuda" if gpu else "cpu"
+    dims = cli.dims_from_args(args)
+    if args.device:
+        dev, dev_note = get_device(args.device, args.devices_file), f"{args.device} (chosen)"
+    else:
+        dev, dev_note = detect_device(args.devices_file)
+    dev, ceil = _ceilings_for(dev, args.ceilings, gpu)
+    if args.n == "auto":
+        n = "auto"
+    else:
+        n = _csv_ints(args.n)
+    spec = BenchSpec(
+        dims=dims, designs=tuple(parse_designs(args.designs)), bs=_csv_ints(args.b), ss=_csv_ints(args.s), t=args.t,
+        n=n, sweep_s=None if args.no_n_sweep else args.sweep_s, dtype=args.dtype,
+        baselines=tuple(("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
+                        if args.baselines else ()),
+        point_seconds=args.point_seconds, slow_point_seconds=args.slow_point_seconds, max_seconds=args.max_seconds,
+        autotune=args.autotune, retune=args.retune, tune_seconds=args.tune_seconds, interpret=args.interpret,
+    )
+    if args.interpret:
+        spec = interpret_spec(spec)
+    out = Path(args.out) if args.out else Path("benchmarks") / "results" / (device_slug() if gpu else "cpu-interpret")
+    cache = AutotuneCache()
+    if args.clear_cache and cache.clear():
+        print(f"cleared the autotune cache {cache.path}")
+    env = environment()
+    meta = {
+        "environment": env, "device_key": dev.key, "device_note": dev_note,
+        "ceilings": {"kind": ceil.kind, "tflops": ceil.flops_per_s / 1e12, "gbs": ceil.bytes_per_s / 1e9,
+                     "ridge": ceil.ridge, "source": ceil.source},
+        "spec": {k: v for k, v in dataclasses.asdict(spec).items() if k != "dims"},
+        "dims": dataclasses.asdict(dims),
+        "timing": "median of CUDA-event timed CUDA-graph replays (plain launches when capture fails); "
+                  "a >= 2x L2 buffer is overwritten before every repetition" if gpu else
+                  "CPU perf_counter under the Triton interpreter: not GPU timings",
+        "autotune_cache": str(cache.path),
+    }
+    points = plan_points(spec, dev)
+    print(f"bench: {len(points)} points on {env['device']} ({dev_note}); ceilings: {ceil.kind} "
+          f"({ceil.flops_per_s / 1e12:,.0f} TFLOP/s, {ceil.bytes_per_s / 1e9:,.0f} GB/s); results -> {out}")
+    if not gpu:
+        print("running under the Triton interpreter on the CPU: times are CPU timings, not GPU timings")
+    runner = Runner(spec, device, dev, ceil, cache=cache, log=print)
+    results = out / "results.json"
+    records, interrupted = runner.run(points, on_record=lambda _r: R.write_results(results, runner.records, meta),
+                                      progress=not args.no_progress)
+    meta["interrupted"] = interrupted
+    meta["crossover_flash_attention_over_flash_mla"] = R.crossovers(records, "flash_mla", "flash_attention")
+    optimum = {r.b: r.extra["model_best_n"] for r in records if r.extra.get("sweep") == "n"}
+    meta["hybrid_model_best_n"] = optimum
+    paths = [R.write_results(results, records, meta)]
+    md = out / "results.md"
+    md.write_text(f"# Benchmark: {dims.name}, t = {spec.t}, {spec.dtype}\n\n" + R.markdown_table(records, meta))
+    paths.append(md)
+    shown = [ceil] + ([dev.ceilings("datasheet")] if ceil.kind != "datasheet" else [])
+    paths.append(R.plot_roofline(records, shown, out / "roofline.png"))
+    paths.append(R.plot_time_vs_s(records, out / "time_vs_s.png"))
+    if optimum:
+        paths.append(R.plot_hybrid_n(records, out / "hybrid_n.png", optimum))
+    ok = sum(r.status == "ok" for r in records)
+    print(f"{ok}/{len(records)} points measured" + (" (interrupted: finished points kept)" if interrupted else ""))
+    for p in paths:
+        print(p)
+    return 130 if interrupted else 0
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="time every design (and baselines) over a grid on this GPU",
+                       description="Times each design over the (b, s) grid on the current GPU; writes results.json, "
+                                   "results.md and PNG plots. Without a GPU it refuses unless --interpret is given.")
+    p.add_argument("--designs", default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
+    cli.add_model_args(p)
+    p.add_argument("--device", default=None, help="device key for the datasheet ceilings (default: detected)")
+    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${cli.DEVICES_ENV})")
+    p.add_argument("--ceilings", default="measure", choices=_CEILING_CHOICES,
+                   help="roofline ceilings: 'measure' them in this process (default, GPU), the table's 'measured' "
+                        "block, or 'datasheet'")
+    p.add_argument("--b", default="32,64", help="batch sizes (default 32,64)")
+    p.add_argument("--s", default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
+    p.add_argument("--t", type=cli.positive_int, default=4096, help="context length (default 4096)")
+    p.add_argument("--n", default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
+    p.add_argument("--sweep-s", type=cli.positive_int, default=16, help="s of the hybrid's n sweep (default 16)")
+    p.add_argument("--no-n-sweep", action="store_true", help="skip the hybrid's n sweep")
+    p.add_argument("--baselines", action="store_true",
+                   help="also time torch eager (absorbed), torch SDPA (expanded), and flash_mla / flashinfer "
+                        "when importable")
+    p.add_argument("--out", help="output folder (default benchmarks/results/<device>/)")
+    p.add_argument("--max-seconds", type=cli.positive_float, default=480.0,
+                   help="total time budget; later points are recorded as skipped (default 480)")
+    p.add_argument("--point-seconds", type=cli.positive_float, default=0.3,
+                   help="timing budget per point (default 0.3)")
+    p.add_argument("--slow-point-seconds", type=cli.positive_float, default=3.0,
+                   help="skip a point whose warm-up + minimum repetitions would exceed this (default 3)")
+    p.add_argument("--autotune", action="store_true", help="tune configs not in the autotune cache (slow)")
+    p.add_argument("--retune", action="store_true", help="tune every point again, ignoring the cache")
+    p.add_argument("--tune-seconds", type=cli.positive_float, default=30.0,
+                   help="time budget of one point's tuning, compilation included (default 30)")
+    p.add_argument("--clear-cache", action="store_true", help="delete the autotune cache first")
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU only: a 2-point grid under the Triton interpreter, to test the plumbing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_bench)
+
+
+# --------------------------------------------------------------------------------------------
+# autotune cache
+
+
+def _cmd_autotune(args) -> int:
+    from mla_var3.runtime.autotune import AutotuneCache
+
+    cache = AutotuneCache()
+    if args.clear:
+        print(f"{'removed' if cache.clear() else 'no cache at'} {cache.path}")
+        return 0
+    entries = cache.entries()
+    print(f"{cache.path}: {len(entries)} tuned configs")
+    for key, entry in sorted(entries.items()):
+        t = entry.get("time_us")
+        print(f"  {key}: {entry['config']}" + (f" ({t:,.1f} µs)" if isinstance(t, (int, float)) else ""))
+    return 0
+
+
+def _add_autotune(sub) -> None:
+    p = sub.add_parser("autotune", help="show or clear the autotune cache",
+                       description="The autotune cache (autotune.json in $MLA_VAR3_CACHE_DIR, else the user cache "
+                                   "folder): list its entries, or --clear it.")
+    p.add_argument("--clear", action="store_true", help="delete the cache file")
+    p.set_defaults(func=_cmd_autotune)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and ``autotune`` and extend ``devices`` (the CLI calls this via its hook)."""
+    _extend_devices(sub)
+    _add_bench(sub)
+    _add_autotune(sub)
+
+
+if register not in cli._EXTRA_COMMANDS:
+    cli.register_command(register)

@@ -1,0 +1,235 @@
+"""The one timing primitive of the package: :func:`time_fn`.
+
+Every time the package reports (benchmarks, autotuning, ``python -m mla_var3.kernel``) comes
+from here, measured the same way:
+
+* **GPU** — warm-up launches first (Triton compiles, caches settle). Then, when the callable can
+  be captured, a CUDA graph of one call is replayed; each repetition is bracketed by two CUDA
+  events, so the launch overhead of Python and of the launcher's checks is not in the number
+  (method ``"cuda-graph"``). A callable that cannot be captured (a host sync, an allocation
+  pattern the graph refuses) is timed as plain launches between the same events (method
+  ``"cuda-events"``).
+* **L2** — before every repetition a flush buffer of at least twice the device's L2 is
+  written (``zero_``), outside the timed window, so no repetition finds its inputs in L2 from
+  the previous one. Inputs are not rotated.
+* **Statistics** — median and the 10th / 90th percentiles over the repetitions (microseconds).
+* **Bounded** — the number of repetitions is cut so the timed loop fits in ``max_seconds``
+  (estimated from the warm-up), with at least ``min_reps``.
+* **CPU** — without CUDA, ``time.perf_counter`` around plain calls (method ``"perf-counter"``,
+  ``gpu=False``): it makes the CPU path and the tests run; it is not a GPU timing.
+
+Example
+-------
+>>> t = time_fn(lambda: sum(range(1000)), reps=20, warmup=2)   # doctest: +SKIP
+>>> t.median_us, t.method
+(12.3, 'perf-counter')
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+#: minimum flush buffer (bytes) when the device does not report its L2 size.
+_MIN_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed callable.
+
+    Attributes
+    ----------
+    median_us, p10_us, p90_us, min_us : float
+        Median, 10th / 90th percentile and minimum over ``reps`` repetitions, in microseconds.
+    reps : int
+        Repetitions that were timed.
+    method : str
+        ``"cuda-graph"``, ``"cuda-events"`` or ``"perf-counter"``.
+    gpu : bool
+        True for a GPU timing (CUDA events); False for the CPU fallback.
+    l2 : str
+        How the L2 cache was kept cold between repetitions.
+    """
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    reps: int
+    method: str
+    gpu: bool
+    l2: str
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative spread of the repetitions."""
+        return (self.p90_us - self.p10_us) / self.median_us if self.median_us > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "spread": self.spread}
+
+    def __str__(self) -> str:
+        tag = "" if self.gpu else " (CPU, not a GPU timing)"
+        return f"{self.median_us:,.1f} µs [p10 {self.p10_us:,.1f}, p90 {self.p90_us:,.1f}; {self.reps} reps, {self.method}]{tag}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated ``q``-th percentile (0..100) of ``values``."""
+    if not values:
+        raise ValueError("percentile of an empty list")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str) -> Timing:
+    """A :class:`Timing` from raw per-repetition times in microseconds."""
+    if not samples_us:
+        raise ValueError("no samples to summarize")
+    return Timing(
+        median_us=float(statistics.median(samples_us)),
+        p10_us=percentile(samples_us, 10),
+        p90_us=percentile(samples_us, 90),
+        min_us=float(min(samples_us)),
+        reps=len(samples_us),
+        method=method,
+        gpu=gpu,
+        l2=l2,
+    )
+
+
+def _plan_reps(estimate_s: float, reps: int, min_reps: int, max_seconds: float) -> int:
+    """Repetitions that fit ``max_seconds`` at ``estimate_s`` each, within [min_reps, reps]."""
+    if estimate_s <= 0:
+        return reps
+    return max(min_reps, min(reps, int(max_seconds / estimate_s)))
+
+
+def _time_cpu(fn: Callable[[], object], warmup: int, reps: int, min_reps: int, max_seconds: float) -> Timing:
+    t0 = time.perf_counter()
+    for _ in range(max(1, warmup)):
+        fn()
+    estimate = (time.perf_counter() - t0) / max(1, warmup)
+    n = _plan_reps(estimate, reps, min_reps, max_seconds)
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return summarize(samples, method="perf-counter", gpu=False, l2="not flushed (CPU fallback)")
+
+
+def flush_buffer(device) -> "torch.Tensor":  # noqa: F821
+    """A byte buffer of at least twice the device's L2 (>= 256 MiB) to overwrite between reps."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    nbytes = max(_MIN_FLUSH_BYTES, 2 * l2)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _capture(fn: Callable[[], object], device):
+    """A CUDA graph of one call of ``fn``, or None when the call cannot be captured."""
+    import torch
+
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.stream(stream):          # one eager call on the capture stream first
+            fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize(device)
+        return graph
+    except Exception:                             # host sync, unsupported op, allocator refusal
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            pass
+        return None
+
+
+def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device) -> Timing:
+    import torch
+
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    flush = flush_buffer(device) if flush_l2 else None
+    for _ in range(max(1, warmup)):
+        fn()
+    torch.cuda.synchronize(device)
+
+    graph = _capture(fn, device) if use_graph else None
+    run = graph.replay if graph is not None else fn
+    method = "cuda-graph" if graph is not None else "cuda-events"
+
+    # Estimate one repetition (flush included) to bound the loop in wall time.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        if flush is not None:
+            flush.zero_()
+        run()
+    end.record()
+    torch.cuda.synchronize(device)
+    estimate_s = start.elapsed_time(end) / 3 / 1e3
+    n = _plan_reps(estimate_s, reps, min_reps, max_seconds)
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush is not None:
+            flush.zero_()                         # write > 2x L2: the inputs are evicted
+        starts[i].record()
+        run()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
+    return summarize(samples, method=method, gpu=True, l2=l2)
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
+            max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None) -> Timing:
+    """Time ``fn()`` (no arguments; its result is ignored) with the package's one primitive.
+
+    Parameters
+    ----------
+    fn : callable
+        The work to time; it must be repeatable (outputs may be overwritten each call).
+    warmup : int
+        Untimed calls first (compilation, autotuning, allocator warm-up).
+    reps, min_reps : int
+        At most ``reps`` timed repetitions; at least ``min_reps`` even past ``max_seconds``.
+    max_seconds : float
+        Wall-time budget for the timed loop; ``reps`` is cut to fit it.
+    use_graph : bool
+        Try to capture a CUDA graph and time its replays (GPU only).
+    flush_l2 : bool
+        Overwrite a > 2x L2 buffer before every repetition (GPU only).
+    device : torch.device or None
+        CUDA device to time on (default: the current one). CPU when CUDA is unavailable.
+
+    Returns
+    -------
+    Timing
+        ``gpu=False`` marks the CPU ``perf_counter`` fallback.
+    """
+    if reps < 1 or min_reps < 1:
+        raise ValueError(f"reps and min_reps must be >= 1, got reps={reps}, min_reps={min_reps}")
+    if not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    min_reps = min(min_reps, reps)
+    import torch
+
+    on_gpu = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    if not on_gpu:
+        return _time_cpu(fn, warmup, reps, min_reps, max_seconds)
+    return _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device)

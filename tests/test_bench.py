@@ -1,0 +1,173 @@
+"""The bench runner, baselines, ceilings helpers and the measurement CLI commands (CPU)."""
+
+import json
+
+import pytest
+import torch
+
+import mla_var3.runtime.commands  # noqa: F401  (registers bench / autotune / devices --measure)
+from mla_var3 import cli, reference
+from mla_var3.runtime import baselines as BL
+from mla_var3.runtime import bench as B
+from mla_var3.runtime.designs import design_inputs
+from mla_var3.shapes import Problem, get_preset
+from mla_var3.testing import assert_close
+
+
+#: tests of the no-GPU path (refusals, interpreter grid).
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU / interpreter path")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_VAR3_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_default_grid_plan():
+    dims = get_preset("deepseek-v3")
+    spec = B.BenchSpec(dims=dims, baselines=("torch_eager_absorbed", "torch_sdpa_expanded"))
+    points = B.plan_points(spec, "h200")
+    main = [p for p in points if not p.extra.get("sweep")]
+    sweep = [p for p in points if p.extra.get("sweep") == "n"]
+    assert len(main) == 2 * 10 * (3 + 2)
+    assert {p.problem.b for p in points} == {32, 64} and {p.problem.t for p in points} == {4096}
+    hyb = [p for p in main if p.name == "mla_var6_plus"]
+    assert all(p.problem.n is not None and p.problem.n % B.N_ALIGN == 0 for p in hyb)
+    for b in (32, 64):
+        ns = [p.problem.n for p in sweep if p.problem.b == b]
+        best = B._align(B.model_best_n(dims, Problem(b, 16, 4096), "h200"), 4096)
+        assert best in ns and 0 in ns and 4096 in ns and all(p.problem.s == 16 for p in sweep)
+
+
+def test_eager_absorbed_matches_reference():
+    dims = get_preset("deepseek-v3").replace(h=4)
+    pr = Problem(b=2, s=3, t=37)
+    x = design_inputs("flash_mla", dims, pr, dtype="fp32", device="cpu")
+    out = BL.eager_absorbed(x["qc"], x["qpe"], x["z"], x["kpe"], x["scale"], BL.bottom_right_mask(3, 37, "cpu"))
+    ref, _ = reference.flash_mla(x["qc"], x["qpe"], x["z"], x["kpe"], x["scale"], causal=True)
+    assert_close(out, ref, torch.float32, tol=1e-5)
+
+
+def test_sdpa_expanded_baseline_uses_bottom_right_mask():
+    dims = get_preset("deepseek-v3").replace(h=4)
+    pr = Problem(b=2, s=5, t=33)
+    bl = BL.make_baseline("torch_sdpa_expanded", dims, pr, dtype="fp32", device="cpu")
+    x = design_inputs("flash_attention", dims, pr, dtype="fp32", device="cpu")     # same seed: same tensors
+    ref, _ = reference.flash_attention(x["q"], x["qpe"], x["k"], x["v"], x["kpe"], x["scale"], causal=True)
+    assert_close(bl.call(), ref, torch.float32, tol=1e-5)
+    assert bl.backend.startswith("sdpa:") and "bottom-right" in bl.backend
+    # SDPA's own is_causal would align top-left: a different answer for s < t
+    bottom_right = BL.bottom_right_mask(5, 33, "cpu")
+    assert not torch.equal(bottom_right, torch.ones(5, 33, dtype=torch.bool).tril())
+    assert bottom_right[0].sum() == 33 - 5 + 1 and bottom_right[-1].all()
+
+
+def test_optional_baselines_skip_cleanly():
+    dims = get_preset("deepseek-v3").replace(h=4)
+    for name in ("flashmla_official", "flashinfer_mla"):
+        with pytest.raises(BL.BaselineUnavailable):
+            BL.make_baseline(name, dims, Problem(1, 1, 64), device="cpu")
+    with pytest.raises(ValueError, match="unknown baseline"):
+        BL.make_baseline("nope", dims, Problem(1, 1, 64))
+
+
+def _tiny_runner(spec):
+    from mla_var3.analysis.devices import get_device
+
+    dev = get_device("h200")
+    return B.Runner(spec, "cpu", dev, dev.ceilings("measured"))
+
+
+def test_runner_keeps_points_on_ctrl_c_and_skips_slow_points():
+    dims = get_preset("deepseek-v3").replace(h=4)
+    spec = B.BenchSpec(dims=dims, designs=(), bs=(1,), ss=(1, 2), t=64, sweep_s=None,
+                       baselines=("torch_eager_absorbed", "torch_sdpa_expanded"), warmup=1, reps=2, min_reps=1)
+    runner = _tiny_runner(spec)
+    points = B.plan_points(spec, "h200")
+    seen = []
+
+    def on_record(r):
+        seen.append(r)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    records, interrupted = runner.run(points, on_record=on_record, progress=False)
+    assert interrupted and len(records) == 2 and all(r.status == "ok" and r.time_us > 0 for r in records)
+    assert records[0].gpu is False and records[0].method == "perf-counter"
+
+    slow = B.BenchSpec(dims=dims, designs=(), bs=(1,), ss=(1,), t=64, sweep_s=None,
+                       baselines=("torch_eager_absorbed",), slow_point_seconds=1e-9)
+    (r,), _ = _tiny_runner(slow).run(B.plan_points(slow, "h200"), progress=False)
+    assert r.status == "skipped" and "per-point budget" in r.note and r.time_us is None
+
+
+@CPU_ONLY
+def test_bench_refuses_on_cpu(capsys):
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "--interpret" in err
+
+
+@CPU_ONLY
+def test_bench_interpret_tiny_grid(tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = cli.main(["bench", "--interpret", "--designs", "flash_mla", "--s", "1", "--baselines", "--out", str(out),
+                   "--no-progress"])
+    assert rc == 0, capsys.readouterr()
+    data = json.loads((out / "results.json").read_text())
+    recs = {r["name"]: r for r in data["records"]}
+    assert set(recs) == {"flash_mla", "torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official",
+                         "flashinfer_mla"}
+    assert recs["flash_mla"]["status"] == "ok" and recs["flash_mla"]["gpu"] is False
+    assert recs["flash_mla"]["config"] is not None and recs["flash_mla"]["flops"] > 0
+    assert recs["flashmla_official"]["status"] == "skipped"
+    assert data["meta"]["ceilings"]["kind"] in ("measured", "datasheet")
+    assert data["meta"]["environment"]["interpreter"] is True
+    assert "not GPU timings" in (out / "results.md").read_text()
+    assert (out / "roofline.png").stat().st_size > 0 and (out / "time_vs_s.png").stat().st_size > 0
+
+
+@CPU_ONLY
+def test_devices_measure_refuses_on_cpu(capsys):
+    assert cli.main(["devices", "--measure"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert cli.main(["devices", "--write", "x.json"]) == 2
+    assert cli.main(["devices", "--json"]) == 0                 # the table still works
+
+
+@CPU_ONLY
+def test_measure_ceilings_needs_gpu():
+    from mla_var3.runtime.ceilings import NoGPUError, measure_ceilings
+
+    with pytest.raises(NoGPUError, match="needs a CUDA GPU"):
+        measure_ceilings()
+
+
+def test_user_device_file_written_and_loadable(tmp_path):
+    from mla_var3.analysis.devices import Ceilings, get_device, load_devices
+    from mla_var3.runtime.ceilings import device_entry, write_user_device
+
+    measured = Ceilings(700e12, 4.2e12, "measured", "test run")
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"mine": {"name": "Mine", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1}}))
+    write_user_device(path, "h200", device_entry(measured, base=get_device("h200")))
+    write_user_device(path, "newgpu", device_entry(measured, name="New GPU", memory_gb=80.0, sms=100))
+    devs = load_devices(path)
+    assert {"mine", "h200", "newgpu"} <= set(devs)
+    c = devs["h200"].ceilings("measured")
+    assert c.kind == "measured" and c.flops_per_s == 700e12 and c.bytes_per_s == 4.2e12
+    assert devs["h200"].bf16_tflops == get_device("h200").bf16_tflops          # datasheet kept
+    assert devs["newgpu"].ceilings("measured").flops_per_s == 700e12
+    path.write_text("{broken")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        write_user_device(path, "h200", device_entry(measured, base=get_device("h200")))
+
+
+def test_autotune_command_show_and_clear(tmp_path, capsys):
+    from mla_var3.runtime.autotune import AutotuneCache
+
+    AutotuneCache().put("dev|flash_mla|x", {"block_m": 64}, time_us=3.0)
+    assert cli.main(["autotune"]) == 0
+    assert "1 tuned configs" in capsys.readouterr().out
+    assert cli.main(["autotune", "--clear"]) == 0
+    assert not AutotuneCache().path.exists()
