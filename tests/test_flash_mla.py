@@ -12,7 +12,7 @@ import torch
 
 from mla_var3 import reference as ref
 from mla_var3.kernel import backends
-from mla_var3.kernel.flash_mla import (
+from mla_var3.kernel.absorbed import (
     FlashMLAConfig, candidate_configs, choose_num_splits, default_config, flash_mla, smem_estimate,
 )
 from mla_var3.shapes import MLADims, Problem, get_preset

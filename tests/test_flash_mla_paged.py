@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mla_var3 import reference as ref
-from mla_var3.kernel.flash_mla import FlashMLAConfig, flash_mla_paged
+from mla_var3.kernel.absorbed import FlashMLAConfig, flash_mla_paged
 from mla_var3.shapes import MLADims, Problem, get_preset
 from mla_var3.testing import assert_close, nan_padded, poisoned
 

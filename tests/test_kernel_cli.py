@@ -37,8 +37,6 @@ def test_interpreter_estimate_formula():
     assert tiny < K.INTERP_LIMIT_S
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(K.__file__), "flash_mla.py")),
-                    reason="flash_mla module not present")
 def test_check_pass_flash_mla(capsys):
     assert K.main(["flash_mla", *TINY, "--check"]) == 0
     out = capsys.readouterr().out

@@ -39,7 +39,7 @@ class Kernel:
 
 
 def _flash_mla(b: int, s: int, paged: bool = False):
-    from mla_var3.kernel.flash_mla import example_launch
+    from mla_var3.kernel.absorbed import example_launch
 
     args, cfg = example_launch(b, 128, s, 4096, 512, 64, causal=s > 1, paged=paged)
     return args, cfg.num_warps, cfg.num_stages
@@ -53,11 +53,48 @@ def _combine(rows: int, splits: int, v: int):
 
 
 KERNELS = [
-    Kernel("flash_mla-b32-s1", "mla_var3.kernel.flash_mla", "_flash_mla_kernel", lambda: _flash_mla(32, 1)),
-    Kernel("flash_mla-b32-s16", "mla_var3.kernel.flash_mla", "_flash_mla_kernel", lambda: _flash_mla(32, 16)),
-    Kernel("flash_mla_paged-b32-s1", "mla_var3.kernel.flash_mla", "_flash_mla_kernel",
+    Kernel("flash_mla-b32-s1", "mla_var3.kernel.absorbed", "_flash_mla_kernel", lambda: _flash_mla(32, 1)),
+    Kernel("flash_mla-b32-s16", "mla_var3.kernel.absorbed", "_flash_mla_kernel", lambda: _flash_mla(32, 16)),
+    Kernel("flash_mla_paged-b32-s1", "mla_var3.kernel.absorbed", "_flash_mla_kernel",
            lambda: _flash_mla(32, 1, paged=True)),
     Kernel("combine-v512", "mla_var3.kernel.combine", "_combine_kernel", lambda: _combine(32 * 128, 2, 512),
+           hgmma=False),
+]
+
+
+def _flash_attention(b: int, s: int, ragged: bool = False):
+    from mla_var3.kernel.expanded import example_launch
+
+    args, cfg = example_launch(b, 128, s, 4096, 128, 64, causal=s > 1, ragged=ragged)
+    return args, cfg.num_warps, cfg.num_stages
+
+
+def _mla_var6_plus(part: str, b: int, s: int, n: int):
+    from mla_var3.kernel.hybrid import example_launch
+
+    args, opts = example_launch(part, b, 128, s, 4096 - n, n, 128, 64, 512, causal=s > 1)
+    return args, opts["num_warps"], opts["num_stages"]
+
+
+def _gemm(b: int, s: int, kin: int, nout: int, add: bool):
+    from mla_var3.kernel.gemm import example_launch
+
+    args, cfg = example_launch(b, 128, s, kin, nout, add=add)
+    return args, cfg.num_warps, cfg.num_stages
+
+
+# Decode tiles (16 rows) and the hybrid's 32-row latent groups run on mma.sync, not HGMMA.
+KERNELS += [
+    Kernel("flash_attention-b32-s1", "mla_var3.kernel.expanded", "_flash_attention_kernel",
+           lambda: _flash_attention(32, 1), hgmma=False),
+    Kernel("flash_attention-b4-s1024", "mla_var3.kernel.expanded", "_flash_attention_kernel",
+           lambda: _flash_attention(4, 1024, ragged=True)),
+    Kernel("mla_var6_plus-latent-b32-s16", "mla_var3.kernel.hybrid", "_latent_part_kernel",
+           lambda: _mla_var6_plus("latent", 32, 16, 1250), hgmma=False),
+    Kernel("mla_var6_plus-merge-b32-s16", "mla_var3.kernel.hybrid", "_merge_kernel",
+           lambda: _mla_var6_plus("merge", 32, 16, 1250), hgmma=False),
+    Kernel("decompress-b32-s16", "mla_var3.kernel.gemm", "_head_gemm_kernel", lambda: _gemm(32, 16, 512, 128, True)),
+    Kernel("absorb_query-b32-s1", "mla_var3.kernel.gemm", "_head_gemm_kernel", lambda: _gemm(32, 1, 128, 512, False),
            hgmma=False),
 ]
 

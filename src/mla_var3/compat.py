@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from mla_var3.kernel._common import bind_shape
-from mla_var3.kernel.flash_mla import flash_mla_paged
+from mla_var3.kernel.absorbed import flash_mla_paged
 
 __all__ = ["MLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 

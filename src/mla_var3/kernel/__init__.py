@@ -28,10 +28,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 _ENTRY_POINTS = {
-    "flash_mla": "mla_var3.kernel.flash_mla",
-    "flash_mla_paged": "mla_var3.kernel.flash_mla",
-    "flash_attention": "mla_var3.kernel.flash_attention",
-    "mla_var6_plus": "mla_var3.kernel.mla_var6_plus",
+    "flash_mla": "mla_var3.kernel.absorbed",
+    "flash_mla_paged": "mla_var3.kernel.absorbed",
+    "flash_attention": "mla_var3.kernel.expanded",
+    "mla_var6_plus": "mla_var3.kernel.hybrid",
     "decompress": "mla_var3.kernel.gemm",
     "absorb_query": "mla_var3.kernel.gemm",
 }

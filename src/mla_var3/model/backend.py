@@ -19,7 +19,7 @@ FUNCTIONS = ("flash_attention", "flash_mla", "flash_mla_paged", "mla_var6_plus",
 
 def _kernel(name: str) -> Callable | None:
     # Import the entry point's own module: once a submodule named like its function (e.g.
-    # ``mla_var3.kernel.flash_mla``) is imported, the package attribute of that name is the module.
+    # ``mla_var3.kernel.absorbed``) is imported, the package attribute of that name is the module.
     try:
         package = importlib.import_module("mla_var3.kernel")
         module = getattr(package, "_ENTRY_POINTS", {}).get(name)

@@ -23,9 +23,9 @@ DESIGNS = ("flash_attention", "flash_mla", "mla_var6_plus")
 
 #: launcher name -> module that defines it (and its default_config / candidate_configs).
 KERNEL_MODULES = {
-    "flash_attention": "mla_var3.kernel.flash_attention",
-    "flash_mla": "mla_var3.kernel.flash_mla",
-    "mla_var6_plus": "mla_var3.kernel.mla_var6_plus",
+    "flash_attention": "mla_var3.kernel.expanded",
+    "flash_mla": "mla_var3.kernel.absorbed",
+    "mla_var6_plus": "mla_var3.kernel.hybrid",
     "absorb_query": "mla_var3.kernel.gemm",
     "decompress": "mla_var3.kernel.gemm",
 }

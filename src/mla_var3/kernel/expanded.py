@@ -1,0 +1,407 @@
+"""Expanded attention (design 1, FlashAttention-style) with the decoupled RoPE key shared by heads.
+
+Each program owns ``BLOCK_M`` query rows of one (sequence, head) and streams that head's keys in
+blocks of ``BLOCK_N`` with an online softmax (scores in the log2 domain, ``exp2`` only)::
+
+    score[i, j] = (q[i] . k[j] + qpe[i] . kpe[j]) * scale          # d + p = 128 + 64
+    o[i]        = sum_j softmax_j(score[i, :]) v[j]
+
+The RoPE key ``kpe`` [B, T, P] is one vector per token for all heads: a program reads it once
+per key block (never materialised per head; the other heads' programs find it in L2).
+
+Causal masking (query i of s sees keys ``j <= L - s + i``, ``L = T`` or ``seqlens[b]``) is
+applied only where it can bite: the key loop is split into blocks that every row of the program
+sees (no mask) and the diagonal / tail blocks (masked); blocks past the last visible key are
+never read, so prefill skips the fully masked upper triangle.
+
+Decode with few programs (small ``b * h``) splits the key range over ``num_splits`` programs per
+row block (split-KV); the partial outputs are merged by :func:`mla_var3.kernel.combine.combine`.
+
+Launch configs are data: :class:`FlashAttentionConfig` with :func:`default_config` (analytic)
+and :func:`candidate_configs` (the autotuning space).
+
+Example
+-------
+>>> o, lse = flash_attention(q, qpe, k, v, kpe)                      # doctest: +SKIP
+>>> o.shape, lse.shape           # [B, H, S, D] in q's dtype, [B, H, S] float32
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_var3.kernel import backends
+from mla_var3.kernel._common import (
+    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+)
+from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
+from mla_var3.kernel.combine import combine
+
+__all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention"]
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.constexpr):
+    """Load a 2-D tile, masking rows and/or columns only where a constexpr says it can bite
+    (masked-off elements read as 0)."""
+    if ROW_MASK:
+        if COL_MASK:
+            x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        if COL_MASK:
+            x = tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _attend_block(
+    acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n,
+    offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
+    stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep,
+    L, S, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_P: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One key block: scores, online-softmax update, P @ V. Reads BLOCK_N * (2D + P) elements."""
+    offs_j = start_n + offs_n
+    j_ok = offs_j < L
+    k = load_tile(k_base + offs_j[:, None] * stride_kt + offs_d[None, :] * stride_kd, j_ok, d_ok,
+                  MASKED, not EVEN_D)
+    kpe = load_tile(kpe_base + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok,
+                    MASKED, not EVEN_P)
+    scores = tl.dot(q, tl.trans(operand(k, UPCAST)), input_precision=PRECISION)
+    scores = tl.dot(qpe, tl.trans(operand(kpe, UPCAST)), scores, input_precision=PRECISION)
+    scores = scores * qk_scale
+    if MASKED:
+        visible = j_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_j[None, :] <= (L - S + offs_m)[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(scores, m_i, l_i)
+    v = load_tile(v_base + offs_j[:, None] * stride_vt + offs_d[None, :] * stride_vd, j_ok, d_ok,
+                  MASKED, not EVEN_D)
+    # p is rounded to the storage dtype like on the tensor cores, then upcast under the interpreter
+    p_op = operand(to_storage(p, v.dtype, UPCAST), UPCAST)
+    acc = tl.dot(p_op, operand(v, UPCAST), acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _flash_attention_kernel(
+    q_ptr, qpe_ptr, k_ptr, v_ptr, kpe_ptr, o_ptr, lse_ptr, seqlens_ptr,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_pb, stride_ph, stride_ps, stride_pp,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_eb, stride_et, stride_ep,
+    stride_ob, stride_oh, stride_os, stride_ox, stride_od,
+    stride_lb, stride_lh, stride_ls, stride_lx,
+    H, S, T, qk_scale,
+    D: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Grid (cdiv(S, BLOCK_M), B * H, NUM_SPLITS). Reads BLOCK_M (D + P) query elements once and
+    (2D + P) elements per visible key; writes BLOCK_M (D + 1) outputs (to the split slot ``x``).
+
+    Rows with no visible key (possible only when L < S, which the hybrid's expanded part uses)
+    get o = 0 and lse = -inf.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_x = tl.program_id(2)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    if HAS_SEQLENS:
+        L = tl.load(seqlens_ptr + b)
+    else:
+        L = T
+    EVEN_D: tl.constexpr = BLOCK_D == D
+    EVEN_P: tl.constexpr = BLOCK_P == P
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_p = tl.arange(0, BLOCK_P)
+    m_ok = offs_m < S
+    d_ok = offs_d < D
+    p_ok = offs_p < P
+
+    # read q, qpe once: BLOCK_M * (D + P) elements
+    q = load_tile(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                  m_ok, d_ok, True, not EVEN_D)
+    qpe = load_tile(qpe_ptr + b * stride_pb + h * stride_ph + offs_m[:, None] * stride_ps
+                    + offs_p[None, :] * stride_pp, m_ok, p_ok, True, not EVEN_P)
+    q = operand(q, UPCAST)
+    qpe = operand(qpe, UPCAST)
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    kpe_base = kpe_ptr + b * stride_eb
+
+    # key range of this program: [0, hi) visible to some row; [0, n_full) visible to every row
+    if CAUSAL:
+        hi = tl.minimum(L, L - S + m0 + BLOCK_M)
+        n_full = tl.minimum(L, L - S + m0 + 1)
+    else:
+        hi = L
+        n_full = L
+    hi = tl.maximum(hi, 0)
+    n_full = (tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tl.cdiv(hi, BLOCK_N), NUM_SPLITS) * BLOCK_N
+        lo = pid_x * per_split
+        hi = tl.minimum(hi, lo + per_split)
+    else:
+        lo = 0
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # blocks every row sees: no mask
+    for start_n in range(lo, tl.minimum(hi, n_full), BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
+            stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
+            False, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION)
+    # diagonal and ragged tail: masked
+    for start_n in range(tl.maximum(lo, n_full), hi, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
+            stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
+            True, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION)
+
+    # write o (BLOCK_M * D) and lse (BLOCK_M)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = finalize_lse(m_i, l_i)
+    o_ptrs = (o_ptr + b * stride_ob + h * stride_oh + pid_x * stride_ox + offs_m[:, None] * stride_os
+              + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, to_storage(o, o_ptr.dtype.element_ty, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + pid_x * stride_lx + offs_m * stride_ls, lse, mask=m_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# launch configs
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FlashAttentionConfig:
+    """Launch config of the expanded kernel.
+
+    block_m : query rows per program (>= 16: the tensor-core dot needs it; decode pads s = 1).
+    block_n : keys per inner iteration (>= 16).
+    num_warps, num_stages : Triton launch options.
+    num_splits : split-KV factor (> 1 adds a combine pass; for decode with few (b, h) programs).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"FlashAttentionConfig.{name} must be a power of two >= 16, got {value}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"FlashAttentionConfig.num_warps must be a power of two <= 16, got {self.num_warps}")
+        if self.num_stages < 1 or self.num_splits < 1:
+            raise ValueError(f"FlashAttentionConfig: num_stages and num_splits must be >= 1, got {self}")
+
+
+def _splits_for(programs: int, t: int, block_n: int, sms: int) -> int:
+    """Split-KV factor: enough programs for ~2 waves, each split at least 4 key blocks long."""
+    if programs >= sms:
+        return 1
+    return max(1, min(cdiv(2 * sms, programs), t // (4 * block_n), 64))
+
+
+def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> FlashAttentionConfig:
+    """Analytic default: one row block covers s up to 128 queries (decode pads to 16), 64-key
+    blocks, 8 warps for 128-row tiles, split-KV when (b, h, row blocks) fill under one wave."""
+    block_m = min(128, max(16, next_pow2(s)))
+    block_n = 64 if d + p <= 256 else 32
+    num_warps = 8 if block_m >= 128 else 4
+    programs = b * h * cdiv(s, block_m)
+    splits = _splits_for(programs, t, block_n, num_sms())
+    return FlashAttentionConfig(block_m, block_n, num_warps, 2, splits)
+
+
+def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> tuple[FlashAttentionConfig, ...]:
+    """The autotuning space around :func:`default_config` (tiles x warps x stages x splits)."""
+    block_ms = sorted({min(128, max(16, next_pow2(s))), *([64, 128] if s > 64 else [])})
+    out = []
+    for bm, bn, warps, stages in itertools.product(block_ms, (32, 64, 128), (4, 8), (2, 3, 4)):
+        if bm * bn > 128 * 128 or (bm >= 128 and warps < 8):
+            continue
+        programs = b * h * cdiv(s, bm)
+        for splits in sorted({1, _splits_for(programs, t, bn, num_sms())}):
+            out.append(FlashAttentionConfig(bm, bn, warps, stages, splits))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs (interpreter only) get exact fp32 dots; bf16/fp16 use the tensor cores
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def arg_types(kwargs: dict) -> dict:
+    """Launch arguments with tensors replaced by Triton pointer type strings (``"*bf16"``), the
+    form :func:`mla_var3.kernel.sass.compile_launch_in_subprocess` takes."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
+    return {k: f"*{names[v.dtype]}" if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def named_strides(names: str, strides) -> dict:
+    """``{"stride_qb": ..., ...}`` from space-separated parameter names and a stride tuple."""
+    names = names.split()
+    if len(names) != len(strides):
+        raise ValueError(f"{len(names)} stride names for {len(strides)} strides")
+    return dict(zip(names, strides))
+
+
+def _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale: float, causal: bool,
+                 config: FlashAttentionConfig, upcast: bool) -> tuple[tuple, dict]:
+    """(grid, kernel arguments by name). ``o_dst`` is [B,H,S,D] or, with splits, the partial
+    buffer [B,H,S,NS,D] (``lse_dst`` [B,H,S] or [B,H,S,NS])."""
+    b, h, s, d = q.shape
+    t, p = k.shape[1], kpe.shape[-1]
+    if config.num_splits > 1:
+        o_strides, l_strides = o_dst.stride(), lse_dst.stride()
+    else:
+        o_strides = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2), 0, o_dst.stride(3))
+        l_strides = (*lse_dst.stride(), 0)
+    strides = {
+        **named_strides("stride_qb stride_qh stride_qs stride_qd", q.stride()),
+        **named_strides("stride_pb stride_ph stride_ps stride_pp", qpe.stride()),
+        **named_strides("stride_kb stride_kt stride_kh stride_kd", k.stride()),
+        **named_strides("stride_vb stride_vt stride_vh stride_vd", v.stride()),
+        **named_strides("stride_eb stride_et stride_ep", kpe.stride()),
+        **named_strides("stride_ob stride_oh stride_os stride_ox stride_od", o_strides),
+        **named_strides("stride_lb stride_lh stride_ls stride_lx", l_strides),
+    }
+    args = dict(
+        q_ptr=q, qpe_ptr=qpe, k_ptr=k, v_ptr=v, kpe_ptr=kpe, o_ptr=o_dst, lse_ptr=lse_dst,
+        seqlens_ptr=seqlens if seqlens is not None else lse_dst, **strides,
+        H=h, S=s, T=t, qk_scale=scale * LOG2E,
+        D=d, P=p, BLOCK_D=max(16, next_pow2(d)), BLOCK_P=max(16, next_pow2(p)),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_SPLITS=config.num_splits,
+        CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, UPCAST=upcast, PRECISION=_precision(q.dtype),
+    )
+    return (cdiv(s, config.block_m), b * h, config.num_splits), args
+
+
+def _launch(q, qpe, k, v, kpe, o, lse, seqlens, scale: float, causal: bool, config: FlashAttentionConfig) -> None:
+    """Run the kernel without validation (shapes already checked; L may be < S for the hybrid).
+
+    o [B,H,S,D] and lse [B,H,S] float32 are written in place (any strides, o in any float dtype).
+    """
+    b, h, s, d = q.shape
+    splits = config.num_splits
+    o_dst, lse_dst = o, lse
+    if splits > 1:
+        o_dst = torch.empty((b, h, s, splits, d), dtype=torch.float32, device=q.device)
+        lse_dst = torch.empty((b, h, s, splits), dtype=torch.float32, device=q.device)
+    grid, args = _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale, causal, config, interpreting())
+    _flash_attention_kernel[grid](**args, num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        combine(o_dst, lse_dst, o, lse)
+
+
+def example_launch(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64, *,
+                   dtype: torch.dtype = torch.bfloat16, causal: bool = True, ragged: bool = False,
+                   config: FlashAttentionConfig | None = None) -> tuple[dict, FlashAttentionConfig]:
+    """The GPU launch arguments of the kernel for a problem (contiguous inputs, pointers as type
+    strings) and the config used (default: :func:`default_config`), for compiling it without a
+    GPU via :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
+    config = config or default_config(b, h, s, t, d, p)
+    meta = dict(dtype=dtype, device="meta")
+    q, qpe = torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, p, **meta)
+    k, v, kpe = torch.empty(b, t, h, d, **meta), torch.empty(b, t, h, d, **meta), torch.empty(b, t, p, **meta)
+    ns = config.num_splits
+    f32 = dict(dtype=torch.float32, device="meta")
+    o = torch.empty(b, h, s, ns, d, **f32) if ns > 1 else torch.empty(b, h, s, d, **meta)
+    lse = torch.empty(b, h, s, ns, **f32) if ns > 1 else torch.empty(b, h, s, **f32)
+    seqlens = torch.empty(b, dtype=torch.int32, device="meta") if ragged else None
+    _, args = _kernel_args(q, qpe, k, v, kpe, o, lse, seqlens, (d + p) ** -0.5, causal, config, False)
+    return arg_types(args), config
+
+
+def _flash_attention_triton(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
+    """The portable Triton backend of :func:`flash_attention` (inputs already validated)."""
+    b, h, s, d = q.shape
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    if b * h * s == 0:
+        return out, lse
+    config = config or default_config(b, h, s, k.shape[1], d, kpe.shape[-1])
+    _launch(q, qpe, k, v, kpe, out, lse, seqlens, scale, causal, config)
+    return out, lse
+
+
+backends.register("flash_attention", "triton", _flash_attention_triton)
+
+
+def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor, *,
+                    scale: float | None = None, causal: bool = True, seqlens: torch.Tensor | None = None,
+                    config: FlashAttentionConfig | None = None, out: torch.Tensor | None = None,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Expanded attention with a shared RoPE key.
+
+    Parameters
+    ----------
+    q : [B, H, S, D]      no-RoPE query (bf16/fp16; float32 too under the interpreter)
+    qpe : [B, H, S, P]    RoPE query
+    k, v : [B, T, H, D]   expanded keys and values (T includes the S new tokens, so S <= T)
+    kpe : [B, T, P]       RoPE key, one per token, shared by all heads
+    scale : softmax scale, default ``(D + P) ** -0.5``
+    causal : query i sees keys ``j <= L - S + i`` (L = T or ``seqlens[b]``)
+    seqlens : [B] int32/int64, optional; valid keys per sequence, S <= seqlens[b] <= T
+    config : launch config, default :func:`default_config`
+    out : [B, H, S, D] in q's dtype, optional output buffer (any strides)
+    backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
+
+    Any strides are accepted for every input. Returns ``(o [B,H,S,D] in q's dtype,
+    lse [B,H,S] float32)``, lse the natural-log LSE of the scaled scores.
+    """
+    sizes: dict[str, int] = {}
+    bind_shape("q", q, "B H S D", sizes)
+    check_device("q", q)
+    dev = q.device
+    dtypes = allowed_dtypes(dev)
+    bind_shape("q", q, "B H S D", sizes, dtypes=dtypes)
+    bind_shape("qpe", qpe, "B H S P", sizes, dtypes=(q.dtype,), device=dev)
+    bind_shape("k", k, "B T H D", sizes, dtypes=(q.dtype,), device=dev)
+    bind_shape("v", v, "B T H D", sizes, dtypes=(q.dtype,), device=dev)
+    bind_shape("kpe", kpe, "B T P", sizes, dtypes=(q.dtype,), device=dev)
+    b, h, s, d, t, p = (sizes[x] for x in "BHSDTP")
+    if s > t:
+        raise ValueError(f"q has S={s} query tokens but k/v hold only T={t} keys (T includes the new tokens: S <= T)")
+    if d == 0 or p == 0:
+        raise ValueError(f"head dims must be positive, got D={d}, P={p}")
+    scale = float(d + p) ** -0.5 if scale is None else check_scale(scale)
+    seqlens = check_seqlens(seqlens, b, t, s, dev)
+    if out is None:
+        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
+    else:
+        bind_shape("out", out, "B H S D", dict(sizes), dtypes=(q.dtype,), device=dev)
+    run = backends.select("flash_attention", dev, backend)
+    return run(q, qpe, k, v, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out)

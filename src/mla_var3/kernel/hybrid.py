@@ -1,0 +1,485 @@
+"""The hybrid MLAvar6+ (design 3): O old tokens latent, N newest expanded, one softmax over O + N.
+
+Design: two partial passes and an LSE merge
+--------------------------------------------
+The two parts want different programs. The latent part is the absorbed computation: every head
+scores against the same ``z_old`` [B, O, K], so a program takes a *group of heads x queries* as
+its rows and reads each Z block once for all of them (Z is both key and value). The expanded
+part reads per-head ``k_new``, ``v_new`` [B, N, H, D], so a program takes one head's queries —
+exactly the expanded kernel of :mod:`mla_var3.kernel.expanded`, run on the new tokens::
+
+    latent part    (this module)      o_l  [B,H,S,K] fp32, lse_l   over keys 0 .. O-1
+    expanded part  (flash_attention)  o_e  [B,H,S,D] fp32, lse_e   over keys O .. O+N-1
+    merge          (this module)      lse = log(exp(lse_l) + exp(lse_e))
+                                      o_latent = o_l * exp(lse_l - lse),  o = o_e * exp(lse_e - lse)
+
+Each part is normalised by its own softmax sum; the merge rescales both to the one softmax over
+all O + N keys, so ``o + decompress(o_latent, w_uv)`` is the attention output. The parts are
+independent launches (they can overlap on the GPU: one is compute-bound, the other memory-bound);
+the merge reads both partials once and writes the outputs in the input dtype. When O = 0 (or
+N = 0) only the expanded (or latent) part runs, writing its output directly, and the other
+output is zero.
+
+Causal rule with T = O + N keys: query i sees key j <= T - S + i. The expanded part is the
+expanded kernel with L = N (query i sees new key j' <= N - S + i); when N < S its first S - N
+queries see no new key (lse_e = -inf, weight 0) and the mask reaches into the latent part, which
+applies ``j <= T - S + i`` to old keys. Every query sees key 0, so the merged lse is finite.
+
+Both parts split their key range over ``num_splits`` programs when (b, heads, queries) alone do
+not fill the GPU; their split partials are merged by :func:`mla_var3.kernel.combine.combine`.
+The hybrid merge itself is not that combine: the two parts have different values (D vs K wide)
+that stay separate outputs, each rescaled by its own weight, rather than one value summed over
+ranges. The partials are float32 so the outputs are rounded once; fusing the merge into the
+parts (and the two parts into one persistent launch) is left to the speed work.
+
+Example
+-------
+>>> o, o_latent, lse = mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=dims.default_scale)  # doctest: +SKIP
+>>> out = decompress(o_latent, w_uv, o)                                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_var3.kernel import backends
+from mla_var3.kernel import expanded as _fa
+from mla_var3.kernel._common import (
+    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2, num_sms,
+)
+from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, to_storage
+from mla_var3.kernel.combine import combine
+from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
+
+__all__ = ["LatentPartConfig", "MLAVar6PlusConfig", "default_config", "candidate_configs", "example_launch",
+           "mla_var6_plus"]
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _latent_block(
+    acc, m_i, l_i, qc, qpe, z_base, kpe_base, start_n, offs_n, offs_k, offs_p, k_ok, p_ok, limit,
+    stride_zt, stride_zk, stride_et, stride_ep, O, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_K: tl.constexpr, EVEN_P: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One block of old keys for a group of rows. Reads BLOCK_N * (K + P) elements: Z is the key
+    and the value."""
+    offs_j = start_n + offs_n
+    j_ok = offs_j < O
+    z = load_tile(z_base + offs_j[:, None] * stride_zt + offs_k[None, :] * stride_zk, j_ok, k_ok, MASKED, not EVEN_K)
+    kpe = load_tile(kpe_base + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok,
+                    MASKED, not EVEN_P)
+    z_op = operand(z, UPCAST)
+    scores = tl.dot(qc, tl.trans(z_op), input_precision=PRECISION)
+    scores = tl.dot(qpe, tl.trans(operand(kpe, UPCAST)), scores, input_precision=PRECISION)
+    scores = scores * qk_scale
+    if MASKED:
+        visible = j_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_j[None, :] <= limit[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(scores, m_i, l_i)
+    p_op = operand(to_storage(p, z.dtype, UPCAST), UPCAST)
+    acc = tl.dot(p_op, z_op, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _latent_part_kernel(
+    qc_ptr, qpe_ptr, z_ptr, kpe_ptr, o_ptr, lse_ptr,
+    stride_cb, stride_ch, stride_cs, stride_ck,
+    stride_pb, stride_ph, stride_ps, stride_pp,
+    stride_zb, stride_zt, stride_zk,
+    stride_eb, stride_et, stride_ep,
+    stride_ob, stride_oh, stride_os, stride_ox, stride_ok,
+    stride_lb, stride_lh, stride_ls, stride_lx,
+    H, S, O, T, qk_scale,
+    K: tl.constexpr, P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Latent part. Grid (cdiv(S, BLOCK_S) * cdiv(H, BLOCK_H), B, NUM_SPLITS); a program's rows
+    are BLOCK_H heads x BLOCK_S queries, so each Z block is read once for all of them.
+
+    Reads BLOCK_H*BLOCK_S*(K + P) query elements and (K + P) per visible old key; writes
+    BLOCK_H*BLOCK_S*(K + 1) outputs. Query i (of S) sees old key j < O with j <= T - S + i.
+    """
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    pid_x = tl.program_id(2)
+    num_s_blocks = tl.cdiv(S, BLOCK_S)
+    s0 = (pid % num_s_blocks) * BLOCK_S
+    h0 = (pid // num_s_blocks) * BLOCK_H
+    BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_S
+    EVEN_K: tl.constexpr = BLOCK_K == K
+    EVEN_P: tl.constexpr = BLOCK_P == P
+
+    r = tl.arange(0, BLOCK_M)
+    hh = h0 + r // BLOCK_S
+    ii = s0 + r % BLOCK_S
+    row_ok = (hh < H) & (ii < S)
+    hh64 = hh.to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_p = tl.arange(0, BLOCK_P)
+    k_ok = offs_k < K
+    p_ok = offs_p < P
+
+    # read qc, qpe for the row group: BLOCK_M * (K + P) elements
+    qc_rows = qc_ptr + b * stride_cb + hh64 * stride_ch + ii * stride_cs
+    qc = load_tile(qc_rows[:, None] + offs_k[None, :] * stride_ck, row_ok, k_ok, True, not EVEN_K)
+    qpe_rows = qpe_ptr + b * stride_pb + hh64 * stride_ph + ii * stride_ps
+    qpe = load_tile(qpe_rows[:, None] + offs_p[None, :] * stride_pp, row_ok, p_ok, True, not EVEN_P)
+    qc = operand(qc, UPCAST)
+    qpe = operand(qpe, UPCAST)
+    z_base = z_ptr + b * stride_zb
+    kpe_base = kpe_ptr + b * stride_eb
+    limit = T - S + ii
+
+    if CAUSAL:
+        hi = tl.minimum(O, T - S + s0 + BLOCK_S)
+        n_full = tl.minimum(O, T - S + s0 + 1)
+    else:
+        hi = O
+        n_full = O
+    n_full = (n_full // BLOCK_N) * BLOCK_N
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tl.cdiv(hi, BLOCK_N), NUM_SPLITS) * BLOCK_N
+        lo = pid_x * per_split
+        hi = tl.minimum(hi, lo + per_split)
+    else:
+        lo = 0
+
+    acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start_n in range(lo, tl.minimum(hi, n_full), BLOCK_N):
+        acc, m_i, l_i = _latent_block(
+            acc, m_i, l_i, qc, qpe, z_base, kpe_base, start_n, offs_n, offs_k, offs_p, k_ok, p_ok, limit,
+            stride_zt, stride_zk, stride_et, stride_ep, O, qk_scale, False, CAUSAL, EVEN_K, EVEN_P, UPCAST, PRECISION)
+    for start_n in range(tl.maximum(lo, n_full), hi, BLOCK_N):
+        acc, m_i, l_i = _latent_block(
+            acc, m_i, l_i, qc, qpe, z_base, kpe_base, start_n, offs_n, offs_k, offs_p, k_ok, p_ok, limit,
+            stride_zt, stride_zk, stride_et, stride_ep, O, qk_scale, True, CAUSAL, EVEN_K, EVEN_P, UPCAST, PRECISION)
+
+    # write o_latent (BLOCK_M * K) and lse (BLOCK_M)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = finalize_lse(m_i, l_i)
+    o_rows = o_ptr + b * stride_ob + hh64 * stride_oh + ii * stride_os + pid_x * stride_ox
+    tl.store(o_rows[:, None] + offs_k[None, :] * stride_ok, to_storage(o, o_ptr.dtype.element_ty, UPCAST),
+             mask=row_ok[:, None] & k_ok[None, :])
+    tl.store(lse_ptr + b * stride_lb + hh64 * stride_lh + ii * stride_ls + pid_x * stride_lx, lse, mask=row_ok)
+
+
+@triton.jit
+def _rescale_rows(src_base, dst_base, rows, row_ok, w, stride_sr, stride_sc, stride_dr, stride_dc,
+                  WIDTH, BLOCK_C: tl.constexpr, UPCAST: tl.constexpr):
+    """dst[r, :] = w[r] * src[r, :] over WIDTH columns in BLOCK_C chunks."""
+    for c0 in range(0, WIDTH, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        mask = row_ok[:, None] & (cols < WIDTH)[None, :]
+        x = tl.load(src_base + rows[:, None] * stride_sr + cols[None, :] * stride_sc, mask=mask, other=0.0)
+        y = tl.where(w[:, None] > 0, x * w[:, None], 0.0)
+        tl.store(dst_base + rows[:, None] * stride_dr + cols[None, :] * stride_dc,
+                 to_storage(y, dst_base.dtype.element_ty, UPCAST), mask=mask)
+
+
+@triton.jit
+def _merge_kernel(
+    oe_ptr, le_ptr, ol_ptr, ll_ptr, o_ptr, olat_ptr, lse_ptr,
+    stride_eb, stride_eh, stride_es, stride_ed,
+    stride_leb, stride_leh, stride_les,
+    stride_lb, stride_lh, stride_ls, stride_lk,
+    stride_llb, stride_llh, stride_lls,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_ab, stride_ah, stride_as, stride_ak,
+    stride_xb, stride_xh, stride_xs,
+    H, S, D, K,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Grid (cdiv(S, BLOCK_R), B * H). Reads BLOCK_R * (D + K + 2) fp32 partials; writes
+    BLOCK_R * (D + K) outputs and BLOCK_R lse."""
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < S
+    lse_e = tl.load(le_ptr + b * stride_leb + h * stride_leh + rows * stride_les, mask=row_ok, other=float("-inf"))
+    lse_l = tl.load(ll_ptr + b * stride_llb + h * stride_llh + rows * stride_lls, mask=row_ok, other=float("-inf"))
+    m = tl.maximum(lse_e, lse_l)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_e = tl.exp2((lse_e - m_safe) * LOG2E_C)
+    w_l = tl.exp2((lse_l - m_safe) * LOG2E_C)
+    total = w_e + w_l
+    total_safe = tl.where(total > 0, total, 1.0)
+    lse = tl.where(total > 0, m_safe + tl.log2(total_safe) / LOG2E_C, float("-inf"))
+    tl.store(lse_ptr + b * stride_xb + h * stride_xh + rows * stride_xs, lse, mask=row_ok)
+    _rescale_rows(oe_ptr + b * stride_eb + h * stride_eh, o_ptr + b * stride_ob + h * stride_oh, rows, row_ok,
+                  w_e / total_safe, stride_es, stride_ed, stride_os, stride_od, D, BLOCK_C, UPCAST)
+    _rescale_rows(ol_ptr + b * stride_lb + h * stride_lh, olat_ptr + b * stride_ab + h * stride_ah, rows, row_ok,
+                  w_l / total_safe, stride_ls, stride_lk, stride_as, stride_ak, K, BLOCK_C, UPCAST)
+
+
+# ----------------------------------------------------------------------------------------------
+# launch configs
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LatentPartConfig:
+    """Launch config of the latent part: rows = block_h heads x block_s queries (>= 16 rows, the
+    tensor-core minimum; padded when h * s is smaller), block_n old keys per iteration."""
+
+    block_h: int = 2
+    block_s: int = 16
+    block_n: int = 32
+    num_warps: int = 8
+    num_stages: int = 2
+    num_splits: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_h", "block_s", "block_n"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"LatentPartConfig.{name} must be a power of two, got {value}")
+        if self.block_h * self.block_s < 16 or self.block_n < 16:
+            raise ValueError(f"LatentPartConfig: block_h * block_s and block_n must be >= 16, got {self}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.num_splits < 1:
+            raise ValueError(f"LatentPartConfig: bad num_warps/num_stages/num_splits in {self}")
+
+
+@dataclass(frozen=True)
+class MLAVar6PlusConfig:
+    """Launch config of the hybrid: one config per part."""
+
+    latent: LatentPartConfig = field(default_factory=LatentPartConfig)
+    expanded: FlashAttentionConfig = field(default_factory=FlashAttentionConfig)
+
+
+def _latent_config(b: int, h: int, s: int, o: int, rows: int, block_n: int, warps: int, stages: int) -> LatentPartConfig:
+    block_s = min(next_pow2(s), rows)
+    block_h = min(next_pow2(h), max(1, rows // block_s))
+    block_s = max(block_s, 16 // block_h)              # pad tiny h * s up to the 16-row minimum
+    programs = b * cdiv(h, block_h) * cdiv(s, block_s)
+    splits = _fa._splits_for(programs, o, block_n, num_sms())
+    return LatentPartConfig(block_h, block_s, block_n, warps, stages, splits)
+
+
+def default_config(b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64, k: int = 512) -> MLAVar6PlusConfig:
+    """Analytic default: latent rows = 32 (heads x queries) per program with 32-key blocks of Z
+    and 8 warps (the 32 x 512 float32 accumulator is 64 registers per thread: no spills on
+    sm_90, where 64 rows spill), split-KV for small batches; the expanded part takes the
+    expanded kernel's default for its N keys."""
+    rows = 32 if k > 256 else 64
+    latent = _latent_config(b, h, s, o, rows, 32, 8, 2)
+    return MLAVar6PlusConfig(latent, _fa.default_config(b, h, s, max(n, 1), d, p))
+
+
+def candidate_configs(b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64,
+                      k: int = 512) -> tuple[MLAVar6PlusConfig, ...]:
+    """The autotuning space. The parts are tuned independently: each latent candidate (row
+    groups x key blocks x warps x stages, keeping the fp32 accumulator within 64 registers per
+    thread) with the expanded default, and each expanded candidate with the latent default."""
+    base = default_config(b, h, s, o, n, d, p, k)
+    latents = {_latent_config(b, h, s, o, rows, bn, warps, stages)
+               for rows, bn, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3))
+               if rows * next_pow2(k) <= warps * 32 * 64}
+    out = {MLAVar6PlusConfig(lat, base.expanded) for lat in latents}
+    out |= {MLAVar6PlusConfig(base.latent, exp) for exp in _fa.candidate_configs(b, h, s, max(n, 1), d, p)}
+    return (base, *sorted(out - {base}, key=repr))
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------
+
+def _latent_args(qc, qpe, z_old, kpe_old, o_dst, l_dst, t: int, scale: float, causal: bool,
+                 config: LatentPartConfig, upcast: bool) -> tuple[tuple, dict]:
+    """(grid, kernel arguments by name) of the latent part; ``o_dst`` [B,H,S,K] or, with splits,
+    the partial buffer [B,H,S,NS,K] (``l_dst`` [B,H,S] or [B,H,S,NS])."""
+    b, h, s, k = qc.shape
+    o, p = z_old.shape[1], kpe_old.shape[-1]
+    if config.num_splits > 1:
+        o_strides, l_strides = o_dst.stride(), l_dst.stride()
+    else:
+        o_strides = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2), 0, o_dst.stride(3))
+        l_strides = (*l_dst.stride(), 0)
+    args = dict(
+        qc_ptr=qc, qpe_ptr=qpe, z_ptr=z_old, kpe_ptr=kpe_old, o_ptr=o_dst, lse_ptr=l_dst,
+        **named_strides("stride_cb stride_ch stride_cs stride_ck", qc.stride()),
+        **named_strides("stride_pb stride_ph stride_ps stride_pp", qpe.stride()),
+        **named_strides("stride_zb stride_zt stride_zk", z_old.stride()),
+        **named_strides("stride_eb stride_et stride_ep", kpe_old.stride()),
+        **named_strides("stride_ob stride_oh stride_os stride_ox stride_ok", o_strides),
+        **named_strides("stride_lb stride_lh stride_ls stride_lx", l_strides),
+        H=h, S=s, O=o, T=t, qk_scale=scale * LOG2E,
+        K=k, P=p, BLOCK_K=max(16, next_pow2(k)), BLOCK_P=max(16, next_pow2(p)),
+        BLOCK_H=config.block_h, BLOCK_S=config.block_s, BLOCK_N=config.block_n, NUM_SPLITS=config.num_splits,
+        CAUSAL=bool(causal), UPCAST=upcast, PRECISION=_fa._precision(qc.dtype),
+    )
+    return (cdiv(s, config.block_s) * cdiv(h, config.block_h), b, config.num_splits), args
+
+
+def _launch_latent(qc, qpe, z_old, kpe_old, o_lat, lse, t: int, scale: float, causal: bool,
+                   config: LatentPartConfig) -> None:
+    """Latent part into o_lat [B,H,S,K] (any float dtype, any strides) and lse [B,H,S] float32."""
+    b, h, s, k = qc.shape
+    splits = config.num_splits
+    o_dst, l_dst = o_lat, lse
+    if splits > 1:
+        o_dst = torch.empty((b, h, s, splits, k), dtype=torch.float32, device=qc.device)
+        l_dst = torch.empty((b, h, s, splits), dtype=torch.float32, device=qc.device)
+    grid, args = _latent_args(qc, qpe, z_old, kpe_old, o_dst, l_dst, t, scale, causal, config, interpreting())
+    _latent_part_kernel[grid](**args, num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        combine(o_dst, l_dst, o_lat, lse)
+
+
+def _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast: bool) -> tuple[tuple, dict]:
+    b, h, s, d = o_e.shape
+    block_r = min(16, next_pow2(s))
+    args = dict(
+        oe_ptr=o_e, le_ptr=lse_e, ol_ptr=o_l, ll_ptr=lse_l, o_ptr=o, olat_ptr=o_latent, lse_ptr=lse,
+        **named_strides("stride_eb stride_eh stride_es stride_ed", o_e.stride()),
+        **named_strides("stride_leb stride_leh stride_les", lse_e.stride()),
+        **named_strides("stride_lb stride_lh stride_ls stride_lk", o_l.stride()),
+        **named_strides("stride_llb stride_llh stride_lls", lse_l.stride()),
+        **named_strides("stride_ob stride_oh stride_os stride_od", o.stride()),
+        **named_strides("stride_ab stride_ah stride_as stride_ak", o_latent.stride()),
+        **named_strides("stride_xb stride_xh stride_xs", lse.stride()),
+        H=h, S=s, D=d, K=o_l.shape[-1], BLOCK_R=block_r, BLOCK_C=64 if upcast else 128, UPCAST=upcast,
+    )
+    return (cdiv(s, block_r), b * h), args
+
+
+def _merge(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
+    grid, args = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, interpreting())
+    _merge_kernel[grid](**args, num_warps=4)
+
+
+def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64, k: int = 512, *,
+                   dtype: torch.dtype = torch.bfloat16, causal: bool = True,
+                   config: MLAVar6PlusConfig | None = None) -> tuple[dict, dict]:
+    """GPU launch arguments (contiguous inputs, pointers as type strings) of one of the hybrid's
+    kernels, ``part`` in ``("latent", "merge")`` (the expanded part is
+    :func:`mla_var3.kernel.expanded.example_launch` with t = n), and its launch options
+    (num_warps, num_stages), for :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
+    config = config or default_config(b, h, s, o, n, d, p, k)
+    meta = dict(dtype=dtype, device="meta")
+    f32 = dict(dtype=torch.float32, device="meta")
+    if part == "latent":
+        lat = config.latent
+        ns = lat.num_splits
+        o_dst = torch.empty(b, h, s, ns, k, **f32) if ns > 1 else torch.empty(b, h, s, k, **f32)
+        l_dst = torch.empty(b, h, s, ns, **f32) if ns > 1 else torch.empty(b, h, s, **f32)
+        _, args = _latent_args(torch.empty(b, h, s, k, **meta), torch.empty(b, h, s, p, **meta),
+                               torch.empty(b, o, k, **meta), torch.empty(b, o, p, **meta), o_dst, l_dst,
+                               o + n, (d + p) ** -0.5, causal, lat, False)
+        return _fa.arg_types(args), dict(num_warps=lat.num_warps, num_stages=lat.num_stages)
+    if part == "merge":
+        _, args = _merge_args(torch.empty(b, h, s, d, **f32), torch.empty(b, h, s, **f32),
+                              torch.empty(b, h, s, k, **f32), torch.empty(b, h, s, **f32),
+                              torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, k, **meta),
+                              torch.empty(b, h, s, **f32), False)
+        return _fa.arg_types(args), dict(num_warps=4, num_stages=1)
+    raise ValueError(f"part must be 'latent' or 'merge', got {part!r}")
+
+
+def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent):
+    """The portable Triton backend of :func:`mla_var6_plus` (inputs already validated)."""
+    b, h, s, d = q.shape
+    k, o_len, n_len = qc.shape[-1], z_old.shape[1], k_new.shape[1]
+    dev = q.device
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+    if b * h * s == 0:
+        return out, out_latent, lse
+    config = config or default_config(b, h, s, o_len, n_len, d, qpe.shape[-1], k)
+    kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
+    t = o_len + n_len
+    if o_len == 0:
+        _fa._launch(q, qpe, k_new, v_new, kpe_new, out, lse, None, scale, causal, config.expanded)
+        out_latent.zero_()
+        return out, out_latent, lse
+    if n_len == 0:
+        _launch_latent(qc, qpe, z_old, kpe_old, out_latent, lse, t, scale, causal, config.latent)
+        out.zero_()
+        return out, out_latent, lse
+    f32 = dict(dtype=torch.float32, device=dev)
+    o_e, lse_e = torch.empty((b, h, s, d), **f32), torch.empty((b, h, s), **f32)
+    o_l, lse_l = torch.empty((b, h, s, k), **f32), torch.empty((b, h, s), **f32)
+    # independent launches: on the GPU they may overlap (compute-bound latent, memory-bound expanded)
+    _launch_latent(qc, qpe, z_old, kpe_old, o_l, lse_l, t, scale, causal, config.latent)
+    _fa._launch(q, qpe, k_new, v_new, kpe_new, o_e, lse_e, None, scale, causal, config.expanded)
+    _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
+    return out, out_latent, lse
+
+
+backends.register("mla_var6_plus", "triton", _mla_var6_plus_triton)
+
+
+def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,
+                  k_new: torch.Tensor, v_new: torch.Tensor, *, scale: float, causal: bool = True,
+                  config: MLAVar6PlusConfig | None = None, out: torch.Tensor | None = None,
+                  out_latent: torch.Tensor | None = None,
+                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hybrid attention: latent over the O old tokens, expanded over the N newest, one softmax.
+
+    Parameters
+    ----------
+    q : [B, H, S, D]         no-RoPE query (expanded part)
+    qpe : [B, H, S, P]       RoPE query (both parts)
+    qc : [B, H, S, K]        absorbed query (latent part), e.g. ``absorb_query(q, w_uk)``
+    z_old : [B, O, K]        latent cache of the O oldest tokens (O may be 0)
+    kpe : [B, O + N, P]      RoPE keys of all tokens, old first
+    k_new, v_new : [B, N, H, D]  expanded keys/values of the N newest tokens (N may be 0)
+    scale : softmax scale (required: the absorbed query has lost its head dim)
+    causal : query i sees key j <= O + N - S + i
+    config : launch config, default :func:`default_config`
+    out, out_latent : optional output buffers [B,H,S,D] and [B,H,S,K] in q's dtype (any strides)
+    backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
+
+    All inputs share one dtype (bf16/fp16; float32 too under the interpreter) and device; any
+    strides. Returns ``(o [B,H,S,D], o_latent [B,H,S,K], lse [B,H,S] float32)``, both outputs
+    normalised by the softmax over all O + N keys: the attention output is
+    ``o + decompress(o_latent, w_uv)``.
+    """
+    sizes: dict[str, int] = {}
+    bind_shape("q", q, "B H S D", sizes)
+    check_device("q", q)
+    dev = q.device
+    bind_shape("q", q, "B H S D", sizes, dtypes=allowed_dtypes(dev))
+    same = dict(dtypes=(q.dtype,), device=dev)
+    bind_shape("qpe", qpe, "B H S P", sizes, **same)
+    bind_shape("qc", qc, "B H S K", sizes, **same)
+    bind_shape("z_old", z_old, "B O K", sizes, **same)
+    bind_shape("k_new", k_new, "B N H D", sizes, **same)
+    bind_shape("v_new", v_new, "B N H D", sizes, **same)
+    sizes["T"] = sizes["O"] + sizes["N"]
+    bind_shape("kpe", kpe, "B T P", sizes, **same)
+    b, h, s, d, p, k, o_len, n_len, t = (sizes[x] for x in ("B", "H", "S", "D", "P", "K", "O", "N", "T"))
+    if s > t:
+        raise ValueError(f"q has S={s} query tokens but the cache holds only O + N = {o_len} + {n_len} = {t} "
+                         f"tokens (it includes the new ones: S <= O + N)")
+    if min(d, p, k) == 0:
+        raise ValueError(f"head dims must be positive, got D={d}, P={p}, K={k}")
+    scale = check_scale(scale)
+    if out is None:
+        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
+    else:
+        bind_shape("out", out, "B H S D", dict(sizes), **same)
+    if out_latent is None:
+        out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
+    else:
+        bind_shape("out_latent", out_latent, "B H S K", dict(sizes), **same)
+    run = backends.select("mla_var6_plus", dev, backend)
+    return run(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=bool(causal), config=config, out=out,
+               out_latent=out_latent)

@@ -1,0 +1,161 @@
+"""The expanded kernel (``mla_var3.kernel.expanded``) against the fp32 reference.
+
+Dims are shrunk (d = 32, p = 16) so the interpreter stays fast; the edge cases are in the
+sizes that matter for masking and tiling: t = 1, 63, 64, 65, 200 around the 64-key block, s = 1,
+2, 5, 16 (causal), b = 1 and 3, h = 16 and a non-power-of-two h = 5, ragged ``seqlens``, split-KV,
+several row blocks (prefill), non-power-of-two head dims. The grid is a curated list instead of
+the full product: each case runs ~0.1-1 s under the interpreter.
+
+Every output buffer starts as NaN and every input is a view into a NaN-padded buffer; keys
+past a sequence's length are NaN too, so a read past a valid length fails the test.
+"""
+
+import pytest
+import torch
+
+from mla_var3 import reference as R
+from mla_var3.kernel.expanded import (
+    FlashAttentionConfig, candidate_configs, default_config, flash_attention,
+)
+from mla_var3.testing import assert_close, nan_padded, poisoned
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16]
+
+
+def _inputs(b, h, s, t, d, p, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+    return randn(b, h, s, d), randn(b, h, s, p), randn(b, t, h, d), randn(b, t, h, d), randn(b, t, p)
+
+
+def _poison_tail(x, seqlens):
+    """NaN in every key position j >= seqlens[b] (dim 1 is T)."""
+    x = x.clone()
+    for i, n in enumerate(seqlens.tolist()):
+        x[i, n:] = float("nan")
+    return x
+
+
+def _run_case(b, h, s, t, dtype, *, d=32, p=16, causal=True, seqlens=None, config=None):
+    q, qpe, k, v, kpe = _inputs(b, h, s, t, d, p, dtype)
+    scale = (d + p) ** -0.5
+    ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, seqlens)
+    if seqlens is not None:
+        k, v, kpe = (_poison_tail(x, seqlens) for x in (k, v, kpe))
+    args = [nan_padded(x) for x in (q, qpe, k, v, kpe)]
+    out = poisoned((b, h, s, d), dtype, DEVICE)
+    o, lse = flash_attention(*args, causal=causal, seqlens=seqlens, config=config, out=out)
+    assert o.data_ptr() == out.data_ptr() and o.dtype == dtype and lse.dtype == torch.float32
+    assert_close(o, ref_o, dtype, name="o")
+    assert_close(lse, ref_lse, torch.float32, tol=1e-5, name="lse")
+
+
+CASES = [  # b, h, s, t
+    (1, 16, 1, 1),
+    (3, 5, 1, 63),
+    (1, 16, 1, 200),
+    (3, 5, 2, 64),
+    (1, 16, 2, 65),
+    (3, 5, 5, 65),
+    (1, 16, 5, 200),
+    (1, 5, 16, 16),
+    (3, 5, 16, 63),
+    (1, 16, 16, 200),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,h,s,t", CASES, ids=[f"b{b}-h{h}-s{s}-t{t}" for b, h, s, t in CASES])
+def test_causal(b, h, s, t, dtype):
+    _run_case(b, h, s, t, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,h,s,t", [(3, 5, 5, 65), (1, 16, 1, 200)], ids=["b3-s5-t65", "b1-s1-t200"])
+def test_not_causal(b, h, s, t, dtype):
+    _run_case(b, h, s, t, dtype, causal=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("s,lens,causal", [
+    (1, [1, 64, 65], True),
+    (5, [5, 130, 200], True),
+    (2, [63, 2, 200], False),
+], ids=["decode", "spec-causal", "not-causal"])
+def test_ragged_seqlens(s, lens, causal, dtype):
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    _run_case(3, 5, s, max(lens), dtype, causal=causal, seqlens=seqlens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_kv(dtype):
+    """num_splits > 1 (decode path for small batches), with ragged lengths: some splits empty."""
+    seqlens = torch.tensor([3, 200], dtype=torch.int32, device=DEVICE)
+    _run_case(2, 3, 3, 200, dtype, seqlens=seqlens, config=FlashAttentionConfig(16, 16, num_splits=5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_row_blocks(dtype):
+    """Several row blocks per head: the fully masked key blocks above the diagonal are skipped,
+    the diagonal ones masked (block_n < block_m and > block_m both)."""
+    _run_case(1, 2, 70, 100, dtype, config=FlashAttentionConfig(32, 16))
+    _run_case(1, 2, 70, 70, dtype, config=FlashAttentionConfig(16, 32))
+
+
+def test_odd_head_dims():
+    """Head dims that are not powers of two are padded and masked."""
+    _run_case(2, 3, 5, 65, DTYPES[0], d=24, p=8)
+
+
+def test_default_scale_and_configs():
+    q, qpe, k, v, kpe = _inputs(1, 2, 3, 20, 32, 16, torch.float32 if DEVICE == "cpu" else torch.bfloat16)
+    o1, _ = flash_attention(q, qpe, k, v, kpe)
+    o2, _ = flash_attention(q, qpe, k, v, kpe, scale=48 ** -0.5)
+    assert torch.equal(o1, o2)
+    cfg = default_config(32, 128, 16, 4096)
+    assert cfg.block_m == 16 and cfg.num_splits == 1
+    assert default_config(1, 16, 1, 4096).num_splits > 1
+    cands = candidate_configs(2, 16, 512, 4096)
+    assert cands and all(isinstance(c, FlashAttentionConfig) for c in cands)
+    with pytest.raises(ValueError, match="block_m"):
+        FlashAttentionConfig(block_m=24)
+
+
+def _valid(dtype=torch.bfloat16):
+    return list(_inputs(2, 3, 4, 10, 32, 16, dtype))
+
+
+@pytest.mark.parametrize("index,bad,match", [
+    (0, lambda x: x[0], r"q must be \[B, H, S, D\]"),                               # wrong rank
+    (4, lambda x: x[..., :8], r"kpe must be \[B, T, P\]"),                           # P mismatch
+    (2, lambda x: x[:, :, :2], r"k must be \[B, T, H, D\]"),                         # H mismatch
+    (3, lambda x: x[:, :9], r"v must be \[B, T, H, D\]"),                            # T mismatch
+    (1, lambda x: x.to(torch.float16), r"qpe must have dtype"),                      # mixed dtype
+    (0, lambda x: x.to(torch.int32), r"q must have dtype"),                          # integer dtype
+    (3, lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta"), r"v is on meta"),  # mixed devices
+])
+def test_bad_inputs(index, bad, match):
+    args = _valid()
+    args[index] = bad(args[index])
+    with pytest.raises(ValueError, match=match):
+        flash_attention(*args)
+
+
+def test_bad_ranges():
+    q, qpe, k, v, kpe = _valid()
+    with pytest.raises(ValueError, match="S <= T"):
+        flash_attention(q, qpe, k[:, :3], v[:, :3], kpe[:, :3])
+    with pytest.raises(ValueError, match="seqlens must lie"):
+        flash_attention(q, qpe, k, v, kpe, seqlens=torch.tensor([4, 11], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="seqlens must lie"):
+        flash_attention(q, qpe, k, v, kpe, seqlens=torch.tensor([3, 10], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="seqlens must be"):
+        flash_attention(q, qpe, k, v, kpe, seqlens=torch.tensor([4, 5, 6], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="scale"):
+        flash_attention(q, qpe, k, v, kpe, scale=0.0)
+    with pytest.raises(ValueError, match="out must be"):
+        flash_attention(q, qpe, k, v, kpe, out=torch.empty(2, 3, 4, 16, dtype=q.dtype, device=DEVICE))
