@@ -261,6 +261,7 @@ def test_backend_selection():
         attention_fn("flash_mla", "cpu", "cuda")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="float32 CPU tensors reach the kernels only under the interpreter; on a GPU the kernel tests and benchmarks/layer_e2e.py cover this path")
 @pytest.mark.parametrize("mode", MODES)
 def test_kernel_backend_matches_reference(mode):
     """The layer wired to the Triton kernels (the interpreter on CPU) gives the reference's

@@ -421,6 +421,7 @@ def _add_report(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: the built-in commands plus every function in :data:`_EXTRA_COMMANDS`."""
     import mla_var3.runtime.commands  # noqa: F401  (registers bench, autotune, devices --measure; no torch)
+    import mla_var3.dispatch.explain  # noqa: F401  (registers explain; no torch)
 
     parser = _Parser(prog=PROG, description="MLA analysis: cost models, roofline, regime guide, KV-cache memory.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -221,7 +221,7 @@ class MLALayer(nn.Module):
             RoPE positions of the new tokens (usually ``seqlens[b] + arange(S)``).
         cache : ExpandedCache (naive), LatentCache or PagedLatentCache (absorbed), HybridCache
             (hybrid), or None for an empty one.
-        mode : "naive" | "absorbed" | "hybrid"
+        mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`)
         n : int, optional
             Hybrid window (newest tokens kept expanded); defaults to the cache's n, else
             ``cfg.hybrid_n``. A cache keeps the n it was made with.
@@ -231,6 +231,10 @@ class MLALayer(nn.Module):
         out : Tensor [B, S, hidden]
         cache : the cache with the new tokens appended.
         """
+        if mode == "auto":  # the dispatcher picks the design per call (mla_var3.dispatch)
+            from mla_var3.dispatch.run import auto_forward
+
+            return auto_forward(self, hidden_states, positions, cache, n)
         self._check_inputs(hidden_states, positions, cache, mode)
         q_nope, q_pe, z, kpe = self.project(hidden_states, positions)
         if mode == "naive":

@@ -1,0 +1,34 @@
+"""The regime guide as a running system: per call, the MLA attention design (and its hybrid
+split n) an engine should run, from the roofline model at the device's ceilings, overridden by
+measured kernel times when the benchmark or the autotune cache has them.
+
+==============  ==============================================================================
+``decide``      :class:`Dispatcher`, :class:`Decision`, :class:`CacheInfo`, the per-design costs
+``measured``    read-only lookups of measured kernel times (autotune cache, ``results.json``)
+``run``         :func:`mla_attention` (the engine entry point) and ``MLALayer(mode="auto")``
+``explain``     the ``mla-var3 explain`` command
+==============  ==============================================================================
+
+>>> from mla_var3.dispatch import Dispatcher, CacheInfo
+>>> from mla_var3.shapes import get_preset, Problem
+>>> dec = Dispatcher("h200", use_measured=False).decide(get_preset("deepseek-v3"),
+...                                                     Problem(b=32, s=4096, t=4096), CacheInfo("latent"))
+>>> dec.design, dec.source
+('expanded', 'model')
+
+``mla_attention`` (torch) is imported lazily so that the decision needs no torch.
+"""
+
+from mla_var3.dispatch.decide import (ALIASES, DESIGNS, KERNEL, CacheInfo, Decision, Dispatcher, Estimate,
+                                      canonical_design, decide, design_cost, expansion_cost, regime_of)
+
+__all__ = ["DESIGNS", "KERNEL", "ALIASES", "CacheInfo", "Decision", "Dispatcher", "Estimate", "decide",
+           "design_cost", "expansion_cost", "regime_of", "canonical_design", "mla_attention", "auto_forward"]
+
+
+def __getattr__(name: str):
+    if name in ("mla_attention", "auto_forward", "expand_latent", "default_dispatcher"):
+        from mla_var3.dispatch import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'mla_var3.dispatch' has no attribute {name!r}")

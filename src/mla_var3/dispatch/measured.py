@@ -1,0 +1,149 @@
+"""Measured attention-kernel times, read (never written) from the autotune cache and from
+benchmark ``results.json`` files.
+
+Each lookup of another module's format sits in one small adapter function below, so a change
+of format is a one-function change here:
+
+* :func:`_autotune_entries` — :class:`mla_var3.runtime.autotune.AutotuneCache`: keys
+  ``device|design|dims|bucket|dtype|triton-version``, entries ``{"config", "time_us", ...}``
+  (``time_us``: median of the winning config).
+* :func:`_result_records` — :func:`mla_var3.runtime.records.load_results`: ``(meta, records)``,
+  records with ``name``, ``kind``, ``b, s, t, n``, ``dtype``, ``status``, ``time_us``; the meta
+  names the device (``device_key``) and the dims.
+
+Times are of the attention kernel alone (``flash_mla``, ``mla_var6_plus``, ``flash_attention``
+over an already expanded cache), as the benchmark measures them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mla_var3.shapes import MLADims, Problem
+
+#: the kernels whose measured times can override the model.
+KERNELS = ("flash_mla", "mla_var6_plus", "flash_attention")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured kernel time.
+
+    ``n`` is the hybrid split (None for the other kernels); ``exact`` is False when the point
+    only shares the autotune cache's shape bucket (b and t rounded up to a power of two).
+    """
+
+    kernel: str
+    n: int | None
+    time_s: float
+    source: str
+    exact: bool = True
+
+
+# ------------------------------------------------------------------------------ adapters
+
+
+def _autotune_entries(path: str | Path | None) -> dict[str, dict]:
+    """All entries of the autotune cache at ``path`` (default: the user cache file); {} if none."""
+    from mla_var3.runtime.autotune import AutotuneCache
+
+    cache = AutotuneCache(path)
+    if not cache.path.exists():
+        return {}
+    return cache.entries()
+
+
+def _bucket(problem: Problem) -> str:
+    from mla_var3.runtime.autotune import shape_bucket
+
+    return shape_bucket(problem)
+
+
+def _dims_token(dims: MLADims) -> str:
+    return f"h{dims.h}-d{dims.d}-p{dims.p}-k{dims.k}-dv{dims.dv}"
+
+
+def _triton_version() -> str | None:
+    # from the package metadata: importing triton here would fix its settings (TRITON_INTERPRET)
+    # before the kernel package chooses them
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
+
+
+def _result_records(path: str | Path) -> tuple[dict, list]:
+    from mla_var3.runtime.records import load_results
+
+    return load_results(path)
+
+
+def _device_key_of(name: str) -> str | None:
+    """The devices-table key of a GPU name as the autotune cache stores it ('NVIDIA H200' -> 'h200')."""
+    from mla_var3.analysis.devices import match_device_name
+
+    dev = match_device_name(name)
+    return dev.key if dev is not None else name.lower()
+
+
+# ------------------------------------------------------------------------------ lookups
+
+
+def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
+                  path: str | Path | None = None) -> list[Measurement]:
+    """Kernel times cached for this device, dims, dtype, shape bucket and Triton version.
+
+    For the hybrid every cached split whose bucket matches the problem's (b, s, t) is returned
+    with the split's bucket value as ``n`` (a power of two: the cache rounds n up).
+    """
+    want_triton = _triton_version()
+    base = _bucket(Problem(problem.b, problem.s, problem.t, causal=problem.causal))
+    out = []
+    for key, entry in _autotune_entries(path).items():
+        parts = key.split("|")
+        if len(parts) != 6:
+            continue
+        dev_name, kernel, dims_tok, bucket, dt, triton_tok = parts
+        if kernel not in KERNELS or dims_tok != _dims_token(dims) or dt != dtype:
+            continue
+        if want_triton is not None and triton_tok != f"triton-{want_triton}":
+            continue
+        if _device_key_of(dev_name) != device_key or not isinstance(entry.get("time_us"), (int, float)):
+            continue
+        n = None
+        if kernel == "mla_var6_plus":
+            fields = bucket.split("-")
+            n_tok = [f for f in fields if f.startswith("n")]
+            if not n_tok:
+                continue
+            n = int(n_tok[0][1:])
+            bucket = "-".join(f for f in fields if not f.startswith("n"))
+        if bucket != base:
+            continue
+        out.append(Measurement(kernel, n, float(entry["time_us"]) * 1e-6, f"autotune cache ({key})", exact=False))
+    return out
+
+
+def from_results(paths, device_key: str, dims: MLADims, problem: Problem, dtype: str) -> list[Measurement]:
+    """Kernel times of the benchmark records in ``paths`` at exactly this (b, s, t), dims,
+    dtype and device (``meta['device_key']``); records that failed or were skipped are ignored."""
+    out = []
+    for path in paths:
+        meta, records = _result_records(path)
+        if meta.get("device_key") not in (None, device_key):
+            continue
+        md = meta.get("dims") or {}
+        if any(md.get(f) not in (None, getattr(dims, f)) for f in ("h", "d", "p", "k", "dv")):
+            continue
+        for r in records:
+            if (r.name in KERNELS and r.kind == "design" and r.status == "ok" and r.time_us
+                    and (r.b, r.s, r.t) == (problem.b, problem.s, problem.t) and r.dtype == dtype
+                    and r.stage == "attention"):
+                n = r.n if r.name == "mla_var6_plus" else None
+                if r.name == "mla_var6_plus" and n is None:
+                    continue
+                out.append(Measurement(r.name, n, r.time_us * 1e-6, f"results {Path(path).name}"))
+    return out
