@@ -1,0 +1,372 @@
+"""Absorbed (FlashMLA-style) attention on Hopper (sm_90), written in Gluon.
+
+Same contract as :func:`mla_var3.kernel.absorbed.flash_mla` (dense latent cache), with
+explicit layouts, TMA and asynchronous warpgroup MMA (wgmma) instead of the compiler's choices.
+
+Design (first version: a sequential schedule, no warp specialisation)
+-------------------------------------------------------------------
+* **Rows.** A program (CTA, 8 warps = 2 warpgroups) owns ``BLOCK_M = 64`` rows of one sequence,
+  ordered head-major: ``row = head * S + token`` — exactly ``qc.view(B, H*S, K)``, so the query
+  block is one TMA box. Rows past ``H*S`` are zero-filled by TMA and never stored.
+* **Keys.** The program streams 64-key blocks of ``Z`` (``[64, K]``) and ``kpe`` (``[64, P]``)
+  through a 2-stage ring in shared memory, each stage filled by TMA and signalled by an
+  mbarrier. Keys past ``T`` are zero-filled by TMA (3-D descriptors ``[B, T, *]``).
+* **Scores** ``S = Qc . Z^T + Qpe . kpe^T`` ([64, 64], K + P = 576 deep): two async wgmma from
+  shared memory (operand B is the key block viewed transposed). Warps ``[4, 2]``: each
+  warpgroup computes 32 of the 64 key columns — no duplicated tensor work.
+* **Online softmax** in the log2 domain (``scale * log2 e`` folded into one multiply), causal
+  and length mask per row: token ``i`` of a sequence with ``L`` keys sees ``j <= L - S + i``.
+* **Output** ``O += P . Z`` ([64, 512] fp32, K = 64 keys deep): P goes to registers in the
+  wgmma operand layout, ``Z`` is the same shared-memory stage that fed the scores. Each
+  warpgroup holds 64 x 256 of the accumulator (128 registers per thread).
+* **Split-KV.** When ``B * ceil(H*S / 64)`` programs leave SMs idle, each sequence's key blocks
+  are cut into ``num_splits`` ranges; each range writes its normalised fp32 partial output and
+  LSE, and :func:`mla_var3.kernel.combine.combine` merges them.
+
+Shared memory: Q 64 x 576 + 2 stages x 64 x 576 (bf16) = 216 KiB, plus compiler scratch for
+the P layout change — just under the 227 KiB per CTA, so one CTA per SM.
+
+Limits: ``K`` a multiple of 64 and ``P`` a multiple of 16 with ``3 * 64 * (K + P) * 2`` bytes
+within shared memory (DeepSeek 512 + 64 fits); ``K`` rows of ``Z`` must be 16-byte aligned.
+Keys between ``seqlens[b]`` and ``T`` are read (and masked): they must be finite, because
+``0 * NaN`` would reach the output.
+
+Example
+-------
+>>> o_latent, lse = flash_mla_gluon(qc, qpe, z, kpe, scale=192 ** -0.5)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from mla_var3.kernel._common import bind_shape, cdiv, check_scale, check_seqlens, num_sms
+from mla_var3.kernel.combine import combine
+
+try:  # Gluon ships with triton >= 3.5; absent elsewhere
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_AVAILABLE = True
+    GLUON_IMPORT_ERROR = ""
+except Exception as exc:  # pragma: no cover - depends on the installed triton
+    GLUON_AVAILABLE = False
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "choose_num_splits",
+           "compile_for_sm90", "flash_mla_gluon"]
+
+BLOCK_M = 64          # rows (head x token) per program: one wgmma M tile
+BLOCK_N = 64          # keys per block
+NUM_STAGES = 2        # key-block ring depth
+NUM_WARPS = 8         # two warpgroups
+_SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
+_LOG2E = 1.4426950408889634
+
+_TORCH_TO_GL = {}
+
+
+if GLUON_AVAILABLE:
+    _TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+
+    @gluon.jit
+    def _flash_mla_fwd(
+        q_desc, qr_desc, z_desc, kr_desc,        # TMA: [B, H*S, K], [B, H*S, P], [B, T, K], [B, T, P]
+        o_desc,                                   # TMA: [B, H*S, NS*K] (fp32 if SPLIT, else the input dtype)
+        lse_ptr, seqlens_ptr,
+        HS, S, T, qk_scale_log2, blocks_per_split,
+        stride_lb, stride_lr, stride_ls,          # lse: [B, H*S, (NS)]
+        K: gl.constexpr, P: gl.constexpr,
+        CAUSAL: gl.constexpr, HAS_SEQLENS: gl.constexpr, SPLIT: gl.constexpr,
+    ):
+        """One program: 64 rows of sequence ``program_id(2)``, key blocks of split ``program_id(1)``.
+
+        Reads 64*(K+P) query elements once and n*64*(K+P) key elements (n key blocks); writes
+        64*K outputs (+ 64 LSE). 2*64*64*(2K+P) FLOPs per key block.
+        """
+        BM: gl.constexpr = 64
+        BN: gl.constexpr = 64
+        STAGES: gl.constexpr = 2
+        dtype: gl.constexpr = q_desc.dtype
+
+        # wgmma accumulators: warps [4, 2] -> each warpgroup owns half of the columns
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, 32, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, K // 2, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        pid_m = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        pid_b = gl.program_id(2)
+        row0 = pid_m * BM
+
+        if HAS_SEQLENS:
+            L = gl.load(seqlens_ptr + pid_b)
+        else:
+            L = T
+        blk_lo = pid_s * blocks_per_split
+        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(L, BN))
+        n_iter = gl.maximum(blk_hi - blk_lo, 0)
+
+        # ---- shared memory: Q (latent + rope), the key ring, barriers
+        q_smem = gl.allocate_shared_memory(dtype, [1, BM, K], q_desc.layout)
+        qr_smem = gl.allocate_shared_memory(dtype, [1, BM, P], qr_desc.layout)
+        z_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BN, K], z_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BN, P], kr_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i0 in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i0), count=1)
+
+        # ---- issue the query load and the first STAGES key blocks
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [pid_b, row0, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(qr_desc, [pid_b, row0, 0], q_bar, qr_smem)
+        kv_bytes: gl.constexpr = z_desc.block_type.nbytes + kr_desc.block_type.nbytes
+        for i1 in gl.static_range(STAGES):
+            pred1 = i1 < n_iter
+            key1 = (blk_lo + i1) * BN
+            mbarrier.expect(ready.index(i1), kv_bytes, pred=pred1)
+            tma.async_copy_global_to_shared(z_desc, [pid_b, key1, 0], ready.index(i1), z_smem.index(i1), pred=pred1)
+            tma.async_copy_global_to_shared(kr_desc, [pid_b, key1, 0], ready.index(i1), kr_smem.index(i1), pred=pred1)
+
+        q_tile = q_smem.reshape([BM, K])      # the TMA box [1, 64, K] seen as the [64, K] MMA operand
+        qr_tile = qr_smem.reshape([BM, P])
+
+        # per-row state; row r is (head r // S, token r % S); token i sees keys j <= L - S + i
+        rows = row0 + gl.arange(0, BM, layout=s_rows)
+        if CAUSAL:
+            limit = L - S + rows % S
+        else:
+            limit = gl.full([BM], 0, gl.int32, s_rows) + (L - 1)
+        m_i = gl.full([BM], float("-inf"), gl.float32, s_rows)
+        l_i = gl.full([BM], 0.0, gl.float32, s_rows)
+        acc = gl.zeros([BM, K], gl.float32, o_layout)
+        s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
+        cols = gl.arange(0, BN, layout=s_cols)
+
+        mbarrier.wait(q_bar, 0)
+        for it in range(n_iter):
+            st = it % STAGES
+            mbarrier.wait(ready.index(st), (it // STAGES) & 1)
+            z_tile = z_smem.index(st).reshape([BN, K])
+            kr_tile = kr_smem.index(st).reshape([BN, P])
+
+            # S = Qc . Z^T + Qpe . kpe^T  (64 x 64, K + P deep)
+            s_tok = warpgroup_mma(q_tile, z_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), s_tok, is_async=True)
+            scores = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+
+            keys = (blk_lo + it) * BN + cols
+            visible = keys[None, :] <= limit[:, None]
+            scores = gl.where(visible, scores * qk_scale_log2, float("-inf"))
+
+            # online softmax (log2 domain); rows with no visible key so far keep m = -inf, p = 0
+            m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(scores - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+
+            # O = alpha * O + P . Z
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            o_tok = warpgroup_mma(p_op, z_tile, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+
+            # both warpgroups are done with this stage: refill it with block it + STAGES
+            gl.thread_barrier()
+            nxt = it + STAGES
+            pred = nxt < n_iter
+            key0 = (blk_lo + nxt) * BN
+            mbarrier.expect(ready.index(st), kv_bytes, pred=pred)
+            tma.async_copy_global_to_shared(z_desc, [pid_b, key0, 0], ready.index(st), z_smem.index(st), pred=pred)
+            tma.async_copy_global_to_shared(kr_desc, [pid_b, key0, 0], ready.index(st), kr_smem.index(st), pred=pred)
+
+        mbarrier.invalidate(q_bar)
+        for i2 in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i2))
+
+        # ---- epilogue: normalise; o goes registers -> shared (the free key ring) -> TMA store
+        l_ok = l_i > 0
+        lse = gl.where(l_ok, (m_i + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        inv_l = gl.convert_layout(1.0 / gl.where(l_ok, l_i, 1.0), o_rows)
+        out = acc * inv_l[:, None]
+        # the ring holds STAGES * 64 * K * 2 bytes >= 64 * K * 4: room for the fp32 tile too
+        o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, K], o_desc.layout)
+        o_smem.reshape([BM, K]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [pid_b, row0, pid_s * K], o_smem)  # rows >= HS are clipped
+        gl.store(lse_ptr + pid_b * stride_lb + rows * stride_lr + pid_s * stride_ls, lse, mask=rows < HS)
+        tma.store_wait(pendings=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+
+
+def _smem_bytes(k: int, p: int, elem_bytes: int = 2) -> int:
+    """Explicit shared memory of one program: Q + NUM_STAGES key stages + the P tile scratch."""
+    return (1 + NUM_STAGES) * BLOCK_M * (k + p) * elem_bytes + BLOCK_M * BLOCK_N * elem_bytes
+
+
+def choose_num_splits(b: int, rows: int, t: int, *, sms: int, min_blocks_per_split: int = 4,
+                      max_splits: int = 64) -> int:
+    """Split-KV count for ``b`` sequences of ``rows = h * s`` rows and ``t`` keys on ``sms`` SMs.
+
+    One program runs per SM (shared memory). With ``b * ceil(rows / 64)`` programs below one
+    wave, the keys are cut into the most ranges that still fit in one wave, each at least
+    ``min_blocks_per_split`` key blocks long (each range re-reads its 64 x (K+P) query block and
+    writes a 64 x K fp32 partial output that the combine reads back). A full wave: no split.
+    """
+    programs = b * cdiv(rows, BLOCK_M)
+    if programs <= 0 or programs >= sms:
+        return 1
+    n_blocks = max(1, cdiv(t, BLOCK_N))
+    return max(1, min(sms // programs, n_blocks // min_blocks_per_split, max_splits))
+
+
+def _layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, _TORCH_TO_GL[dtype])
+
+
+def _tma_operand(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as TMA needs it: contiguous with a 16-byte aligned base (copied otherwise)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def _descriptor(x: torch.Tensor, block: list[int]):
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _layout(block, x.dtype))
+
+
+def _validate(qc, qpe, z, kpe, seqlens):
+    sizes: dict[str, int] = {}
+    bind_shape("qc", qc, "B H S K", sizes, dtypes=tuple(_TORCH_TO_GL))
+    dev = qc.device
+    if dev.type != "cuda":
+        raise ValueError(f"qc is on {dev}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
+    bind_shape("qpe", qpe, "B H S P", sizes, dtypes=(qc.dtype,), device=dev)
+    bind_shape("z", z, "B T K", sizes, dtypes=(qc.dtype,), device=dev)
+    bind_shape("kpe", kpe, "B T P", sizes, dtypes=(qc.dtype,), device=dev)
+    k, p, s, t = sizes["K"], sizes["P"], sizes["S"], sizes["T"]
+    if k % 64 or not 64 <= k <= 512:  # each warpgroup's output MMA is 64 x K/2 (wgmma N <= 256)
+        raise ValueError(f"qc/z: K must be a multiple of 64 in [64, 512], got {k}")
+    if p % 16 or p > 256:
+        raise ValueError(f"qpe/kpe: P must be a multiple of 16 and <= 256, got {p}")
+    if _smem_bytes(k, p) > _SMEM_LIMIT:
+        raise ValueError(f"K + P = {k + p} needs {_smem_bytes(k, p)} B of shared memory (> {_SMEM_LIMIT})")
+    if s > t:
+        raise ValueError(f"S = {s} new tokens cannot exceed T = {t} keys")
+    seqlens = check_seqlens(seqlens, sizes["B"], t, s, dev)
+    return sizes, seqlens
+
+
+def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
+                    causal: bool = True, seqlens: torch.Tensor | None = None,
+                    num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA attention over a dense latent cache, Gluon kernel for Hopper.
+
+    Parameters
+    ----------
+    qc : [B, H, S, K] bf16/fp16   absorbed no-RoPE query
+    qpe : [B, H, S, P]            RoPE query
+    z : [B, T, K]                 latent cache (key and value), T includes the S new tokens
+    kpe : [B, T, P]               RoPE key, shared by all heads
+    scale : float                 softmax scale
+    causal : bool                 query i of S sees keys j <= L - S + i (L = T or seqlens[b])
+    seqlens : [B] int, optional   valid keys per sequence, S <= seqlens[b] <= T
+    num_splits : int, optional    split-KV count (default: :func:`choose_num_splits`)
+
+    Returns
+    -------
+    o_latent : [B, H, S, K] in qc's dtype;  lse : [B, H, S] float32 (natural log)
+    """
+    if not GLUON_AVAILABLE:
+        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    sizes, seqlens = _validate(qc, qpe, z, kpe, seqlens)
+    scale = check_scale(scale)
+    b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
+    hs = h * s
+    dev = qc.device
+    o_latent = torch.empty((b, h, s, k), dtype=qc.dtype, device=dev)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+    if b == 0 or hs == 0:
+        return o_latent, lse
+
+    n_blocks = cdiv(t, BLOCK_N)
+    if num_splits is None:
+        num_splits = choose_num_splits(b, hs, t, sms=num_sms(dev.index))
+    num_splits = max(1, min(int(num_splits), n_blocks))
+    per_split = cdiv(n_blocks, num_splits)
+    num_splits = cdiv(n_blocks, per_split)
+
+    q3 = _tma_operand(qc).view(b, hs, k)      # row = head * S + token
+    qr3 = _tma_operand(qpe).view(b, hs, p)
+    z3, kr3 = _tma_operand(z), _tma_operand(kpe)
+    descs = (_descriptor(q3, [1, BLOCK_M, k]), _descriptor(qr3, [1, BLOCK_M, p]),
+             _descriptor(z3, [1, BLOCK_N, k]), _descriptor(kr3, [1, BLOCK_N, p]))
+    split = num_splits > 1
+    if split:
+        o_buf = torch.empty((b, hs, num_splits, k), dtype=torch.float32, device=dev)
+        lse_buf = torch.empty((b, hs, num_splits), dtype=torch.float32, device=dev)
+    else:
+        o_buf, lse_buf = o_latent.view(b, hs, 1, k), lse.view(b, hs, 1)
+    o_desc = _descriptor(o_buf.view(b, hs, num_splits * k), [1, BLOCK_M, k])
+    l_strides = (lse_buf.stride(0), lse_buf.stride(1), lse_buf.stride(2))
+    seq_arg = seqlens if seqlens is not None else lse_buf  # unused pointer when HAS_SEQLENS=False
+
+    grid = (cdiv(hs, BLOCK_M), num_splits, b)
+    _flash_mla_fwd[grid](
+        *descs, o_desc, lse_buf, seq_arg,
+        hs, s, t, scale * _LOG2E, per_split, *l_strides,
+        K=k, P=p, CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, SPLIT=split,
+        num_warps=NUM_WARPS,
+    )
+    if split:
+        combine(o_buf, lse_buf, o_latent.view(b, hs, k), lse.view(b, hs))  # reads NS*(K+1) fp32 per row
+    return o_latent, lse
+
+
+def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True,
+                     has_seqlens: bool = False, split: bool = False, capability: int = 90):
+    """Compile the kernel for an sm_90 target without a GPU; returns Triton's CompiledKernel
+    (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata.shared``, ``.n_regs`` after loading).
+
+    Must run in a process without ``TRITON_INTERPRET`` set.
+    """
+    if not GLUON_AVAILABLE:
+        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(cols: int, rows: int, ty: str = dtype) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([1, rows, cols], {"bf16": gl.bfloat16, "fp16": gl.float16,
+                                                                        "fp32": gl.float32}[ty])
+        return f"tensordesc<{ty}[1,{rows},{cols}],{layout!r}>"
+
+    signature = {
+        "q_desc": desc(k, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k, BLOCK_N),
+        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k, BLOCK_M, "fp32" if split else dtype),
+        "lse_ptr": "*fp32", "seqlens_ptr": "*i32",
+        "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "blocks_per_split": "i32",
+        "stride_lb": "i32", "stride_lr": "i32", "stride_ls": "i32",
+        "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "HAS_SEQLENS": "constexpr", "SPLIT": "constexpr",
+    }
+    constexprs = {"K": k, "P": p, "CAUSAL": causal, "HAS_SEQLENS": has_seqlens, "SPLIT": split}
+    src = GluonASTSource(fn=_flash_mla_fwd, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS})
+
+

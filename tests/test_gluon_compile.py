@@ -1,0 +1,110 @@
+"""The Hopper Gluon kernel compiles for sm_90 without a GPU: HGMMA in the SASS, no spills,
+shared memory within one CTA's 227 KiB, and the score MMA split between the warpgroups.
+
+Gluon does not run under the Triton interpreter, so the numerics are checked on a Hopper GPU
+by ``benchmarks/gluon_flash_mla_check.py``; this test guards what the compiler decides. The
+compile runs in a subprocess with ``TRITON_INTERPRET=0`` (the variable changes what the jit
+decorators return at import). Three variants (~2 s each) cover every constexpr branch that
+changes code: causal / non-causal, split-KV (fp32 partial output) and seqlens, bf16 / fp16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+gluon_mod = pytest.importorskip("mla_var3.kernel.hopper.absorbed_gluon")
+
+if not gluon_mod.GLUON_AVAILABLE:
+    pytest.skip(f"triton.experimental.gluon unavailable: {gluon_mod.GLUON_IMPORT_ERROR}", allow_module_level=True)
+
+import triton  # noqa: E402
+
+_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+_CUOBJDUMP = _BIN / "cuobjdump"
+SMEM_LIMIT = 232_448  # bytes per CTA on sm_90, as Triton reports it
+
+VARIANTS = [
+    dict(dtype="bf16", causal=True, split=False, has_seqlens=False),
+    dict(dtype="bf16", causal=True, split=True, has_seqlens=True),
+    dict(dtype="fp16", causal=False, split=False, has_seqlens=False),
+]
+
+_SCRIPT = r"""
+import json, sys
+from mla_var3.kernel.hopper.absorbed_gluon import compile_for_sm90
+out = sys.argv[1]
+variants = json.loads(sys.argv[2])
+res = []
+for i, v in enumerate(variants):
+    c = compile_for_sm90(k=512, p=64, **v)
+    path = f"{out}/k{i}.cubin"
+    open(path, "wb").write(c.asm["cubin"])
+    res.append(dict(variant=v, cubin=path, shared=c.metadata.shared, num_warps=c.metadata.num_warps))
+print(json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if not _CUOBJDUMP.exists():
+        pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
+    out = tmp_path_factory.mktemp("gluon_sm90")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(out / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(out), json.dumps(VARIANTS)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in results:
+        sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True,
+                               text=True, check=True).stdout
+        r["sass"] = sass
+        r["usage"] = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+        r["hgmma"] = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
+    return results
+
+
+@pytest.mark.parametrize("idx", range(len(VARIANTS)), ids=[
+    "-".join(f"{k}={v}" for k, v in variant.items()) for variant in VARIANTS])
+def test_compiles_with_hgmma_and_no_spills(compiled, idx):
+    r = compiled[idx]
+    assert r["num_warps"] == gluon_mod.NUM_WARPS
+    # tensor-core MMA: scores 64 x 32 per warpgroup over K + P = 576 (36 x k16), output 64 x 256 per
+    # warpgroup over 64 keys (4 x k16). A 64x64 score MMA would mean both warpgroups compute all of S.
+    counts = {shape: r["hgmma"].count(shape) for shape in set(r["hgmma"])}
+    assert counts == {"64x32x16": (512 + 64) // 16, "64x256x16": 64 // 16}, counts
+    # no spills: no local memory, no stack, no local loads/stores in the SASS
+    assert r["usage"].get("LOCAL", 0) == 0 and r["usage"].get("STACK", 0) == 0, r["usage"]
+    assert not re.search(r"\b(STL|LDL)\b", r["sass"]), "register spills (STL/LDL) in the SASS"
+    assert 0 < r["usage"]["REG"] <= 255
+    assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
+
+
+def test_num_splits_fill_one_wave():
+    choose = gluon_mod.choose_num_splits
+    assert choose(64, 128, 4096, sms=132) == 1            # 128 programs: a full wave already
+    assert choose(32, 128, 4096, sms=132) == 2            # 64 programs -> 128
+    assert choose(1, 128, 4096, sms=132) == 16            # capped by >= 4 key blocks per range
+    assert choose(1, 128, 32768, sms=132) == 64
+    for b, rows, t in [(3, 100, 700), (16, 512, 4096), (1, 16, 65)]:
+        ns = choose(b, rows, t, sms=132)
+        assert ns >= 1 and (ns == 1 or b * -(-rows // 64) * ns <= 132)
+
+
+def test_launcher_rejects_cpu_and_bad_shapes():
+    qc = torch.zeros(1, 2, 1, 512, dtype=torch.bfloat16)
+    qpe = torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16)
+    z = torch.zeros(1, 8, 512, dtype=torch.bfloat16)
+    kpe = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        gluon_mod.flash_mla_gluon(qc, qpe, z, kpe, scale=0.1)
+    with pytest.raises(ValueError, match="qc must be"):
+        gluon_mod.flash_mla_gluon(qc[0], qpe, z, kpe, scale=0.1)
