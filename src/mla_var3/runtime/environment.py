@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import platform
 import shutil
 import subprocess
@@ -57,13 +58,19 @@ def nvidia_smi(index: int = 0) -> dict[str, str]:
 
 @functools.cache
 def git_commit() -> dict[str, object]:
-    """The project's git commit (``"unknown"`` outside a checkout) and whether the tree is dirty."""
+    """The project's git commit (``"unknown"`` outside a checkout) and whether the tree is dirty.
+
+    ``MLA_VAR3_COMMIT`` overrides it, for copies of the tree that carry no git history (a
+    benchmark machine that received the files only).
+    """
+    if os.environ.get("MLA_VAR3_COMMIT"):
+        return {"commit": os.environ["MLA_VAR3_COMMIT"], "dirty": None}
     root = Path(__file__).resolve().parents[3]
     git = shutil.which("git")
     if git is None or not (root / ".git").exists():
         return {"commit": "unknown", "dirty": None}
     try:
-        commit = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run([git, "-C", str(root), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip()
         status = subprocess.run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10).stdout
