@@ -443,7 +443,36 @@ def _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, *, scale, c
                    scale=scale, causal=causal, config=config, page_size=page, paged=True)
 
 
+def gluon_applies(qc: torch.Tensor, qpe: torch.Tensor, seqlens, config, out) -> bool:
+    """Whether the Hopper Gluon kernel can take this call: bf16/fp16, K a multiple of 64 up to
+    512, P a multiple of 16 up to 256, no per-sequence lengths (its TMA loads read the keys
+    between seqlens[b] and T, which may hold NaN in a real cache), and no portable ``config`` or
+    ``out`` buffer asked for. Everything else runs the portable kernel."""
+    k, p = qc.shape[-1], qpe.shape[-1]
+    return (qc.dtype in (torch.bfloat16, torch.float16) and k % 64 == 0 and 64 <= k <= 512
+            and p % 16 == 0 and p <= 256 and seqlens is None and config is None and out is None)
+
+
+def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out):
+    """The sm_90 backend of :func:`flash_mla`: the Gluon kernel (TMA + async wgmma) where
+    :func:`gluon_applies`, else the portable kernel."""
+    if not gluon_applies(qc, qpe, seqlens, config, out):
+        return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out)
+    from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
+
+    return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal)
+
+
+def _gluon_available(device: torch.device) -> bool:
+    if not backends.is_hopper(device):
+        return False
+    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
+
+    return GLUON_AVAILABLE
+
+
 backends.register("flash_mla", "triton", _flash_mla_triton)
+backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=_gluon_available, priority=10)
 backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
 
 
