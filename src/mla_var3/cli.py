@@ -366,6 +366,7 @@ def _cmd_report(args) -> int:
     Problem(b=args.b, s=1, t=args.t)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, formats, args.context, note)
+    _print_report_tables(args, dev)
     status = 0
     if args.kernel_check:
         check_path, status = _kernel_check(args.out)
@@ -374,6 +375,23 @@ def _cmd_report(args) -> int:
     for p in paths:
         print(p)
     return status
+
+
+def _print_report_tables(args, dev) -> None:
+    """The report's regime guide and memory table on the terminal: the ``regime`` and
+    ``memory`` commands run with the report's model, device and sizes (the capacity plan at
+    tp = 8, a common serving layout; report.md has tp = 1 and 8)."""
+    shared = ["--model", args.model, "--dtype", args.dtype, "--device", dev.key]
+    for dim in ("h", "d", "p", "k"):
+        if getattr(args, dim) is not None:
+            shared += [f"--{dim}", str(getattr(args, dim))]
+    if args.devices_file:
+        shared += ["--devices-file", args.devices_file]
+    parser = build_parser()
+    for command in (["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings],
+                    ["memory", "--context", str(args.context), "--tp", "8"]):
+        sub = parser.parse_args(command + shared)
+        sub.func(sub)
 
 
 def _kernel_check(out_dir) -> tuple[str, int]:
