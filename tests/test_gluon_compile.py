@@ -4,8 +4,9 @@ shared memory within one CTA's 227 KiB, and the score MMA split between the warp
 Gluon does not run under the Triton interpreter, so the numerics are checked on a Hopper GPU
 by ``benchmarks/gluon_flash_mla_check.py``; this test guards what the compiler decides. The
 compile runs in a subprocess with ``TRITON_INTERPRET=0`` (the variable changes what the jit
-decorators return at import). Three variants (~2 s each) cover every constexpr branch that
-changes code: causal / non-causal, split-KV (fp32 partial output) and seqlens, bf16 / fp16.
+decorators return at import). Five variants (~2 s each) cover every constexpr branch that
+changes code: causal / non-causal, split-KV (fp32 partial output) and seqlens (with the tail
+zeroing), bf16 / fp16, the sequential and the pipelined schedule.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ _CUOBJDUMP = _BIN / "cuobjdump"
 SMEM_LIMIT = 232_448  # bytes per CTA on sm_90, as Triton reports it
 
 VARIANTS = [
-    dict(dtype="bf16", causal=True, split=False, has_seqlens=False),
-    dict(dtype="bf16", causal=True, split=True, has_seqlens=True),
-    dict(dtype="fp16", causal=False, split=False, has_seqlens=False),
+    dict(dtype="bf16", causal=True, split=False, has_seqlens=False, pipeline=False),
+    dict(dtype="bf16", causal=True, split=True, has_seqlens=True, pipeline=False),
+    dict(dtype="fp16", causal=False, split=False, has_seqlens=False, pipeline=False),
+    dict(dtype="bf16", causal=True, split=False, has_seqlens=False, pipeline=True),
+    dict(dtype="bf16", causal=True, split=True, has_seqlens=True, pipeline=True),
 ]
 
 _SCRIPT = r"""
@@ -79,8 +82,11 @@ def test_compiles_with_hgmma_and_no_spills(compiled, idx):
     assert r["num_warps"] == gluon_mod.NUM_WARPS
     # tensor-core MMA: scores 64 x 32 per warpgroup over K + P = 576 (36 x k16), output 64 x 256 per
     # warpgroup over 64 keys (4 x k16). A 64x64 score MMA would mean both warpgroups compute all of S.
+    # The pipelined schedule has the score MMA twice in the code: block 0 before the loop, block
+    # j + 1 inside it.
     counts = {shape: r["hgmma"].count(shape) for shape in set(r["hgmma"])}
-    assert counts == {"64x32x16": (512 + 64) // 16, "64x256x16": 64 // 16}, counts
+    score_copies = 2 if r["variant"]["pipeline"] else 1
+    assert counts == {"64x32x16": score_copies * (512 + 64) // 16, "64x256x16": 64 // 16}, counts
     # no spills: no local memory, no stack, no local loads/stores in the SASS
     assert r["usage"].get("LOCAL", 0) == 0 and r["usage"].get("STACK", 0) == 0, r["usage"]
     assert not re.search(r"\b(STL|LDL)\b", r["sass"]), "register spills (STL/LDL) in the SASS"
@@ -88,15 +94,18 @@ def test_compiles_with_hgmma_and_no_spills(compiled, idx):
     assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
 
 
-def test_num_splits_fill_one_wave():
+def test_num_splits_fill_two_waves():
     choose = gluon_mod.choose_num_splits
-    assert choose(64, 128, 4096, sms=132) == 1            # 128 programs: a full wave already
-    assert choose(32, 128, 4096, sms=132) == 2            # 64 programs -> 128
+    assert choose(64, 128, 4096, sms=132) == 1            # 128 programs: more than half a wave
+    assert choose(16, 512, 4096, sms=132) == 1
+    assert choose(32, 128, 4096, sms=132) == 4            # 64 programs -> 256 (measured faster than 128)
+    assert choose(16, 128, 4096, sms=132) == 8            # 32 programs -> 256
     assert choose(1, 128, 4096, sms=132) == 16            # capped by >= 4 key blocks per range
-    assert choose(1, 128, 32768, sms=132) == 64
+    assert choose(1, 128, 32768, sms=132) == 64           # capped by max_splits
+    assert choose(32, 128, 4096, sms=132, waves=1) == 2
     for b, rows, t in [(3, 100, 700), (16, 512, 4096), (1, 16, 65)]:
         ns = choose(b, rows, t, sms=132)
-        assert ns >= 1 and (ns == 1 or b * -(-rows // 64) * ns <= 132)
+        assert ns >= 1 and (ns == 1 or b * -(-rows // 64) * ns <= 2 * 132)
 
 
 def test_launcher_rejects_cpu_and_bad_shapes():

@@ -3,8 +3,8 @@
 Same contract as :func:`mla_var3.kernel.absorbed.flash_mla` (dense latent cache), with
 explicit layouts, TMA and asynchronous warpgroup MMA (wgmma) instead of the compiler's choices.
 
-Design (first version: a sequential schedule, no warp specialisation)
--------------------------------------------------------------------
+Design (no warp specialisation)
+-------------------------------
 * **Rows.** A program (CTA, 8 warps = 2 warpgroups) owns ``BLOCK_M = 64`` rows of one sequence,
   ordered head-major: ``row = head * S + token`` — exactly ``qc.view(B, H*S, K)``, so the query
   block is one TMA box. Rows past ``H*S`` are zero-filled by TMA and never stored.
@@ -19,17 +19,27 @@ Design (first version: a sequential schedule, no warp specialisation)
 * **Output** ``O += P . Z`` ([64, 512] fp32, K = 64 keys deep): P goes to registers in the
   wgmma operand layout, ``Z`` is the same shared-memory stage that fed the scores. Each
   warpgroup holds 64 x 256 of the accumulator (128 registers per thread).
-* **Split-KV.** When ``B * ceil(H*S / 64)`` programs leave SMs idle, each sequence's key blocks
-  are cut into ``num_splits`` ranges; each range writes its normalised fp32 partial output and
-  LSE, and :func:`mla_var3.kernel.combine.combine` merges them.
+* **Schedule** (constexpr ``PIPELINE``). Sequential: per key block, wait for the stage, scores,
+  softmax, ``P . Z``, barrier, refill the stage. Pipelined: the scores of block ``j + 1`` are
+  issued as soon as ``P . Z`` of block ``j`` is issued, so the tensor pipe runs the two back to
+  back while the warps wait, synchronise and issue the refill; the scores of block 0 are
+  computed before the loop (the score MMA appears twice in the code).
+* **Split-KV.** When ``B * ceil(H*S / 64)`` programs fill at most half the SMs, each sequence's
+  key blocks are cut into ``num_splits`` ranges (aiming at two waves); each range writes its
+  normalised fp32 partial output and LSE, and :func:`mla_var3.kernel.combine.combine` merges them.
+* **Ragged batches** (constexpr ``ZERO_TAIL``, with ``seqlens``). Keys ``L ..`` of the last,
+  partial key block of a sequence are read by TMA like any other; their scores are masked to
+  ``-inf``, and their ``Z`` rows are zeroed in shared memory before ``P . Z`` (one extra pass
+  over one 64 x K tile per sequence), so non-finite values stored past ``seqlens[b]`` never reach
+  the output.
 
 Shared memory: Q 64 x 576 + 2 stages x 64 x 576 (bf16) = 216 KiB, plus compiler scratch for
 the P layout change — just under the 227 KiB per CTA, so one CTA per SM.
 
 Limits: ``K`` a multiple of 64 and ``P`` a multiple of 16 with ``3 * 64 * (K + P) * 2`` bytes
 within shared memory (DeepSeek 512 + 64 fits); ``K`` rows of ``Z`` must be 16-byte aligned.
-Keys between ``seqlens[b]`` and ``T`` are read (and masked): they must be finite, because
-``0 * NaN`` would reach the output.
+Keys between ``seqlens[b]`` and ``T`` are read and masked; with ``zero_tail=False`` they must
+be finite, because ``0 * NaN`` would reach the output.
 
 Example
 -------
@@ -37,6 +47,8 @@ Example
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -58,13 +70,16 @@ except Exception as exc:  # pragma: no cover - depends on the installed triton
     GLUON_AVAILABLE = False
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "choose_num_splits",
+__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "PIPELINE_DEFAULT", "ZERO_TAIL_DEFAULT",
+           "choose_num_splits",
            "compile_for_sm90", "flash_mla_gluon"]
 
 BLOCK_M = 64          # rows (head x token) per program: one wgmma M tile
 BLOCK_N = 64          # keys per block
 NUM_STAGES = 2        # key-block ring depth
 NUM_WARPS = 8         # two warpgroups
+ZERO_TAIL_DEFAULT = True  # with seqlens: zero keys past seqlens[b] in the last block (NaN-robust)
+PIPELINE_DEFAULT = False  # issue the next block's score MMA behind this block's P.Z (see the module docstring)
 _SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
 _LOG2E = 1.4426950408889634
 
@@ -75,6 +90,20 @@ if GLUON_AVAILABLE:
     _TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
     @gluon.jit
+    def _zero_rows_from(z_tile, n_valid, BN: gl.constexpr, K: gl.constexpr, NW: gl.constexpr):
+        """Zero rows ``n_valid ..`` of a ``[BN, K]`` key tile in shared memory (64 columns at a time,
+        8 registers per thread), then make the stores visible to the tensor cores."""
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        r = gl.arange(0, BN, layout=gl.SliceLayout(1, zl))
+        keep = (r < n_valid)[:, None]
+        for c in gl.static_range(K // 64):
+            chunk = z_tile.slice(c * 64, 64, dim=1)
+            x = chunk.load(zl)
+            chunk.store(gl.where(keep, x, gl.zeros_like(x)))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
     def _flash_mla_fwd(
         q_desc, qr_desc, z_desc, kr_desc,        # TMA: [B, H*S, K], [B, H*S, P], [B, T, K], [B, T, P]
         o_desc,                                   # TMA: [B, H*S, NS*K] (fp32 if SPLIT, else the input dtype)
@@ -82,7 +111,8 @@ if GLUON_AVAILABLE:
         HS, S, T, qk_scale_log2, blocks_per_split,
         stride_lb, stride_lr, stride_ls,          # lse: [B, H*S, (NS)]
         K: gl.constexpr, P: gl.constexpr,
-        CAUSAL: gl.constexpr, HAS_SEQLENS: gl.constexpr, SPLIT: gl.constexpr,
+        CAUSAL: gl.constexpr, HAS_SEQLENS: gl.constexpr, SPLIT: gl.constexpr, PIPELINE: gl.constexpr,
+        ZERO_TAIL: gl.constexpr,
     ):
         """One program: 64 rows of sequence ``program_id(2)``, key blocks of split ``program_id(1)``.
 
@@ -157,43 +187,111 @@ if GLUON_AVAILABLE:
         cols = gl.arange(0, BN, layout=s_cols)
 
         mbarrier.wait(q_bar, 0)
-        for it in range(n_iter):
-            st = it % STAGES
-            mbarrier.wait(ready.index(st), (it // STAGES) & 1)
-            z_tile = z_smem.index(st).reshape([BN, K])
-            kr_tile = kr_smem.index(st).reshape([BN, P])
+        if PIPELINE:
+            # scores of block 0 up front; inside the loop the scores of block it + 1 are issued right
+            # behind P.Z of block it, so the tensor pipe runs both back to back while the barrier
+            # and the refill of block it's stage are issued
+            mbarrier.wait(ready.index(0), 0, pred=n_iter > 0)
+            if ZERO_TAIL:  # keys L.. of the last, partial block: zero (finite) for P.Z
+                if (n_iter > 0) & ((blk_lo + 1) * BN > L):
+                    _zero_rows_from(z_smem.index(0).reshape([BN, K]), L - blk_lo * BN, BN, K, gl.num_warps())
+            s_tok0 = warpgroup_mma(q_tile, z_smem.index(0).reshape([BN, K]).permute((1, 0)), s_zero,
+                                   use_acc=False, is_async=True)
+            s_tok0 = warpgroup_mma(qr_tile, kr_smem.index(0).reshape([BN, P]).permute((1, 0)), s_tok0,
+                                   is_async=True)
+            scores_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok0,))
+            l_o = gl.full([BM], 0.0, gl.float32, o_rows)   # row sums, kept in the output's row layout
+            for it in range(n_iter):
+                st = it % STAGES
+                z_tile = z_smem.index(st).reshape([BN, K])
 
-            # S = Qc . Z^T + Qpe . kpe^T  (64 x 64, K + P deep)
-            s_tok = warpgroup_mma(q_tile, z_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), s_tok, is_async=True)
-            scores = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                keys = (blk_lo + it) * BN + cols
+                visible = keys[None, :] <= limit[:, None]
+                scores = gl.where(visible, scores_raw * qk_scale_log2, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                p = gl.exp2(scores - m_safe[:, None])
+                m_i = m_new
 
-            keys = (blk_lo + it) * BN + cols
-            visible = keys[None, :] <= limit[:, None]
-            scores = gl.where(visible, scores * qk_scale_log2, float("-inf"))
+                alpha_o = gl.convert_layout(alpha, o_rows)
+                acc = acc * alpha_o[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                # the MMA operand layout holds whole rows of P in each warp: the row sum needs no
+                # exchange between the warpgroups (it sums the rounded P that the MMA uses). Taken
+                # before the MMA is issued: its A registers must not be touched while it runs.
+                l_o = l_o * alpha_o + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
+                o_tok = warpgroup_mma(p_op, z_tile, acc, is_async=True)
+                if it + 1 < n_iter:
+                    st1 = (it + 1) % STAGES
+                    mbarrier.wait(ready.index(st1), ((it + 1) // STAGES) & 1)
+                    if ZERO_TAIL:  # P.Z of block it reads the other stage: this one is free to patch
+                        if (blk_lo + it + 2) * BN > L:
+                            _zero_rows_from(z_smem.index(st1).reshape([BN, K]), L - (blk_lo + it + 1) * BN,
+                                            BN, K, gl.num_warps())
+                    s_tok = warpgroup_mma(q_tile, z_smem.index(st1).reshape([BN, K]).permute((1, 0)), s_zero,
+                                          use_acc=False, is_async=True)
+                    s_tok = warpgroup_mma(qr_tile, kr_smem.index(st1).reshape([BN, P]).permute((1, 0)), s_tok,
+                                          is_async=True)
+                    # wgmma groups retire in order: <= 2 outstanding means P.Z of block it is done
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=2, deps=(o_tok, p_op))
+                    gl.thread_barrier()
+                    nxt = it + STAGES
+                    pred = nxt < n_iter
+                    key0 = (blk_lo + nxt) * BN
+                    mbarrier.expect(ready.index(st), kv_bytes, pred=pred)
+                    tma.async_copy_global_to_shared(z_desc, [pid_b, key0, 0], ready.index(st), z_smem.index(st),
+                                                    pred=pred)
+                    tma.async_copy_global_to_shared(kr_desc, [pid_b, key0, 0], ready.index(st),
+                                                    kr_smem.index(st), pred=pred)
+                    scores_raw = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                else:
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                    scores_raw = s_zero
+            l_i = gl.convert_layout(l_o, s_rows)
+        else:
+            for it in range(n_iter):
+                st = it % STAGES
+                mbarrier.wait(ready.index(st), (it // STAGES) & 1)
+                z_tile = z_smem.index(st).reshape([BN, K])
+                kr_tile = kr_smem.index(st).reshape([BN, P])
+                if ZERO_TAIL:  # keys L.. of the last, partial block: zero (finite) for P.Z
+                    if (blk_lo + it + 1) * BN > L:
+                        _zero_rows_from(z_tile, L - (blk_lo + it) * BN, BN, K, gl.num_warps())
 
-            # online softmax (log2 domain); rows with no visible key so far keep m = -inf, p = 0
-            m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(scores - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+                # S = Qc . Z^T + Qpe . kpe^T  (64 x 64, K + P deep)
+                s_tok = warpgroup_mma(q_tile, z_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), s_tok, is_async=True)
+                scores = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
 
-            # O = alpha * O + P . Z
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            o_tok = warpgroup_mma(p_op, z_tile, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+                keys = (blk_lo + it) * BN + cols
+                visible = keys[None, :] <= limit[:, None]
+                scores = gl.where(visible, scores * qk_scale_log2, float("-inf"))
 
-            # both warpgroups are done with this stage: refill it with block it + STAGES
-            gl.thread_barrier()
-            nxt = it + STAGES
-            pred = nxt < n_iter
-            key0 = (blk_lo + nxt) * BN
-            mbarrier.expect(ready.index(st), kv_bytes, pred=pred)
-            tma.async_copy_global_to_shared(z_desc, [pid_b, key0, 0], ready.index(st), z_smem.index(st), pred=pred)
-            tma.async_copy_global_to_shared(kr_desc, [pid_b, key0, 0], ready.index(st), kr_smem.index(st), pred=pred)
+                # online softmax (log2 domain); rows with no visible key so far keep m = -inf, p = 0
+                m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                p = gl.exp2(scores - m_safe[:, None])
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+
+                # O = alpha * O + P . Z
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                o_tok = warpgroup_mma(p_op, z_tile, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+
+                # both warpgroups are done with this stage: refill it with block it + STAGES
+                gl.thread_barrier()
+                nxt = it + STAGES
+                pred = nxt < n_iter
+                key0 = (blk_lo + nxt) * BN
+                mbarrier.expect(ready.index(st), kv_bytes, pred=pred)
+                tma.async_copy_global_to_shared(z_desc, [pid_b, key0, 0], ready.index(st), z_smem.index(st),
+                                                pred=pred)
+                tma.async_copy_global_to_shared(kr_desc, [pid_b, key0, 0], ready.index(st), kr_smem.index(st),
+                                                pred=pred)
 
         mbarrier.invalidate(q_bar)
         for i2 in gl.static_range(STAGES):
@@ -223,23 +321,27 @@ def _smem_bytes(k: int, p: int, elem_bytes: int = 2) -> int:
 
 
 def choose_num_splits(b: int, rows: int, t: int, *, sms: int, min_blocks_per_split: int = 4,
-                      max_splits: int = 64) -> int:
+                      max_splits: int = 64, waves: int = 2) -> int:
     """Split-KV count for ``b`` sequences of ``rows = h * s`` rows and ``t`` keys on ``sms`` SMs.
 
-    One program runs per SM (shared memory). With ``b * ceil(rows / 64)`` programs below one
-    wave, the keys are cut into the most ranges that still fit in one wave, each at least
-    ``min_blocks_per_split`` key blocks long (each range re-reads its 64 x (K+P) query block and
-    writes a 64 x K fp32 partial output that the combine reads back). A full wave: no split.
+    One program runs per SM (shared memory). With ``b * ceil(rows / 64)`` programs filling at most
+    half a wave, the keys are cut into the most ranges that still fit in ``waves`` waves (measured on an
+    H200 at b = 32, s = 1: 4 splits, 256 programs, 169 us; 2 splits, 128 programs, 199 us), each
+    at least ``min_blocks_per_split`` key blocks long (each range re-reads its 64 x (K+P) query
+    block and writes a 64 x K fp32 partial output that the combine reads back). More than half a
+    wave: no split (a split of 2 there only adds the combine; not measured yet).
     """
     programs = b * cdiv(rows, BLOCK_M)
-    if programs <= 0 or programs >= sms:
+    if programs <= 0 or 2 * programs > sms:
         return 1
     n_blocks = max(1, cdiv(t, BLOCK_N))
-    return max(1, min(sms // programs, n_blocks // min_blocks_per_split, max_splits))
+    return max(1, min((waves * sms) // programs, n_blocks // min_blocks_per_split, max_splits))
 
 
-def _layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, _TORCH_TO_GL[dtype])
+@functools.lru_cache(maxsize=64)
+def _layout(block: tuple[int, ...], dtype):
+    """The NVMMA shared layout of a TMA box (cached: it is the same for every call of a shape)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[dtype])
 
 
 def _tma_operand(x: torch.Tensor) -> torch.Tensor:
@@ -249,7 +351,7 @@ def _tma_operand(x: torch.Tensor) -> torch.Tensor:
 
 
 def _descriptor(x: torch.Tensor, block: list[int]):
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _layout(block, x.dtype))
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _layout(tuple(block), x.dtype))
 
 
 def _validate(qc, qpe, z, kpe, seqlens):
@@ -276,7 +378,8 @@ def _validate(qc, qpe, z, kpe, seqlens):
 
 def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
                     causal: bool = True, seqlens: torch.Tensor | None = None,
-                    num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_splits: int | None = None, pipeline: bool | None = None,
+                    zero_tail: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a dense latent cache, Gluon kernel for Hopper.
 
     Parameters
@@ -289,6 +392,11 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     causal : bool                 query i of S sees keys j <= L - S + i (L = T or seqlens[b])
     seqlens : [B] int, optional   valid keys per sequence, S <= seqlens[b] <= T
     num_splits : int, optional    split-KV count (default: :func:`choose_num_splits`)
+    pipeline : bool, optional     schedule: True issues block j+1's score MMA behind block j's
+                                  P.Z; False the sequential one (default: ``PIPELINE_DEFAULT``)
+    zero_tail : bool, optional    with seqlens: zero the keys L.. of each sequence's last, partial
+                                  key block in shared memory, so non-finite values stored past
+                                  seqlens[b] cannot reach the output (default: ``ZERO_TAIL_DEFAULT``)
 
     Returns
     -------
@@ -333,6 +441,8 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
         *descs, o_desc, lse_buf, seq_arg,
         hs, s, t, scale * _LOG2E, per_split, *l_strides,
         K=k, P=p, CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, SPLIT=split,
+        PIPELINE=PIPELINE_DEFAULT if pipeline is None else bool(pipeline),
+        ZERO_TAIL=seqlens is not None and (ZERO_TAIL_DEFAULT if zero_tail is None else bool(zero_tail)),
         num_warps=NUM_WARPS,
     )
     if split:
@@ -341,7 +451,8 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True,
-                     has_seqlens: bool = False, split: bool = False, capability: int = 90):
+                     has_seqlens: bool = False, split: bool = False, pipeline: bool | None = None,
+                     zero_tail: bool | None = None, capability: int = 90):
     """Compile the kernel for an sm_90 target without a GPU; returns Triton's CompiledKernel
     (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata.shared``, ``.n_regs`` after loading).
 
@@ -364,8 +475,12 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "blocks_per_split": "i32",
         "stride_lb": "i32", "stride_lr": "i32", "stride_ls": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "HAS_SEQLENS": "constexpr", "SPLIT": "constexpr",
+        "PIPELINE": "constexpr", "ZERO_TAIL": "constexpr",
     }
-    constexprs = {"K": k, "P": p, "CAUSAL": causal, "HAS_SEQLENS": has_seqlens, "SPLIT": split}
+    pipeline = PIPELINE_DEFAULT if pipeline is None else bool(pipeline)
+    zero_tail = has_seqlens if zero_tail is None else bool(zero_tail) and has_seqlens
+    constexprs = {"K": k, "P": p, "CAUSAL": causal, "HAS_SEQLENS": has_seqlens, "SPLIT": split, "PIPELINE": pipeline,
+                  "ZERO_TAIL": zero_tail}
     src = GluonASTSource(fn=_flash_mla_fwd, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS})
 
