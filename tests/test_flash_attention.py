@@ -159,3 +159,49 @@ def test_bad_ranges():
         flash_attention(q, qpe, k, v, kpe, scale=0.0)
     with pytest.raises(ValueError, match="out must be"):
         flash_attention(q, qpe, k, v, kpe, out=torch.empty(2, 3, 4, 16, dtype=q.dtype, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_masked_stages_and_reversed_row_blocks(dtype):
+    """A single-stage masked loop (masked_stages=1) and the last-first row-block order give the
+    same results: causal prefill with several row blocks, queries at the end of a longer cache."""
+    cfg = FlashAttentionConfig(32, 16, masked_stages=1)
+    _run_case(1, 2, 70, 70, dtype, config=cfg)
+    _run_case(2, 3, 40, 100, dtype, config=cfg, seqlens=torch.tensor([40, 97], dtype=torch.int32, device=DEVICE))
+
+
+def test_compute_bound_configs():
+    """Compute-bound problems get 64-row tiles on 4 warps whose shared memory lets two programs
+    share an SM; candidates stay under the sm_90 shared-memory limit and include the
+    single-stage masked loop for 128-row tiles; labels are distinct."""
+    from mla_var3.kernel.expanded import SMEM_LIMIT, SMEM_PER_SM, smem_bytes
+
+    for b, s, t in [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096), (32, 128, 4096)]:
+        cfg = default_config(b, 128, s, t)
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_splits) == (64, 64, 4, 1)
+        assert 2 * (smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages) + 1024) <= SMEM_PER_SM
+    assert smem_bytes(128, 64, 3) == 172_032 and smem_bytes(64, 64, 2) == 106_496  # as Triton reports them
+    cands = candidate_configs(32, 128, 512, 4096)
+    assert all(smem_bytes(c.block_m, c.block_n, c.num_stages) <= SMEM_LIMIT for c in cands)
+    assert any(c.masked_stages == 1 for c in cands) and default_config(32, 128, 512, 4096) in cands
+    assert len({c.label() for c in cands}) == len(cands)
+    with pytest.raises(ValueError, match="masked_stages"):
+        FlashAttentionConfig(masked_stages=-1)
+
+
+@pytest.mark.parametrize("cfg", [None, FlashAttentionConfig(128, 64, 8, 3, masked_stages=1)],
+                         ids=["default-s512", "m128n64w8s3k1"])
+def test_compute_bound_compiles_for_sm90(cfg):
+    """The GPU path of the compute-bound configs (bf16, b = 32, s = 512, t = 4096): HGMMA, no
+    spills, and the shared memory :func:`smem_bytes` predicts (the default fits two per SM)."""
+    from mla_var3.kernel.expanded import SMEM_PER_SM, example_launch, smem_bytes
+    from mla_var3.kernel.sass import compile_launch_in_subprocess
+
+    args, cfg = example_launch(32, 128, 512, 4096, config=cfg)
+    rep = compile_launch_in_subprocess("mla_var3.kernel.expanded", "_flash_attention_kernel", args,
+                                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    print(rep.summary())
+    assert rep.hgmma and rep.spills == 0, rep.summary()
+    assert rep.shared_bytes == smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages), rep.summary()
+    if cfg.num_warps == 4:
+        assert 2 * (rep.shared_bytes + 1024) <= SMEM_PER_SM and rep.registers * 128 * 2 <= 65536, rep.summary()

@@ -39,7 +39,7 @@ from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
     allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
 )
-from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
+from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, to_storage
 from mla_var3.kernel.combine import combine
 
 __all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention"]
@@ -67,6 +67,27 @@ def load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.constex
 
 
 @triton.jit
+def _softmax_step_scaled(raw, m_i, l_i, qk_scale, MASKED: tl.constexpr):
+    """Online-softmax step on raw (unscaled) scores with ``scale * log2(e)`` folded in.
+
+    Same contract as :func:`mla_var3.kernel._jit.online_softmax_step` (``m_i`` in the log2
+    domain, i.e. already scaled), but the max is taken on the raw scores (``qk_scale > 0``
+    commutes with max) so each element costs one FFMA (``raw * qk_scale - m``) before ``exp2``
+    instead of a multiply and a subtract. Only masked blocks can hold a row that is all -inf
+    so far; unmasked blocks skip that guard.
+    """
+    m_new = tl.maximum(m_i, tl.max(raw, 1) * qk_scale)
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(raw * qk_scale - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
 def _attend_block(
     acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n,
     offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
@@ -82,15 +103,15 @@ def _attend_block(
                   MASKED, not EVEN_D)
     kpe = load_tile(kpe_base + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok,
                     MASKED, not EVEN_P)
+    # raw scores: d = 128 and p = 64 as two chained tensor-core dots into one accumulator
     scores = tl.dot(q, tl.trans(operand(k, UPCAST)), input_precision=PRECISION)
     scores = tl.dot(qpe, tl.trans(operand(kpe, UPCAST)), scores, input_precision=PRECISION)
-    scores = scores * qk_scale
     if MASKED:
         visible = j_ok[None, :]
         if CAUSAL:
             visible = visible & (offs_j[None, :] <= (L - S + offs_m)[:, None])
         scores = tl.where(visible, scores, float("-inf"))
-    p, alpha, m_i, l_i = online_softmax_step(scores, m_i, l_i)
+    p, alpha, m_i, l_i = _softmax_step_scaled(scores, m_i, l_i, qk_scale, MASKED)
     v = load_tile(v_base + offs_j[:, None] * stride_vt + offs_d[None, :] * stride_vd, j_ok, d_ok,
                   MASKED, not EVEN_D)
     # p is rounded to the storage dtype like on the tensor cores, then upcast under the interpreter
@@ -113,14 +134,20 @@ def _flash_attention_kernel(
     D: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    MASKED_STAGES: tl.constexpr = None,
 ):
     """Grid (cdiv(S, BLOCK_M), B * H, NUM_SPLITS). Reads BLOCK_M (D + P) query elements once and
     (2D + P) elements per visible key; writes BLOCK_M (D + 1) outputs (to the split slot ``x``).
 
     Rows with no visible key (possible only when L < S, which the hybrid's expanded part uses)
     get o = 0 and lse = -inf.
+
+    Row blocks run last-first (``pid_m`` reversed): in causal prefill the last row blocks see
+    the most keys, so the longest programs start in the first wave and the short ones fill the
+    tail. ``MASKED_STAGES`` pipelines the short masked loop at its own depth (None: the
+    launch's); 1 frees the registers its prefetch buffers hold (~50 at 128 x 64 tiles).
     """
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_x = tl.program_id(2)
     b = (pid_bh // H).to(tl.int64)
@@ -178,7 +205,7 @@ def _flash_attention_kernel(
             stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
             False, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION)
     # diagonal and ragged tail: masked
-    for start_n in range(tl.maximum(lo, n_full), hi, BLOCK_N):
+    for start_n in tl.range(tl.maximum(lo, n_full), hi, BLOCK_N, num_stages=MASKED_STAGES):
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
             stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
@@ -205,6 +232,7 @@ class FlashAttentionConfig:
     block_n : keys per inner iteration (>= 16).
     num_warps, num_stages : Triton launch options.
     num_splits : split-KV factor (> 1 adds a combine pass; for decode with few (b, h) programs).
+    masked_stages : pipeline depth of the short masked (diagonal / tail) loop; 0 = the launch's.
     """
 
     block_m: int = 64
@@ -212,6 +240,7 @@ class FlashAttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int = 1
+    masked_stages: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -222,6 +251,17 @@ class FlashAttentionConfig:
             raise ValueError(f"FlashAttentionConfig.num_warps must be a power of two <= 16, got {self.num_warps}")
         if self.num_stages < 1 or self.num_splits < 1:
             raise ValueError(f"FlashAttentionConfig: num_stages and num_splits must be >= 1, got {self}")
+        if self.masked_stages < 0:
+            raise ValueError(f"FlashAttentionConfig.masked_stages must be >= 0, got {self.masked_stages}")
+
+    def label(self) -> str:
+        """Short name for tables: ``m128n64w8s3`` (+ ``x4`` splits, ``k1`` masked stages)."""
+        out = f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        if self.num_splits > 1:
+            out += f"x{self.num_splits}"
+        if self.masked_stages:
+            out += f"k{self.masked_stages}"
+        return out
 
 
 def _splits_for(programs: int, t: int, block_n: int, sms: int) -> int:
@@ -231,27 +271,52 @@ def _splits_for(programs: int, t: int, block_n: int, sms: int) -> int:
     return max(1, min(cdiv(2 * sms, programs), t // (4 * block_n), 64))
 
 
+#: shared memory one program may request on sm_90 (Triton's OutOfResources limit)
+SMEM_LIMIT = 232_448
+#: shared memory per SM on sm_90 (two programs co-reside when both fit, with 1 KiB reserved each)
+SMEM_PER_SM = 233_472
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int, d: int = 128, p: int = 64, itemsize: int = 2) -> int:
+    """Shared memory the kernel requests: q/qpe tiles once plus ``num_stages`` buffers of the
+    k, kpe, v key blocks (matches Triton's ``metadata.shared`` for the sm_90 build)."""
+    dd, pp = max(16, next_pow2(d)), max(16, next_pow2(p))
+    return (block_m * (dd + pp) + num_stages * block_n * (2 * dd + pp)) * itemsize
+
+
 def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> FlashAttentionConfig:
-    """Analytic default: one row block covers s up to 128 queries (decode pads to 16), 64-key
-    blocks, 8 warps for 128-row tiles, split-KV when (b, h, row blocks) fill under one wave."""
-    block_m = min(128, max(16, next_pow2(s)))
+    """Analytic default.
+
+    - s <= 64: one row block covers s queries (decode pads to 16); these points are bound by
+      the key/value stream and already run at the copy bandwidth (measured on an H200).
+    - s > 64 (compute-bound at h = 128): 64-row tiles on one warpgroup (4 warps), 64-key
+      blocks, 2 stages: 104 KiB of shared memory and ~182 registers, so two programs share an
+      SM and one's softmax overlaps the other's tensor-core work. A 128-row tile on 8 warps
+      keeps both warpgroups in lockstep (the cp.async pipeline synchronises the whole program
+      every key block), so softmax and MMA alternate instead of overlapping.
+    Split-KV when (b, h, row blocks) fill under one wave.
+    """
+    block_m = min(64, max(16, next_pow2(s)))
     block_n = 64 if d + p <= 256 else 32
-    num_warps = 8 if block_m >= 128 else 4
     programs = b * h * cdiv(s, block_m)
     splits = _splits_for(programs, t, block_n, num_sms())
-    return FlashAttentionConfig(block_m, block_n, num_warps, 2, splits)
+    return FlashAttentionConfig(block_m, block_n, 4, 2, splits)
 
 
 def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> tuple[FlashAttentionConfig, ...]:
-    """The autotuning space around :func:`default_config` (tiles x warps x stages x splits)."""
-    block_ms = sorted({min(128, max(16, next_pow2(s))), *([64, 128] if s > 64 else [])})
+    """The autotuning space around :func:`default_config` (tiles x warps x stages x splits, and
+    a single-stage masked loop for 128-row tiles), without configs whose shared memory exceeds
+    the sm_90 limit."""
+    block_ms = sorted({min(64, max(16, next_pow2(s))), *([64, 128] if s > 64 else [])})
     out = []
     for bm, bn, warps, stages in itertools.product(block_ms, (32, 64, 128), (4, 8), (2, 3, 4)):
-        if bm * bn > 128 * 128 or (bm >= 128 and warps < 8):
+        if bm * bn > 128 * 128 or (bm >= 128 and warps < 8) or smem_bytes(bm, bn, stages, d, p) > SMEM_LIMIT:
             continue
         programs = b * h * cdiv(s, bm)
         for splits in sorted({1, _splits_for(programs, t, bn, num_sms())}):
             out.append(FlashAttentionConfig(bm, bn, warps, stages, splits))
+            if bm >= 128 and splits == 1:
+                out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, masked_stages=1))
     return tuple(out)
 
 
@@ -306,6 +371,7 @@ def _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale: float, causa
         D=d, P=p, BLOCK_D=max(16, next_pow2(d)), BLOCK_P=max(16, next_pow2(p)),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_SPLITS=config.num_splits,
         CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, UPCAST=upcast, PRECISION=_precision(q.dtype),
+        MASKED_STAGES=config.masked_stages or None,
     )
     return (cdiv(s, config.block_m), b * h, config.num_splits), args
 

@@ -1,0 +1,251 @@
+"""Check and time the expanded (FlashAttention-style) kernel's launch configs on an sm_90 GPU,
+against cuDNN attention (PyTorch SDPA), at the compute-bound points.
+
+1. Correctness of every config against the fp32 reference ``mla_var3.reference.flash_attention``
+   (relative Frobenius error of ``o`` and ``lse``, the dtype's tolerance) on two causal checks
+   with DeepSeek-V3 head dims: queries at the end of a cache (s = 512 < t = 1024) and a full
+   prefill (s = t = 512). A config that fails is reported and never timed.
+2. Timing with :func:`mla_var3.runtime.timing.time_fn` (CUDA-graph replays, L2 flushed) of the
+   default config and the candidate configs at b = 32, t = 4096, s in {512, 1024} (bottom-right
+   causal) and the full causal prefill b = 4, s = t = 4096; the default alone at s = 16 and
+   s = 128 (regression check of the memory-bound side). cuDNN SDPA is timed on the same
+   problems: q/k head 192 (RoPE key broadcast per head), v head 128; ``is_causal=True`` for
+   s = t, the bottom-right mask as ``attn_mask`` otherwise.
+3. TFLOP/s on the FLOPs the cost model counts, 2 b h s t (2 d + p) (causal not discounted);
+   for the prefill also on the halved FLOPs. % of the measured matmul rate (801 TFLOP/s, or
+   ``--matmul-tflops``).
+
+Every variant is guarded (a failure prints and the script goes on) and a time budget skips
+what is left once exceeded. The rows are written as JSON to ``--out``; a table is printed last.
+
+    python benchmarks/expanded_check.py --out benchmarks/results/h200/expanded_check.json
+    python benchmarks/expanded_check.py --dry-run --out /tmp/x.json    # CPU: plumbing only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+H, D, P = 128, 128, 64
+MATMUL_TFLOPS = 801.0
+
+#: configs timed at the compute-bound points, best predicted first (fields of
+#: FlashAttentionConfig: block_m, block_n, num_warps, num_stages; masked_stages).
+CANDIDATES = [
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=2),              # default: 2 programs / SM
+    dict(block_m=128, block_n=32, num_warps=8, num_stages=3),             # 128 regs, 2 programs / SM
+    dict(block_m=64, block_n=32, num_warps=4, num_stages=2),              # 138 regs, 64 KiB: 3 / SM
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, masked_stages=1),
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=2),             # previous default
+    dict(block_m=128, block_n=128, num_warps=8, num_stages=2, masked_stages=1),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=2, masked_stages=1),
+]
+
+# (b, s, t, time all candidates?)
+TIME_SHAPES = [(32, 512, 4096, True), (32, 1024, 4096, True), (4, 4096, 4096, True),
+               (32, 16, 4096, False), (32, 128, 4096, False)]
+CHECK_SHAPES = [(1, 512, 1024), (1, 512, 512)]
+
+
+def flops(b, s, t, h=H, d=D, p=P) -> float:
+    return 2.0 * b * h * s * t * (2 * d + p)
+
+
+def make_inputs(b, s, t, h, d, p, dtype, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    return randn(b, h, s, d), randn(b, h, s, p), randn(b, t, h, d), randn(b, t, h, d), randn(b, t, p)
+
+
+def check_config(cfg, dims, dtype, device):
+    from mla_var3 import reference as R
+    from mla_var3.kernel.expanded import flash_attention
+    from mla_var3.testing import TOLERANCE, rel_err
+
+    h, d, p = dims
+    worst = 0.0
+    for b, s, t in CHECK_SHAPES if h == H else [(1, 5, 40), (1, 40, 40)]:
+        q, qpe, k, v, kpe = make_inputs(b, s, t, h, d, p, dtype, device)
+        out = torch.full((b, h, s, d), float("nan"), dtype=dtype, device=device)
+        o, lse = flash_attention(q, qpe, k, v, kpe, causal=True, config=cfg, out=out)
+        ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, (d + p) ** -0.5, True, None)
+        e_o, e_l = rel_err(o, ref_o), rel_err(lse, ref_lse)
+        if not (e_o <= TOLERANCE[dtype] and e_l <= TOLERANCE[dtype]):
+            raise AssertionError(f"wrong result at b={b} s={s} t={t}: err_o={e_o:.2e} err_lse={e_l:.2e}")
+        worst = max(worst, e_o, e_l)
+    return worst
+
+
+def sdpa_call(q, qpe, k, v, kpe, causal):
+    """cuDNN attention through PyTorch SDPA on per-head materialised 192-wide keys."""
+    import torch.nn.functional as F
+
+    b, h, s, d = q.shape
+    t, p = k.shape[1], kpe.shape[-1]
+    qf = torch.cat([q, qpe], dim=-1)
+    kf = torch.cat([k, kpe[:, :, None, :].expand(b, t, h, p)], dim=-1).transpose(1, 2).contiguous()
+    vf = v.transpose(1, 2).contiguous()
+    scale = (d + p) ** -0.5
+    if causal and s == t:
+        return lambda: F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale), "is_causal"
+    if causal and s > 1:
+        i = torch.arange(s, device=q.device)[:, None]
+        j = torch.arange(t, device=q.device)[None, :]
+        mask = j <= t - s + i
+        return lambda: F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale), "bottom-right attn_mask"
+    return lambda: F.scaled_dot_product_attention(qf, kf, vf, scale=scale), "no mask"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU/interpreter allowed: plumbing only")
+    ap.add_argument("--budget", type=float, default=110.0, help="seconds; what is left is skipped after it")
+    ap.add_argument("--matmul-tflops", type=float, default=MATMUL_TFLOPS)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+
+    if args.dry_run and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from mla_var3.kernel.expanded import FlashAttentionConfig, default_config, flash_attention
+    from mla_var3.runtime.timing import time_fn
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = device == "cuda"
+    if not gpu and not args.dry_run:
+        print("no CUDA device: use --dry-run", file=sys.stderr)
+        return 2
+    dtype = torch.bfloat16 if gpu else torch.float32
+    dims = (H, D, P) if not args.dry_run else (4, 32, 16)
+    h, d, p = dims
+    shapes = TIME_SHAPES if not args.dry_run else [(1, 16, 64, True), (1, 64, 64, True), (1, 4, 64, False)]
+    info = dict(device=torch.cuda.get_device_name() if gpu else "cpu", torch=torch.__version__, dtype=str(dtype),
+                dims=dict(h=h, d=d, p=p), matmul_tflops=args.matmul_tflops, dry_run=args.dry_run)
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except Exception:
+        pass
+
+    def over_budget():
+        return time.perf_counter() - t0 > args.budget
+
+    # 1. correctness of every config that may be timed
+    configs = {}
+    for kw in CANDIDATES:
+        configs[FlashAttentionConfig(**kw).label()] = FlashAttentionConfig(**kw)
+    for b, s, t, _ in shapes:
+        cfg = default_config(b, h, s, t, d, p)
+        configs.setdefault(cfg.label(), cfg)
+    checks = {}
+    for label, cfg in configs.items():
+        if over_budget():
+            checks[label] = dict(ok=False, error="skipped: time budget")
+            continue
+        try:
+            err = check_config(cfg, dims, dtype, device)
+            checks[label] = dict(ok=True, max_rel_err=err)
+            print(f"check {label:16s} ok (max rel err {err:.2e})", flush=True)
+        except Exception as exc:
+            checks[label] = dict(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+            print(f"check {label:16s} FAILED: {checks[label]['error']}", flush=True)
+            traceback.print_exc(limit=2)
+        if gpu:
+            torch.cuda.empty_cache()
+
+    # 2. timing
+    reps = dict(warmup=2, reps=30, min_reps=3, max_seconds=0.4) if gpu else dict(warmup=0, reps=1, min_reps=1)
+    rows = []
+    for b, s, t, all_cands in shapes:
+        dflt = default_config(b, h, s, t, d, p)
+        cand_labels = [FlashAttentionConfig(**kw).label() for kw in CANDIDATES]
+        labels = [dflt.label()] + ([c for c in cand_labels if c != dflt.label()] if all_cands else
+                                   [cand_labels[4]] if s > 64 else [])
+        try:
+            q, qpe, k, v, kpe = make_inputs(b, s, t, h, d, p, dtype, device)
+        except Exception as exc:
+            print(f"b={b} s={s} t={t}: inputs failed: {exc}", flush=True)
+            continue
+        fl = flops(b, s, t, h, d, p)
+        for label in labels:
+            row = dict(b=b, s=s, t=t, impl="triton", config=label, default=label == dflt.label(), flops=fl)
+            if not checks.get(label, {}).get("ok"):
+                row["error"] = "not timed: " + checks.get(label, {}).get("error", "unchecked")
+            elif over_budget():
+                row["error"] = "skipped: time budget"
+            else:
+                try:
+                    out = torch.empty((b, h, s, d), dtype=dtype, device=device)
+                    cfg = configs[label]
+                    tm = time_fn(lambda: flash_attention(q, qpe, k, v, kpe, causal=True, config=cfg, out=out), **reps)
+                    row.update(us=tm.median_us, p10_us=tm.p10_us, p90_us=tm.p90_us, method=tm.method)
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            rows.append(row)
+            print(f"b={b} s={s} t={t} {label:16s} {row.get('us', float('nan')):10.1f} us {row.get('error', '')}",
+                  flush=True)
+        del q, qpe, k, v, kpe
+        if gpu:
+            torch.cuda.empty_cache()
+        # cuDNN SDPA on the same problem
+        row = dict(b=b, s=s, t=t, impl="sdpa", config="", default=False, flops=fl)
+        if over_budget():
+            row["error"] = "skipped: time budget"
+        else:
+            try:
+                xs = make_inputs(b, s, t, h, d, p, dtype, device)
+                call, how = sdpa_call(*xs, causal=True)
+                del xs
+                row["config"] = how
+                tm = time_fn(call, **reps)
+                row.update(us=tm.median_us, p10_us=tm.p10_us, p90_us=tm.p90_us, method=tm.method)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            call = None
+            if gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"b={b} s={s} t={t} sdpa ({row['config']}) {row.get('us', float('nan')):10.1f} us {row.get('error', '')}",
+              flush=True)
+
+    # 3. derived numbers and the table
+    sdpa_us = {(r["b"], r["s"], r["t"]): r.get("us") for r in rows if r["impl"] == "sdpa"}
+    for r in rows:
+        if r.get("us"):
+            r["tflops"] = r["flops"] / r["us"] / 1e6
+            r["pct_matmul"] = 100.0 * r["tflops"] / args.matmul_tflops
+            if r["s"] == r["t"]:
+                r["tflops_causal_half"] = r["tflops"] / 2
+            ref = sdpa_us.get((r["b"], r["s"], r["t"]))
+            if ref and r["impl"] == "triton":
+                r["sdpa_over_ours"] = ref / r["us"]
+    with open(args.out, "w") as f:
+        json.dump(dict(info=info, checks=checks, rows=rows, seconds=time.perf_counter() - t0), f, indent=1)
+
+    print(f"\nexpanded kernel, {info['device']}, {info['dtype']}, h={h} d={d} p={p}; "
+          f"% of {args.matmul_tflops:.0f} TFLOP/s on 2bhst(2d+p)")
+    print(f"{'b':>3} {'s':>5} {'t':>5} {'impl':6} {'config':22} {'us':>10} {'TFLOP/s':>8} {'%mm':>6} {'sdpa/ours':>9}")
+    for r in rows:
+        mark = "*" if r["default"] else " "
+        if r.get("us"):
+            print(f"{r['b']:>3} {r['s']:>5} {r['t']:>5} {r['impl']:6} {mark}{r['config']:21} {r['us']:>10,.1f} "
+                  f"{r['tflops']:>8.1f} {r['pct_matmul']:>6.1f} {r.get('sdpa_over_ours', float('nan')):>9.3f}")
+        else:
+            print(f"{r['b']:>3} {r['s']:>5} {r['t']:>5} {r['impl']:6} {mark}{r['config']:21} {r.get('error', '')[:60]}")
+    print(f"(* = default config; {time.perf_counter() - t0:.0f} s; wrote {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
