@@ -12,7 +12,8 @@ import torch
 from mla_var3 import reference as R
 from mla_var3.kernel.expanded import FlashAttentionConfig
 from mla_var3.kernel.hybrid import (
-    LatentPartConfig, MLAVar6PlusConfig, candidate_configs, default_config, mla_var6_plus,
+    LatentPartConfig, MLAVar6PlusConfig, candidate_configs, default_config, gluon_latent_applies, merge_partials,
+    mla_var6_plus,
 )
 from mla_var3.shapes import MLADims, Problem
 from mla_var3.testing import assert_close, nan_padded, poisoned
@@ -125,3 +126,175 @@ def test_bad_ranges():
     with pytest.raises(ValueError, match="out_latent must be"):
         mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale,
                       out_latent=torch.empty(2, 3, 4, 32, dtype=q.dtype, device=DEVICE))
+
+
+# ----------------------------------------------------------------------------------------------
+# the merge of the two partials (used by both backends) and the sm_90 path's applicability rule
+# ----------------------------------------------------------------------------------------------
+
+def _merge_ref(o_e, lse_e, o_l, lse_l):
+    lse = torch.logaddexp(lse_e, lse_l)
+    w_e = torch.nan_to_num(torch.exp(lse_e - lse))[..., None]
+    w_l = torch.nan_to_num(torch.exp(lse_l - lse))[..., None]
+    return (torch.where(w_e > 0, o_e.float() * w_e, 0.0), torch.where(w_l > 0, o_l.float() * w_l, 0.0), lse)
+
+
+@pytest.mark.parametrize("part_dtype", [torch.float32, torch.float16], ids=str)
+def test_merge_partials(part_dtype):
+    """Both partials rescaled to the joint softmax; a part without keys (lse = -inf, output NaN)
+    gets weight 0; the lse is the joint log-sum-exp."""
+    b, h, s, d, k = 2, 3, 5, 24, 40
+    g = torch.Generator().manual_seed(1)
+    o_e = torch.randn(b, h, s, d, generator=g).to(DEVICE)
+    o_l = torch.randn(b, h, s, k, generator=g).to(part_dtype).to(DEVICE)
+    lse_e = (torch.randn(b, h, s, generator=g) * 4).to(DEVICE)
+    lse_l = (torch.randn(b, h, s, generator=g) * 4).to(DEVICE)
+    lse_e[0, 0, :2] = float("-inf")                 # the first queries see no new key
+    o_e[0, 0, :2] = float("nan")
+    out_dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    o, o_latent, lse = merge_partials(o_e, lse_e, o_l, lse_l, out_dtype=out_dtype)
+    ref_o, ref_ol, ref_lse = _merge_ref(o_e, lse_e, o_l, lse_l)
+    assert o.dtype == out_dtype and o_latent.dtype == out_dtype
+    assert_close(o, ref_o, out_dtype, name="o")
+    assert_close(o_latent, ref_ol, out_dtype, name="o_latent")
+    assert_close(lse, ref_lse, torch.float32, tol=1e-6, name="lse")
+    assert torch.equal(o[0, 0, :2], torch.zeros_like(o[0, 0, :2]))
+
+
+def test_merge_partials_bad_inputs():
+    o_e, o_l = torch.zeros(1, 2, 3, 8, device=DEVICE), torch.zeros(1, 2, 3, 16, device=DEVICE)
+    lse = torch.zeros(1, 2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="o_l must be"):
+        merge_partials(o_e, lse, o_l[:, :1], lse)
+    with pytest.raises(ValueError, match="lse_l must have dtype"):
+        merge_partials(o_e, lse, o_l, lse.double())
+
+
+@pytest.mark.parametrize("dtype,k,p,s,o,n,causal,config,expected", [
+    (torch.bfloat16, 512, 64, 16, 3000, 1096, True, None, True),     # N >= S: latent part non-causal
+    (torch.float16, 512, 64, 16, 3000, 0, True, None, True),         # N = 0: the absorbed kernel itself
+    (torch.bfloat16, 512, 64, 16, 3000, 8, True, None, False),       # N < S: mask reaches the old keys
+    (torch.bfloat16, 512, 64, 16, 3000, 8, False, None, True),       # ... unless not causal
+    (torch.bfloat16, 512, 64, 16, 8, 100, True, None, False),        # O < S: Gluon needs S <= O
+    (torch.bfloat16, 512, 64, 16, 0, 100, True, None, False),        # no old token: expanded only
+    (torch.float32, 512, 64, 16, 3000, 1096, True, None, False),     # dtype
+    (torch.bfloat16, 40, 64, 16, 3000, 1096, True, None, False),     # K not a multiple of 64
+    (torch.bfloat16, 512, 8, 16, 3000, 1096, True, None, False),     # P not a multiple of 16
+    (torch.bfloat16, 512, 64, 16, 3000, 1096, True, MLAVar6PlusConfig(), False),  # portable config
+])
+def test_gluon_latent_applies(dtype, k, p, s, o, n, causal, config, expected):
+    assert gluon_latent_applies(dtype, k, p, s, o, n, causal, config) is expected
+
+
+def test_backend_signature():
+    """Every registered backend takes the keyword arguments the entry point passes (overlap,
+    out=None), so the sm_90 backend can be chosen by name wherever it is registered."""
+    from mla_var3.kernel import backends
+
+    table = backends.backends("mla_var6_plus")
+    assert {"triton", "gluon"} <= set(table)
+    args, scale = _valid(torch.float32 if DEVICE == "cpu" else torch.bfloat16)
+    o, o_latent, lse = table["triton"].launcher(*args, scale=scale, causal=True, config=None, out=None,
+                                                 out_latent=None, overlap=False)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(*args, scale, True)
+    assert_close(o, ref_o, args[0].dtype, name="o")
+    assert_close(o_latent, ref_ol, args[0].dtype, name="o_latent")
+
+
+@pytest.mark.parametrize("b,h,s,t,n,causal", [
+    (2, 5, 4, 65, 4, True),      # N = S: the latent part is non-causal over its O keys
+    (2, 5, 4, 65, 20, True),     # N > S
+    (1, 16, 5, 63, 0, True),     # N = 0: the absorbed kernel with its own causal rule
+    (2, 5, 4, 65, 2, False),     # N < S, not causal
+    (2, 5, 4, 65, 2, True),      # N < S, causal: the portable path
+])
+def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
+    """The sm_90 path's decomposition (which absorbed call covers the old keys, with which
+    causal rule, merged with the expanded part) against the reference, with the Gluon kernel
+    replaced by the fp32 reference absorbed attention (rounded to the input dtype as the Gluon
+    kernel returns it). Runs anywhere: the parts are issued one after the other."""
+    from mla_var3.kernel.hopper import absorbed_gluon
+    from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+
+    calls = []
+
+    def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, seqlens=None, num_splits=None):
+        calls.append((z.shape[1], causal))
+        o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
+        return o.to(qc.dtype), lse
+
+    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
+    dtype = torch.bfloat16
+    x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
+    o, o_latent, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
+                                            causal=causal, overlap=False)
+    assert_close(o, ref_o, dtype, name="o")
+    assert_close(o_latent, ref_ol, dtype, name="o_latent")
+    assert_close(lse, ref_lse, torch.float32, tol=1e-5, name="lse")
+    expected = [] if (causal and 0 < n < s) else [(t - n, causal and n == 0)]
+    assert calls == expected
+
+
+@pytest.mark.parametrize("b,h,s,n,causal,programs", [
+    (2, 5, 4, 20, True, 3),      # tiles spread over a few programs
+    (1, 3, 5, 2, True, 2),       # N < S: the first rows see no key (o = 0, lse = -inf)
+    (2, 3, 20, 40, False, 7),    # two query blocks per head, not causal
+])
+def test_expanded_persistent(b, h, s, n, causal, programs):
+    """The persistent expanded part against the reference expanded attention over the N keys."""
+    from mla_var3.kernel.hybrid import expanded_persistent
+
+    dtype = DTYPES[0]
+    x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=s + n, causal=causal), dtype=dtype, device=DEVICE)
+    k, v, kpe = x.k[:, s:], x.v[:, s:], x.kpe[:, s:]          # the N keys
+    out = poisoned((b, h, s, DIMS.d), dtype, DEVICE)
+    o, lse = expanded_persistent(nan_padded(x.q), x.qpe, nan_padded(k), v, kpe, scale=x.scale, causal=causal,
+                                 programs=programs, block_n=16, out=out)
+    if s <= n or not causal:
+        ref_o, ref_lse = R.flash_attention(x.q, x.qpe, k, v, kpe, x.scale, causal)
+    else:                                   # rows i < S - N see no key; the others as with S' = N
+        ref_o = torch.zeros(b, h, s, DIMS.d, device=DEVICE)
+        ref_lse = torch.full((b, h, s), float("-inf"), device=DEVICE)
+        ref_o[:, :, s - n:], ref_lse[:, :, s - n:] = R.flash_attention(x.q[:, :, s - n:], x.qpe[:, :, s - n:], k, v,
+                                                                       kpe, x.scale, causal)
+    assert o.data_ptr() == out.data_ptr()
+    assert_close(o, ref_o, dtype, name="o")
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert_close(lse[seen], ref_lse[seen], torch.float32, tol=1e-5, name="lse")
+
+
+@pytest.mark.parametrize("b,h,s,t,n,causal", [(2, 5, 4, 65, 20, True), (2, 5, 4, 65, 2, False)])
+def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
+    """The sm_90 path with the persistent expanded part (one after the other: runs anywhere)."""
+    from mla_var3.kernel.hopper import absorbed_gluon
+    from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+
+    def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, **_):
+        o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
+        return o.to(qc.dtype), lse
+
+    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
+    dtype = torch.bfloat16
+    x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
+    o, o_latent, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
+                                            causal=causal, overlap=False, expanded_programs=3)
+    assert_close(o, ref_o, dtype, name="o")
+    assert_close(o_latent, ref_ol, dtype, name="o_latent")
+    assert_close(lse, ref_lse, torch.float32, tol=1e-5, name="lse")
+
+
+@pytest.mark.parametrize("s", [16, 64])
+def test_expanded_persistent_compiles_for_sm90(s):
+    """The persistent expanded part's GPU path (bf16, UPCAST=False) compiles for the H200 without
+    register spills and within shared memory (the interpreter does not check this)."""
+    from mla_var3.kernel.hybrid import example_launch
+    from mla_var3.kernel.sass import compile_launch_in_subprocess
+
+    args, opts = example_launch("persistent", 32, 128, s, 4096 - 1664, 1664)
+    report = compile_launch_in_subprocess("mla_var3.kernel.hybrid", "_expanded_persistent_kernel", args, **opts)
+    print(report)
+    assert report.spill_stores == 0 and report.spill_loads == 0, report
+    assert report.shared_bytes <= 232_448, report

@@ -32,6 +32,12 @@ that stay separate outputs, each rescaled by its own weight, rather than one val
 ranges. The partials are float32 so the outputs are rounded once; fusing the merge into the
 parts (and the two parts into one persistent launch) is left to the speed work.
 
+On sm_90 the ``"gluon"`` backend (:func:`mla_var6_plus_hopper`) runs the latent part on the
+Gluon absorbed kernel instead (non-causal over the O old keys when N >= S; see
+:func:`gluon_latent_applies`) and the expanded part through the public expanded launcher,
+issued on two streams so the two may overlap, then the same merge. The devlog with predictions
+and measurements is docs/kernels/mla-var6-plus.md.
+
 Example
 -------
 >>> o, o_latent, lse = mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=dims.default_scale)  # doctest: +SKIP
@@ -57,7 +63,7 @@ from mla_var3.kernel.combine import combine
 from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
 
 __all__ = ["LatentPartConfig", "MLAVar6PlusConfig", "default_config", "candidate_configs", "example_launch",
-           "mla_var6_plus"]
+           "expanded_persistent", "gluon_latent_applies", "merge_partials", "mla_var6_plus", "mla_var6_plus_hopper"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,6 +236,85 @@ def _merge_kernel(
                   w_l / total_safe, stride_ls, stride_lk, stride_as, stride_ak, K, BLOCK_C, UPCAST)
 
 
+@triton.jit
+def _expanded_persistent_kernel(
+    q_ptr, qpe_ptr, k_ptr, v_ptr, kpe_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_pb, stride_ph, stride_ps, stride_pp,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_eb, stride_et, stride_ep,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    B, H, S, L, qk_scale,
+    D: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Expanded part as a *persistent* launch: grid (NUM_PROGRAMS,), program i takes the tiles
+    i, i + NUM_PROGRAMS, ... of the B * H * cdiv(S, BLOCK_M) (sequence, head, query block) tiles.
+    A small grid holds only NUM_PROGRAMS SMs, leaving the others to a concurrent latent part.
+
+    Per tile: reads BLOCK_M (D + P) query elements and (2D + P) per visible key of the L new
+    keys; writes BLOCK_M (D + 1). Query i sees key j <= L - S + i (causal); a row without a
+    visible key (L < S) gets o = 0, lse = -inf.
+    """
+    EVEN_D: tl.constexpr = BLOCK_D == D
+    EVEN_P: tl.constexpr = BLOCK_P == P
+    n_m = tl.cdiv(S, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_p = tl.arange(0, BLOCK_P)
+    d_ok = offs_d < D
+    p_ok = offs_p < P
+    for tile in range(tl.program_id(0), B * H * n_m, tl.num_programs(0)):
+        m0 = (tile % n_m) * BLOCK_M
+        b = (tile // n_m // H).to(tl.int64)
+        h = (tile // n_m % H).to(tl.int64)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < S
+        q = load_tile(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs
+                      + offs_d[None, :] * stride_qd, m_ok, d_ok, True, not EVEN_D)
+        qpe = load_tile(qpe_ptr + b * stride_pb + h * stride_ph + offs_m[:, None] * stride_ps
+                        + offs_p[None, :] * stride_pp, m_ok, p_ok, True, not EVEN_P)
+        q = operand(q, UPCAST)
+        qpe = operand(qpe, UPCAST)
+        k_base = k_ptr + b * stride_kb + h * stride_kh
+        v_base = v_ptr + b * stride_vb + h * stride_vh
+        kpe_base = kpe_ptr + b * stride_eb
+        if CAUSAL:
+            hi = tl.maximum(tl.minimum(L, L - S + m0 + BLOCK_M), 0)
+        else:
+            hi = L
+        limit = L - S + offs_m
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_j = start_n + offs_n
+            j_ok = offs_j < L
+            k = load_tile(k_base + offs_j[:, None] * stride_kt + offs_d[None, :] * stride_kd, j_ok, d_ok, True,
+                          not EVEN_D)
+            kpe = load_tile(kpe_base + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok, True,
+                            not EVEN_P)
+            scores = tl.dot(q, tl.trans(operand(k, UPCAST)), input_precision=PRECISION)
+            scores = tl.dot(qpe, tl.trans(operand(kpe, UPCAST)), scores, input_precision=PRECISION)
+            visible = j_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_j[None, :] <= limit[:, None])
+            scores = tl.where(visible, scores * qk_scale, float("-inf"))
+            p, alpha, m_i, l_i = online_softmax_step(scores, m_i, l_i)
+            v = load_tile(v_base + offs_j[:, None] * stride_vt + offs_d[None, :] * stride_vd, j_ok, d_ok, True,
+                          not EVEN_D)
+            p_op = operand(to_storage(p, v.dtype, UPCAST), UPCAST)
+            acc = tl.dot(p_op, operand(v, UPCAST), acc * alpha[:, None], input_precision=PRECISION)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        lse = finalize_lse(m_i, l_i)
+        tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
+                 to_storage(o, o_ptr.dtype.element_ty, UPCAST), mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m * stride_ls, lse, mask=m_ok)
+
+
 # ----------------------------------------------------------------------------------------------
 # launch configs
 # ----------------------------------------------------------------------------------------------
@@ -366,11 +451,84 @@ def _merge(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
     _merge_kernel[grid](**args, num_warps=4)
 
 
+def merge_partials(o_e: torch.Tensor, lse_e: torch.Tensor, o_l: torch.Tensor, lse_l: torch.Tensor, *,
+                   out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge the hybrid's two normalised partials into the one softmax over both key ranges.
+
+    o_e [B,H,S,D], lse_e [B,H,S] (expanded part) and o_l [B,H,S,K], lse_l [B,H,S] (latent part):
+    any float dtype for the outputs, float32 LSEs (``-inf`` for a part without visible keys).
+    Returns ``(o = w_e * o_e, o_latent = w_l * o_l, lse)`` with ``w_x = exp(lse_x - lse)`` and
+    ``lse = log(exp(lse_e) + exp(lse_l))``, the outputs in ``out_dtype`` (default o_l's dtype).
+    Reads B*H*S*(D + K + 2) partial elements once; writes B*H*S*(D + K + 1).
+    """
+    sizes: dict[str, int] = {}
+    bind_shape("o_e", o_e, "B H S D", sizes)
+    check_device("o_e", o_e)
+    same = dict(device=o_e.device)
+    bind_shape("lse_e", lse_e, "B H S", sizes, dtypes=(torch.float32,), **same)
+    bind_shape("o_l", o_l, "B H S K", sizes, **same)
+    bind_shape("lse_l", lse_l, "B H S", sizes, dtypes=(torch.float32,), **same)
+    b, h, s, d, k = (sizes[x] for x in "BHSDK")
+    dtype = out_dtype or o_l.dtype
+    o = torch.empty((b, h, s, d), dtype=dtype, device=o_e.device)
+    o_latent = torch.empty((b, h, s, k), dtype=dtype, device=o_e.device)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=o_e.device)
+    if b * h * s:
+        _merge(o_e, lse_e, o_l, lse_l, o, o_latent, lse)
+    return o, o_latent, lse
+
+
+def _expanded_persistent_args(q, qpe, k_new, v_new, kpe_new, o, lse, scale: float, causal: bool, programs: int,
+                              block_n: int, upcast: bool) -> tuple[tuple, dict]:
+    b, h, s, d = q.shape
+    n, p = k_new.shape[1], kpe_new.shape[-1]
+    args = dict(
+        q_ptr=q, qpe_ptr=qpe, k_ptr=k_new, v_ptr=v_new, kpe_ptr=kpe_new, o_ptr=o, lse_ptr=lse,
+        **named_strides("stride_qb stride_qh stride_qs stride_qd", q.stride()),
+        **named_strides("stride_pb stride_ph stride_ps stride_pp", qpe.stride()),
+        **named_strides("stride_kb stride_kt stride_kh stride_kd", k_new.stride()),
+        **named_strides("stride_vb stride_vt stride_vh stride_vd", v_new.stride()),
+        **named_strides("stride_eb stride_et stride_ep", kpe_new.stride()),
+        **named_strides("stride_ob stride_oh stride_os stride_od", o.stride()),
+        **named_strides("stride_lb stride_lh stride_ls", lse.stride()),
+        B=b, H=h, S=s, L=n, qk_scale=scale * LOG2E,
+        D=d, P=p, BLOCK_D=max(16, next_pow2(d)), BLOCK_P=max(16, next_pow2(p)),
+        BLOCK_M=min(64, max(16, next_pow2(s))), BLOCK_N=block_n,
+        CAUSAL=bool(causal), UPCAST=upcast, PRECISION=_fa._precision(q.dtype),
+    )
+    return (max(1, int(programs)),), args
+
+
+def expanded_persistent(q, qpe, k_new, v_new, kpe_new, *, scale: float, causal: bool = True, programs: int,
+                        block_n: int = 64, num_warps: int | None = None, num_stages: int = 3,
+                        out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hybrid's expanded part as one persistent launch of ``programs`` programs (so it holds
+    at most that many SMs while a latent part runs beside it).
+
+    q [B,H,S,D], qpe [B,H,S,P], k_new, v_new [B,N,H,D], kpe_new [B,N,P] (inputs validated by the
+    caller; N < S allowed: rows without a visible key get o = 0, lse = -inf). Returns
+    ``(o [B,H,S,D] in q's dtype or ``out``, lse [B,H,S] float32)``. Query blocks of
+    min(64, next_pow2(S)) rows (>= 16); ``num_warps`` default 4, 8 for 64-row blocks (4 warps
+    spill there on sm_90).
+    """
+    b, h, s, d = q.shape
+    o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    if b * h * s == 0:
+        return o, lse
+    grid, args = _expanded_persistent_args(q, qpe, k_new, v_new, kpe_new, o, lse, scale, causal, programs, block_n,
+                                           interpreting())
+    if num_warps is None:
+        num_warps = 8 if args["BLOCK_M"] >= 64 else 4
+    _expanded_persistent_kernel[grid](**args, num_warps=num_warps, num_stages=num_stages)
+    return o, lse
+
+
 def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64, k: int = 512, *,
                    dtype: torch.dtype = torch.bfloat16, causal: bool = True,
                    config: MLAVar6PlusConfig | None = None) -> tuple[dict, dict]:
     """GPU launch arguments (contiguous inputs, pointers as type strings) of one of the hybrid's
-    kernels, ``part`` in ``("latent", "merge")`` (the expanded part is
+    kernels, ``part`` in ``("latent", "merge", "persistent")`` (the expanded part is
     :func:`mla_var3.kernel.expanded.example_launch` with t = n), and its launch options
     (num_warps, num_stages), for :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
     config = config or default_config(b, h, s, o, n, d, p, k)
@@ -391,14 +549,27 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
                               torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, k, **meta),
                               torch.empty(b, h, s, **f32), False)
         return _fa.arg_types(args), dict(num_warps=4, num_stages=1)
-    raise ValueError(f"part must be 'latent' or 'merge', got {part!r}")
+    if part == "persistent":
+        _, args = _expanded_persistent_args(torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, p, **meta),
+                                            torch.empty(b, n, h, d, **meta), torch.empty(b, n, h, d, **meta),
+                                            torch.empty(b, n, p, **meta), torch.empty(b, h, s, d, **meta),
+                                            torch.empty(b, h, s, **f32), (d + p) ** -0.5, causal, 1, 64, False)
+        return _fa.arg_types(args), dict(num_warps=8 if args["BLOCK_M"] >= 64 else 4, num_stages=3)
+    raise ValueError(f"part must be 'latent', 'merge' or 'persistent', got {part!r}")
 
 
-def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent):
-    """The portable Triton backend of :func:`mla_var6_plus` (inputs already validated)."""
+def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent,
+                          overlap: bool = True):
+    """The portable Triton backend of :func:`mla_var6_plus` (inputs already validated; ``out``,
+    ``out_latent`` may be None: allocated here). ``overlap`` is accepted for a uniform backend
+    signature; the portable launches are issued on one stream."""
     b, h, s, d = q.shape
     k, o_len, n_len = qc.shape[-1], z_old.shape[1], k_new.shape[1]
     dev = q.device
+    if out is None:
+        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
+    if out_latent is None:
+        out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b * h * s == 0:
         return out, out_latent, lse
@@ -426,11 +597,153 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
 backends.register("mla_var6_plus", "triton", _mla_var6_plus_triton)
 
 
+# ----------------------------------------------------------------------------------------------
+# Hopper (sm_90): the latent part on the Gluon absorbed kernel, the parts on two streams
+# ----------------------------------------------------------------------------------------------
+
+_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One long-lived side stream per device for the latent part (created once, so a CUDA graph
+    capture and its replays see the same stream)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int, n_len: int, causal: bool,
+                         config) -> bool:
+    """Whether the Hopper path takes the call: the Gluon kernel's limits (bf16/fp16, K a
+    multiple of 64 in [64, 512], P a multiple of 16 up to 256), no portable ``config`` asked
+    for, at least one old token, and a latent part the Gluon kernel can express:
+
+    * N = 0: the whole call is the absorbed kernel over T = O keys (its own causal rule);
+    * N >= S (or not causal): query i sees old key j iff j <= O + N - S + i, which holds for
+      every j < O — the latent part is *non-causal* over the O old keys (and the Gluon
+      kernel needs S <= O for that);
+    * 0 < N < S and causal: the mask reaches into the old keys with an offset the absorbed
+      kernel cannot express (its rule is j <= O - S + i); the portable path takes it.
+    """
+    if dtype not in (torch.bfloat16, torch.float16) or config is not None or o_len == 0:
+        return False
+    if k % 64 or not 64 <= k <= 512 or p % 16 or not 0 < p <= 256:
+        return False
+    if n_len == 0:
+        return True
+    return o_len >= s and (n_len >= s or not causal)
+
+
+def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
+                         out=None, out_latent=None, overlap: bool = True, streams=None,
+                         expanded_programs: int | None = None):
+    """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
+    ``out_latent`` may be None).
+
+    Where :func:`gluon_latent_applies` holds, the latent part runs on the Gluon absorbed kernel
+    (TMA + wgmma; ``flash_mla_gluon`` over the O old keys, non-causal) and the expanded part on
+    the expanded attention over the N newest keys (the public
+    :func:`mla_var3.kernel.expanded.flash_attention`, so the device's best expanded backend; its
+    output in the input dtype); :func:`merge_partials`' kernel merges them.
+    With ``overlap`` the two parts are issued on two streams (latent on a side stream, expanded
+    on the current one, or on ``streams = (latent_stream, expanded_stream)``), joined before
+    the merge, so the compute-bound and memory-bound parts may run at the same time. With
+    ``expanded_programs`` the expanded part is :func:`expanded_persistent` on that many programs,
+    issued *before* the latent part: it holds that many SMs and the latent part (one
+    shared-memory-filling program per SM) takes the others — an SM partition. Otherwise the
+    portable backend runs.
+
+    The Gluon kernel returns its latent partial in the input dtype (one extra rounding of
+    ``o_l`` before the merge, within the dtype's tolerance) and copies ``kpe[:, :O]`` (and a
+    non-contiguous ``z_old``) to contiguous TMA operands.
+    """
+    b, h, s, d = q.shape
+    k, p, o_len, n_len = qc.shape[-1], qpe.shape[-1], z_old.shape[1], k_new.shape[1]
+    if b * h * s == 0 or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
+        return _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
+                                     config=config, out=out, out_latent=out_latent)
+    from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
+
+    dev = q.device
+    kpe_old = kpe[:, :o_len]
+    if n_len == 0:                                   # the absorbed design itself
+        o_l, lse = flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
+        if out_latent is None:
+            out_latent = o_l
+        else:
+            out_latent.copy_(o_l)
+        out = torch.zeros((b, h, s, d), dtype=q.dtype, device=dev) if out is None else out.zero_()
+        return out, out_latent, lse
+    if out is None:
+        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
+    if out_latent is None:
+        out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+
+    def latent():
+        return flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
+
+    def expanded():
+        if expanded_programs:
+            return expanded_persistent(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal,
+                                       programs=expanded_programs)
+        if n_len >= s:      # the public launcher: whichever expanded backend is best on this device
+            return _fa.flash_attention(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal)
+        # N < S (not causal): L = N < S, which the public launcher refuses; the portable kernel takes it
+        o_e = torch.empty((b, h, s, d), dtype=torch.float32, device=dev)
+        lse_e = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+        _fa._launch(q, qpe, k_new, v_new, kpe[:, o_len:], o_e, lse_e, None, scale, causal,
+                    _fa.default_config(b, h, s, n_len, d, p))
+        return o_e, lse_e
+
+    if not overlap:
+        o_l, lse_l = latent()
+        o_e, lse_e = expanded()
+    else:
+        main = torch.cuda.current_stream(dev)
+        lat_stream, exp_stream = streams if streams is not None else (_side_stream(dev), main)
+        forked = [st for st in (lat_stream, exp_stream) if st != main]
+        for st in forked:                            # inputs written on main are ready
+            st.wait_stream(main)
+        if expanded_programs:                        # the persistent expanded part first: an SM partition
+            with torch.cuda.stream(exp_stream):
+                o_e, lse_e = expanded()
+            with torch.cuda.stream(lat_stream):
+                o_l, lse_l = latent()
+        else:
+            with torch.cuda.stream(lat_stream):      # compute-bound: issued first, fills the SMs
+                o_l, lse_l = latent()
+            with torch.cuda.stream(exp_stream):      # memory-bound: takes SMs as they come free
+                o_e, lse_e = expanded()
+        for st in forked:                            # join before the merge
+            main.wait_stream(st)
+        if not torch.cuda.is_current_stream_capturing():
+            for st, outs in ((lat_stream, (o_l, lse_l)), (exp_stream, (o_e, lse_e))):
+                if st != main:                       # allocated on a forked stream, read on main
+                    for x in outs:
+                        x.record_stream(main)
+    _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
+    return out, out_latent, lse
+
+
+def _hopper_available(device: torch.device) -> bool:
+    if not backends.is_hopper(device):
+        return False
+    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
+
+    return GLUON_AVAILABLE
+
+
+backends.register("mla_var6_plus", "gluon", mla_var6_plus_hopper, supports=_hopper_available, priority=10)
+
+
 def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,
                   k_new: torch.Tensor, v_new: torch.Tensor, *, scale: float, causal: bool = True,
                   config: MLAVar6PlusConfig | None = None, out: torch.Tensor | None = None,
-                  out_latent: torch.Tensor | None = None,
-                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  out_latent: torch.Tensor | None = None, backend: str = "auto",
+                  overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hybrid attention: latent over the O old tokens, expanded over the N newest, one softmax.
 
     Parameters
@@ -445,7 +758,9 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     causal : query i sees key j <= O + N - S + i
     config : launch config, default :func:`default_config`
     out, out_latent : optional output buffers [B,H,S,D] and [B,H,S,K] in q's dtype (any strides)
-    backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
+    backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`);
+        on sm_90 ``"auto"`` is ``"gluon"`` (:func:`mla_var6_plus_hopper`)
+    overlap : issue the two parts on two streams where the backend can (sm_90)
 
     All inputs share one dtype (bf16/fp16; float32 too under the interpreter) and device; any
     strides. Returns ``(o [B,H,S,D], o_latent [B,H,S,K], lse [B,H,S] float32)``, both outputs
@@ -472,14 +787,10 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     if min(d, p, k) == 0:
         raise ValueError(f"head dims must be positive, got D={d}, P={p}, K={k}")
     scale = check_scale(scale)
-    if out is None:
-        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
-    else:
+    if out is not None:
         bind_shape("out", out, "B H S D", dict(sizes), **same)
-    if out_latent is None:
-        out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
-    else:
+    if out_latent is not None:
         bind_shape("out_latent", out_latent, "B H S K", dict(sizes), **same)
     run = backends.select("mla_var6_plus", dev, backend)
     return run(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=bool(causal), config=config, out=out,
-               out_latent=out_latent)
+               out_latent=out_latent, overlap=bool(overlap))
