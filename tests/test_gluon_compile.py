@@ -94,18 +94,18 @@ def test_compiles_with_hgmma_and_no_spills(compiled, idx):
     assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
 
 
-def test_num_splits_fill_two_waves():
+def test_num_splits_fill_one_wave():
     choose = gluon_mod.choose_num_splits
     assert choose(64, 128, 4096, sms=132) == 1            # 128 programs: more than half a wave
     assert choose(16, 512, 4096, sms=132) == 1
-    assert choose(32, 128, 4096, sms=132) == 4            # 64 programs -> 256 (measured faster than 128)
-    assert choose(16, 128, 4096, sms=132) == 8            # 32 programs -> 256
+    assert choose(32, 128, 4096, sms=132) == 2            # 64 programs -> 128 (measured faster than 256)
+    assert choose(16, 128, 4096, sms=132) == 4            # 32 programs -> 128
     assert choose(1, 128, 4096, sms=132) == 16            # capped by >= 4 key blocks per range
     assert choose(1, 128, 32768, sms=132) == 64           # capped by max_splits
-    assert choose(32, 128, 4096, sms=132, waves=1) == 2
+    assert choose(32, 128, 4096, sms=132, waves=2) == 4
     for b, rows, t in [(3, 100, 700), (16, 512, 4096), (1, 16, 65)]:
         ns = choose(b, rows, t, sms=132)
-        assert ns >= 1 and (ns == 1 or b * -(-rows // 64) * ns <= 2 * 132)
+        assert ns >= 1 and (ns == 1 or b * -(-rows // 64) * ns <= 132)
 
 
 def test_launcher_rejects_cpu_and_bad_shapes():

@@ -285,19 +285,25 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, d: int = 128, p: int
 
 
 def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> FlashAttentionConfig:
-    """Analytic default.
+    """Analytic default, set from measurements on an H200 (``docs/kernels/flash-attention.md``).
 
     - s <= 64: one row block covers s queries (decode pads to 16); these points are bound by
-      the key/value stream and already run at the copy bandwidth (measured on an H200).
-    - s > 64 (compute-bound at h = 128): 64-row tiles on one warpgroup (4 warps), 64-key
-      blocks, 2 stages: 104 KiB of shared memory and ~182 registers, so two programs share an
-      SM and one's softmax overlaps the other's tensor-core work. A 128-row tile on 8 warps
-      keeps both warpgroups in lockstep (the cp.async pipeline synchronises the whole program
-      every key block), so softmax and MMA alternate instead of overlapping.
-    Split-KV when (b, h, row blocks) fill under one wave.
+      the key/value stream and already run at the copy bandwidth.
+    - 64 < s <= 128: 64-row tiles on 4 warps, 64-key blocks, 2 stages (two programs per SM):
+      3,778 us at b = 32, s = 128 against 4,197 us for 128-row tiles.
+    - s > 128: 128-row tiles on 8 warps, 64-key blocks, 3 stages in the unmasked loop and 1 in
+      the short masked (diagonal) loop, which frees the registers the third stage needs:
+      11,040 us at s = 512 and 20,653 us at s = 1024 (b = 32; 62-67 % of the 801 TFLOP/s matmul
+      rate) against 13,985 / 25,445 us for the 2-stage tile, and 6,108 us on causal prefill
+      s = t = 4096, b = 4.
+    Falls back to the 64-row tile when the deeper one does not fit in shared memory. Split-KV
+    when (b, h, row blocks) fill under one wave.
     """
-    block_m = min(64, max(16, next_pow2(s)))
     block_n = 64 if d + p <= 256 else 32
+    if s > 128 and smem_bytes(128, block_n, 3, d, p) <= SMEM_LIMIT:
+        programs = b * h * cdiv(s, 128)
+        return FlashAttentionConfig(128, block_n, 8, 3, _splits_for(programs, t, block_n, num_sms()), masked_stages=1)
+    block_m = min(64, max(16, next_pow2(s)))
     programs = b * h * cdiv(s, block_m)
     splits = _splits_for(programs, t, block_n, num_sms())
     return FlashAttentionConfig(block_m, block_n, 4, 2, splits)
