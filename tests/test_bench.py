@@ -120,7 +120,8 @@ def test_bench_interpret_tiny_grid(tmp_path, capsys):
     assert set(recs) == {"flash_mla", "torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official",
                          "flashinfer_mla"}
     assert recs["flash_mla"]["status"] == "ok" and recs["flash_mla"]["gpu"] is False
-    assert recs["flash_mla"]["config"] is not None and recs["flash_mla"]["flops"] > 0
+    assert recs["flash_mla"]["backend"] == "triton" and recs["flash_mla"]["flops"] > 0  # the default call: no config forced
+    assert recs["flash_mla"]["config"] is None and recs["flash_mla"]["extra"]["config_source"] == "default"
     assert recs["flashmla_official"]["status"] == "skipped"
     assert data["meta"]["ceilings"]["kind"] in ("measured", "datasheet")
     assert data["meta"]["environment"]["interpreter"] is True

@@ -126,8 +126,10 @@ def _free(device) -> None:
 def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, *, cache=None, tune: bool = False,
                 retune: bool = False, log: Callable[[str], None] | None = None, budget_s: float | None = 30.0):
     """(config, how) for one launcher and problem: the cached autotuned config when there is
-    one, else a fresh tuning (at most ``budget_s`` seconds) when ``tune``/``retune``, else the
-    launcher's analytic default."""
+    one, else a fresh tuning (at most ``budget_s`` seconds) when ``tune``/``retune``, else None:
+    the launcher's own default call, so the benchmark times exactly what a user's call runs,
+    backend selection included (a portable config passed explicitly would keep a design on its
+    portable kernel where a device-specific backend exists)."""
     from mla_var3.runtime import autotune as at
     from mla_var3.runtime.environment import device_name
 
@@ -146,7 +148,7 @@ def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, 
         res = at.autotune(name, cands, lambda cfg: (lambda: D.run(name, inputs, cfg)), key=key, cache=cache,
                           retune=retune, log=log, budget_s=budget_s)
         return res.config, "autotuned"
-    return D.default_config(name, dims, problem, dtype, device), "default"
+    return None, "default"
 
 
 class Runner:
@@ -177,6 +179,7 @@ class Runner:
 
             rec.config = config_to_dict(cfg) if cfg is not None else None
             rec.extra["config_source"] = how
+            rec.backend = D.backend_name(point.name, self.device, tuned=cfg is not None)
             inputs = D.design_inputs(point.name, self.spec.dims, point.problem, dtype=self.spec.dtype,
                                      device=self.device)
             return lambda: D.run(point.name, inputs, cfg)

@@ -193,6 +193,17 @@ def output_names(name: str) -> tuple[str, ...]:
             "mla_var6_plus": ("o", "o_latent", "lse")}.get(name, ("out",))
 
 
+def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
+    """The backend a default call of launcher ``name`` selects on ``device`` ("gluon" on sm_90
+    for the absorbed design, else "triton"); "triton" when a tuned portable config is passed."""
+    from mla_var3.kernel import backends
+
+    names = backends.available(name, device) if backends.backends(name) else []
+    if not names:
+        return None
+    return "triton" if tuned else names[0]
+
+
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
     """Run launcher ``name`` (with ``config`` when given) and name its outputs."""
     fn = launcher(name)
