@@ -17,14 +17,31 @@ from pathlib import Path
 
 from mla_var3.analysis.devices import get_device
 from mla_var3.analysis.regime import crossover_s
-from mla_var3.runtime.records import crossovers, load_results
+from mla_var3.runtime.records import Record, crossovers, load_results
 from mla_var3.shapes import MLADims
 
-DESIGNS = ("flash_mla", "mla_var6_plus", "flash_attention")
+DESIGNS = ("flash_mla", "flash_mla_gluon", "mla_var6_plus", "flash_attention")
 BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded")
-LABEL = {"flash_mla": "FlashMLA (ours)", "mla_var6_plus": "MLAvar6+ (ours)", "flash_attention": "FlashAttention (ours)",
+LABEL = {"flash_mla": "FlashMLA (ours, portable)", "mla_var6_plus": "MLAvar6+ (ours)", "flash_attention": "FlashAttention (ours)",
          "torch_eager_absorbed": "eager absorbed", "torch_sdpa_expanded": "SDPA expanded (cuDNN)"}
 ANCHORS = Path(__file__).with_name("anchors_h200.json")
+GLUON = "flash_mla_gluon"
+LABEL[GLUON] = "FlashMLA (ours, Gluon)"
+
+
+def _gluon_times(results_path: Path, t: int) -> tuple[dict[tuple[int, int], float], str]:
+    """(b, s) -> time of the Gluon absorbed kernel's default (pipelined) schedule, from the
+    ``gluon_flash_mla_check.json`` beside the results (same timing primitive, its own run)."""
+    path = results_path.with_name("gluon_flash_mla_check.json")
+    if not path.exists():
+        return {}, ""
+    data = json.loads(path.read_text())
+    times = {(r["b"], r["s"]): r["pipe_us"] for r in data.get("timings", [])
+             if r.get("t") == t and r.get("num_splits") is None and r.get("pipe_us")}
+    note = (f"The Gluon column comes from `{path.name}` ({data.get('date', '?')}, checks passed: "
+            f"{data.get('checks_passed_pipe', '?')}), timed with the same primitive in its own run; the grid "
+            "above it timed the portable absorbed kernel (the benchmark forced its portable config).")
+    return times, note
 
 
 def _us(x: float | None) -> str:
@@ -41,6 +58,21 @@ def _grid(records) -> dict[tuple[int, int], dict[str, object]]:
     return grid
 
 
+def _repeatability(results_path: Path, records) -> list[str]:
+    """How far the medians of a repeated run (``repeat-*.json`` beside the results) moved."""
+    lines = []
+    for path in sorted(results_path.parent.glob("repeat-*.json")):
+        _, again = load_results(path)
+        first = {(r.name, r.b, r.s, r.n): r.time_us for r in records if r.status == "ok" and r.time_us}
+        diffs = sorted(abs(r.time_us / first[key] - 1) * 100 for r in again
+                       if r.status == "ok" and r.time_us and (key := (r.name, r.b, r.s, r.n)) in first)
+        if diffs:
+            lines += ["## Repeatability", "",
+                      f"`{path.name}` re-ran {len(diffs)} of these points in a second run on the same GPU right after: medians "
+                      f"moved by {diffs[len(diffs) // 2]:.2f} % (median) and {diffs[-1]:.2f} % at most.", ""]
+    return lines
+
+
 def render(results_path: Path) -> str:
     meta, records = load_results(results_path)
     anchors = json.loads(ANCHORS.read_text())
@@ -49,6 +81,10 @@ def render(results_path: Path) -> str:
     t = meta["spec"]["t"]
     ceil = meta["ceilings"]
     grid = _grid(records)
+    gluon, gluon_note = _gluon_times(results_path, t)
+    for (b, s), us in gluon.items():
+        if (b, s) in grid:
+            grid[(b, s)][GLUON] = Record(name=GLUON, kind="design", model=dims.name, b=b, s=s, t=t, time_us=us)
     lines = [
         "# The regime guide, measured",
         "",
@@ -61,6 +97,8 @@ def render(results_path: Path) -> str:
         "",
     ]
     flashmla = anchors["flash_mla_us"].get(str(t), {})
+    if gluon_note:
+        lines += [gluon_note, ""]
     for b in sorted({b for b, _ in grid}):
         names = [n for n in (*DESIGNS, *BASELINES) if any(n in grid[(b, s)] for bb, s in grid if bb == b)]
         lines += [f"## b = {b}", "",
@@ -88,12 +126,19 @@ def render(results_path: Path) -> str:
 
     device = get_device(meta["device_key"])
     measured_x = crossovers(records, "flash_mla", "flash_attention")
+    gluon_records = [row[GLUON] for row in grid.values() if GLUON in row]
+    gluon_x = crossovers(records + gluon_records, GLUON, "flash_attention") if gluon_records else {}
+
+    def where(s_x):
+        return "–" if s_x is None else f"s ≈ {s_x:.1f}"
+
     lines += ["## Crossover: where FlashAttention overtakes FlashMLA", "",
-              "| b | measured (our kernels) | model (shared-RoPE-key bytes), measured ceilings | same, datasheet ceilings |", "|---|---|---|---|"]
+              "| b | measured, portable absorbed kernel | measured, Gluon absorbed kernel | model (shared-RoPE-key bytes), "
+              "measured ceilings | same, datasheet ceilings |", "|---|---|---|---|---|"]
     for b, s_x in sorted(measured_x.items()):
         m_meas = crossover_s(dims, b, t, device, ceilings="measured", fast="flash_attention_shared_kpe")
         m_data = crossover_s(dims, b, t, device, ceilings="datasheet", fast="flash_attention_shared_kpe")
-        lines.append(f"| {b} | {'never in the grid' if s_x is None else f's ≈ {s_x:.1f}'} | s = {m_meas} | s = {m_data} |")
+        lines.append(f"| {b} | {where(s_x)} | {where(gluon_x.get(b))} | s = {m_meas} | s = {m_data} |")
     lines += ["", "The measured crossover depends on how close each kernel is to its ceiling: with an absorbed "
               "kernel slower than FlashMLA it comes earlier than the model's.", ""]
 
@@ -111,6 +156,7 @@ def render(results_path: Path) -> str:
         lines += ["Swept n: " + ", ".join(str(r.n) for r in sorted((r for r in sweep if r.b == min(r.b for r in sweep)),
                                                                    key=lambda r: r.n)), ""]
 
+    lines += _repeatability(results_path, records)
     seed = anchors["seed_rtx5090_us"]
     lines += ["## History: the seed's table (RTX 5090, b = 32, t = 4096)", "", seed["_source"][0].upper() + seed["_source"][1:] + ".", "",
               "| s | FlashMLA | FlashAttention | MLAvar6+ (best) |", "|---|---|---|---|"]
