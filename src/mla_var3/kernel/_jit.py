@@ -62,3 +62,19 @@ def to_storage(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         x = bits.to(tl.float32, bitcast=True)
     return x.to(dtype)
+
+
+@triton.jit
+def split_key_range(hi, n_full, pid_split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's keys for split-KV: ``[lo, hi)`` of the keys ``[0, hi)`` some row sees,
+    cut into ``NUM_SPLITS`` ranges of whole ``BLOCK_N`` blocks; ``n_full`` (keys every row
+    sees) rounded down to a block, so blocks below it need no mask. Returns (lo, hi, n_full)."""
+    hi = tl.maximum(hi, 0)
+    n_full = (tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tl.cdiv(hi, BLOCK_N), NUM_SPLITS) * BLOCK_N
+        lo = pid_split * per_split
+        hi = tl.minimum(hi, lo + per_split)
+    else:
+        lo = 0
+    return lo, hi, n_full

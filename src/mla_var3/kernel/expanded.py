@@ -39,7 +39,7 @@ from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
     allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
 )
-from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, to_storage
+from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
 
 __all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention"]
@@ -186,14 +186,7 @@ def _flash_attention_kernel(
     else:
         hi = L
         n_full = L
-    hi = tl.maximum(hi, 0)
-    n_full = (tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N
-    if NUM_SPLITS > 1:
-        per_split = tl.cdiv(tl.cdiv(hi, BLOCK_N), NUM_SPLITS) * BLOCK_N
-        lo = pid_x * per_split
-        hi = tl.minimum(hi, lo + per_split)
-    else:
-        lo = 0
+    lo, hi, n_full = split_key_range(hi, n_full, pid_x, NUM_SPLITS, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -58,7 +58,7 @@ from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
     allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2, num_sms,
 )
-from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, to_storage
+from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
 from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
 
@@ -157,13 +157,7 @@ def _latent_part_kernel(
     else:
         hi = O
         n_full = O
-    n_full = (n_full // BLOCK_N) * BLOCK_N
-    if NUM_SPLITS > 1:
-        per_split = tl.cdiv(tl.cdiv(hi, BLOCK_N), NUM_SPLITS) * BLOCK_N
-        lo = pid_x * per_split
-        hi = tl.minimum(hi, lo + per_split)
-    else:
-        lo = 0
+    lo, hi, n_full = split_key_range(hi, n_full, pid_x, NUM_SPLITS, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
