@@ -4,12 +4,12 @@
    instead of failing): small shapes, both schedules, split and unsplit, a ragged batch with
    NaN past the lengths. If it fails or hangs, the Gluon rows are skipped and the portable
    kernel is still timed.
-2. Correctness of both schedules (``pipeline=False``: sequential; ``pipeline=True``: the next
-   block's score MMA issued behind this block's P.Z) on 21 shapes, plus ragged batches whose
+2. Correctness of each schedule (``seq``: sequential; ``pipe``: the next block's score MMA issued
+   behind this block's P.Z; ``see``: the warp-specialised seesaw kernel) on 26 shapes, plus ragged batches whose
    keys past ``seqlens[b]`` hold NaN (``zero_tail``), against the fp32 reference
    ``mla_var3.reference.flash_mla`` (relative Frobenius error of ``o_latent`` and ``lse``).
 3. Timing with ``mla_var3.runtime.timing.time_fn`` (CUDA-graph replays, L2 flushed before each):
-   both schedules, the portable kernel, TFLOP/s with FLOPs = 2 b h s t (2 K + P), and FlashMLA's
+   each schedule, the portable kernel, TFLOP/s with FLOPs = 2 b h s t (2 K + P), and FlashMLA's
    time / ours from the anchors measured on an H200. A variant is timed only if it passed.
 
 Every variant is guarded: a failure prints its error and the script goes on. The record is
@@ -35,7 +35,7 @@ import traceback
 import torch
 
 H, K, P = 128, 512, 64
-SCHEDULES = {"seq": False, "pipe": True}   # name -> pipeline flag of flash_mla_gluon
+SCHEDULES = {"seq": "sequential", "pipe": "pipelined", "see": "seesaw"}   # name -> flash_mla_gluon(schedule=)
 
 #: official FlashMLA on an H200, bf16, h = 128, k = 512, p = 64 (microseconds), keyed (b, s, t).
 FLASHMLA_US = {
@@ -63,6 +63,9 @@ CHECK_SHAPES = [
     (4, H, 1, 1000, True, 3),              # forced split with lengths: some ranges empty
     (2, H, 2, 777, False, 5),              # forced split, ragged last block
     (32, H, 1, 4096, False, 1), (32, H, 1, 4096, False, 4),
+    # odd and tiny key-block counts (the seesaw pairs blocks): 1, 3, 13 / 5 splits of 3, 63
+    (3, H, 1, 129, False, None), (2, H, 8, 8, False, None), (2, H, 2, 4032, False, None),
+    (1, H, 32, 4096, False, None), (2, H, 4, 1000, False, 7),
 ]
 # ragged batches with NaN stored in z and kpe past seqlens[b] (the zero_tail path)
 NAN_TAIL_SHAPES = [(4, H, 4, 300, True, None), (6, H, 1, 1000, True, 3), (3, H, 2, 4096, True, None)]
@@ -124,7 +127,7 @@ def _kernel(dry: bool):
         return flash_mla_gluon
     from mla_var3.kernel.absorbed import flash_mla
 
-    def stand_in(qc, qpe, z, kpe, *, scale, causal=True, seqlens=None, num_splits=None, pipeline=None,
+    def stand_in(qc, qpe, z, kpe, *, scale, causal=True, seqlens=None, num_splits=None, schedule=None,
                  zero_tail=None):
         return flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens)
     return stand_in
@@ -146,7 +149,7 @@ def run_check(shape, scale, tol, *, schedule="seq", nan_tail=False, dry=False):
         kpe = kpe.masked_fill(~keep[..., None], float("nan"))
     _poison_allocator()
     o, lse = _kernel(dry)(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=lens, num_splits=ns,
-                          pipeline=SCHEDULES[schedule])
+                          schedule=SCHEDULES[schedule])
     if not dry:
         torch.cuda.synchronize()
     e_o, e_l = _rel(o, o_ref), _rel(lse, lse_ref)
@@ -176,7 +179,7 @@ def run_time(shape, scale, schedules, *, portable: bool, budget_s: float, dry=Fa
     for name in schedules:
         try:
             fn = lambda: kern(qc, qpe, z, kpe, scale=scale, causal=causal, num_splits=ns,  # noqa: E731
-                              pipeline=SCHEDULES[name])
+                              schedule=SCHEDULES[name])
             row[f"{name}_us"] = bench(fn, budget_s)
         except Exception as exc:  # keep going: record and print
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:400]
@@ -217,7 +220,8 @@ def smoke_child(schedule: str) -> int:
     scale = _scale()
     failed = 0
     for shape, nan_tail in [((1, H, 2, 200, False, None), False), ((1, H, 1, 200, False, 2), False),
-                            ((2, 20, 3, 131, True, None), True), ((32, H, 1, 4096, False, None), False)]:
+                            ((2, 20, 3, 131, True, None), True), ((3, H, 1, 129, False, None), False),
+                            ((32, H, 1, 4096, False, None), False)]:
         try:
             r = run_check(shape, scale, 1e-2, schedule=schedule, nan_tail=nan_tail)
             print("smoke", {k: r[k] for k in ("b", "s", "t", "num_splits", "nan_tail", "err_o", "err_lse", "ok")},
@@ -241,8 +245,16 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU plumbing check with the portable kernel")
     ap.add_argument("--smoke-timeout", type=float, default=None, help="seconds per schedule (60; 40 with --quick)")
     ap.add_argument("--no-time", action="store_true", help="correctness only")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma list from {tuple(SCHEDULES)}")
     ap.add_argument("--smoke-child", choices=tuple(SCHEDULES), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    chosen = [n for n in args.schedules.split(",") if n]
+    bad = [n for n in chosen if n not in SCHEDULES]
+    if bad:
+        ap.error(f"unknown schedules {bad}; choose from {tuple(SCHEDULES)}")
+    for name in tuple(SCHEDULES):
+        if name not in chosen:
+            del SCHEDULES[name]
     if args.smoke_child:
         return smoke_child(args.smoke_child)
     dry = args.dry_run
@@ -265,7 +277,7 @@ def main() -> int:
                   checks=[], timings=[])
     try:
         from mla_var3.kernel.hopper import absorbed_gluon as ag
-        record["defaults"] = dict(pipeline=ag.PIPELINE_DEFAULT, zero_tail=ag.ZERO_TAIL_DEFAULT)
+        record["defaults"] = dict(schedule=ag.DEFAULT_SCHEDULE, zero_tail=ag.ZERO_TAIL_DEFAULT)
     except Exception as exc:
         record["defaults"] = f"{type(exc).__name__}: {exc}"
     try:

@@ -70,17 +70,20 @@ except Exception as exc:  # pragma: no cover - depends on the installed triton
     GLUON_AVAILABLE = False
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "PIPELINE_DEFAULT", "ZERO_TAIL_DEFAULT",
-           "choose_num_splits",
-           "compile_for_sm90", "flash_mla_gluon"]
+__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "SCHEDULES", "DEFAULT_SCHEDULE",
+           "ZERO_TAIL_DEFAULT", "choose_num_splits", "compile_for_sm90", "flash_mla_gluon"]
 
 BLOCK_M = 64          # rows (head x token) per program: one wgmma M tile
 BLOCK_N = 64          # keys per block
 NUM_STAGES = 2        # key-block ring depth
 NUM_WARPS = 8         # two warpgroups
 ZERO_TAIL_DEFAULT = True  # with seqlens: zero keys past seqlens[b] in the last block (NaN-robust)
-PIPELINE_DEFAULT = True  # issue the next block's score MMA behind this block's P.Z (see the module docstring);
-# measured on an H200: 24/24 checks pass, 5-8 % faster than the sequential schedule (0.69-0.74x FlashMLA)
+#: "sequential" and "pipelined" are this module's kernel (``PIPELINE`` constexpr); "seesaw" is the
+#: warp-specialised kernel of :mod:`mla_var3.kernel.hopper.absorbed_seesaw` (no ``seqlens``: those
+#: calls run the pipelined schedule). Measured on an H200: pipelined 5-8 % faster than sequential
+#: (0.69-0.74x FlashMLA).
+SCHEDULES = ("sequential", "pipelined", "seesaw")
+DEFAULT_SCHEDULE = "pipelined"
 _SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
 _LOG2E = 1.4426950408889634
 
@@ -380,7 +383,7 @@ def _validate(qc, qpe, z, kpe, seqlens):
 
 def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
                     causal: bool = True, seqlens: torch.Tensor | None = None,
-                    num_splits: int | None = None, pipeline: bool | None = None,
+                    num_splits: int | None = None, schedule: str | None = None,
                     zero_tail: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a dense latent cache, Gluon kernel for Hopper.
 
@@ -394,8 +397,10 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     causal : bool                 query i of S sees keys j <= L - S + i (L = T or seqlens[b])
     seqlens : [B] int, optional   valid keys per sequence, S <= seqlens[b] <= T
     num_splits : int, optional    split-KV count (default: :func:`choose_num_splits`)
-    pipeline : bool, optional     schedule: True issues block j+1's score MMA behind block j's
-                                  P.Z; False the sequential one (default: ``PIPELINE_DEFAULT``)
+    schedule : str, optional      one of ``SCHEDULES`` (default ``DEFAULT_SCHEDULE``): "sequential";
+                                  "pipelined" issues block j+1's score MMA behind block j's P.Z;
+                                  "seesaw" the warp-specialised kernel (where it applies; the
+                                  pipelined one otherwise)
     zero_tail : bool, optional    with seqlens: zero the keys L.. of each sequence's last, partial
                                   key block in shared memory, so non-finite values stored past
                                   seqlens[b] cannot reach the output (default: ``ZERO_TAIL_DEFAULT``)
@@ -406,9 +411,17 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     """
     if not GLUON_AVAILABLE:
         raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     sizes, seqlens = _validate(qc, qpe, z, kpe, seqlens)
     scale = check_scale(scale)
     b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
+    if schedule == "seesaw":
+        from mla_var3.kernel.hopper.absorbed_seesaw import flash_mla_seesaw, seesaw_applies
+        if seesaw_applies(k, p, seqlens):
+            return flash_mla_seesaw(qc, qpe, z, kpe, scale=scale, causal=causal, num_splits=num_splits)
+        schedule = "pipelined"
     hs = h * s
     dev = qc.device
     o_latent = torch.empty((b, h, s, k), dtype=qc.dtype, device=dev)
@@ -443,7 +456,7 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
         *descs, o_desc, lse_buf, seq_arg,
         hs, s, t, scale * _LOG2E, per_split, *l_strides,
         K=k, P=p, CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, SPLIT=split,
-        PIPELINE=PIPELINE_DEFAULT if pipeline is None else bool(pipeline),
+        PIPELINE=schedule == "pipelined",
         ZERO_TAIL=seqlens is not None and (ZERO_TAIL_DEFAULT if zero_tail is None else bool(zero_tail)),
         num_warps=NUM_WARPS,
     )
@@ -453,7 +466,7 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True,
-                     has_seqlens: bool = False, split: bool = False, pipeline: bool | None = None,
+                     has_seqlens: bool = False, split: bool = False, pipeline: bool = True,
                      zero_tail: bool | None = None, capability: int = 90):
     """Compile the kernel for an sm_90 target without a GPU; returns Triton's CompiledKernel
     (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata.shared``, ``.n_regs`` after loading).
@@ -479,7 +492,6 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "HAS_SEQLENS": "constexpr", "SPLIT": "constexpr",
         "PIPELINE": "constexpr", "ZERO_TAIL": "constexpr",
     }
-    pipeline = PIPELINE_DEFAULT if pipeline is None else bool(pipeline)
     zero_tail = has_seqlens if zero_tail is None else bool(zero_tail) and has_seqlens
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "HAS_SEQLENS": has_seqlens, "SPLIT": split, "PIPELINE": pipeline,
                   "ZERO_TAIL": zero_tail}
