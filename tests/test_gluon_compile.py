@@ -117,3 +117,47 @@ def test_launcher_rejects_cpu_and_bad_shapes():
         gluon_mod.flash_mla_gluon(qc, qpe, z, kpe, scale=0.1)
     with pytest.raises(ValueError, match="qc must be"):
         gluon_mod.flash_mla_gluon(qc[0], qpe, z, kpe, scale=0.1)
+
+
+_SEESAW_SCRIPT = r"""
+import json, sys
+from mla_var3.kernel.hopper.absorbed_seesaw import compile_for_sm90
+out = sys.argv[1]
+res = []
+for i, v in enumerate(json.loads(sys.argv[2])):
+    c = compile_for_sm90(k=512, p=64, **v)
+    path = f"{out}/s{i}.cubin"
+    open(path, "wb").write(c.asm["cubin"])
+    res.append(dict(variant=v, cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"]))
+print(json.dumps(res))
+"""
+SEESAW_VARIANTS = [dict(dtype="bf16", causal=True, split=False), dict(dtype="fp16", causal=False, split=True)]
+#: measured with triton 3.6: the default partition (WG0) keeps ~17 scalars (TMA addresses) on
+#: the stack (48 B frame, 68 B of STL, L1-resident); a larger frame means the register budget
+#: changed.
+SEESAW_STACK_LIMIT = 128
+
+
+@pytest.mark.parametrize("idx", range(len(SEESAW_VARIANTS)),
+                         ids=["-".join(f"{k}={v}" for k, v in v.items()) for v in SEESAW_VARIANTS])
+def test_seesaw_compiles_warp_specialised(tmp_path, idx):
+    if not _CUOBJDUMP.exists():
+        pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([SEESAW_VARIANTS[idx]])],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
+    r = json.loads(proc.stdout.strip().splitlines()[-1])[0]
+    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
+                           check=True).stdout
+    hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
+    counts = {shape: hgmma.count(shape) for shape in set(hgmma)}
+    # each warpgroup: full 64 x 64 score tiles over K + P = 576 (36 x k16) and two 64 x 256 P.Z
+    # products over 64 keys (2 x 4 x k16): the seesaw's split of the work, in two partitions
+    assert counts == {"64x64x16": 2 * (512 + 64) // 16, "64x256x16": 2 * 2 * 64 // 16}, counts
+    # warp specialisation: the worker gives registers back, the default partition takes them
+    assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
+    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+    assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT, f"spills: {mem} B per thread"
+    assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]

@@ -20,20 +20,20 @@ Design
      over X's RoPE columns, which the scores no longer need) and ``mA``; then
      ``O_L = O_L * exp2(m - mA) + p0 . X_L``.
   2. WG1 (waits for ``mA``): ``mB = max(mA, rowmax S1)``, ``p1 = exp2(S1 - mB)``; publishes
-     ``p1`` (over Y's RoPE columns) and ``mB``; ``O_R = O_R * exp2(m - mB) + p1 . Y_R +
-     (p0 * exp2(mA - mB)) . X_R`` (``p0`` read back from shared memory into registers and
-     rescaled there). WG1 keeps the row sum ``l`` (of the rounded ``p`` the MMAs use).
+     ``p1`` (over Y's RoPE columns) and ``mB``; ``O_R = O_R * exp2(m - mB) +
+     (p0 * exp2(mA - mB)) . X_R + p1 . Y_R`` (``p0`` read back from shared memory into registers
+     and rescaled there; its product issued first, so that X — WG0's next block — is released
+     first). WG1 keeps the row sum ``l`` (of the rounded ``p`` the MMAs use).
   3. WG0 (waits for ``mB``): ``O_L = O_L * exp2(mA - mB) + p1 . Y_L`` (``p1`` straight from
      shared memory as the wgmma A operand). Both set ``m = mB``.
 
   WG1's step 2 runs while WG0's ``p0 . X_L`` runs on the tensor cores, and WG0's next softmax
   while WG1's two ``P . Z_R`` run: the seesaw.
 * **Piecewise refill.** Each buffer is loaded by TMA in ``K / 64 + 1`` pieces of 64 columns,
-  each with its own mbarrier; the score MMA consumes the pieces in order as they land. A piece
-  is refilled by the warpgroup that used it last, as soon as its last MMA has retired: X_L by
-  WG0 after ``p0 . X_L``, Y_R by WG1 after ``p1 . Y_R`` (early), X_R and X's RoPE piece by WG1
-  after ``p0 . X_R``, Y_L and Y's RoPE piece by WG0 after ``p1 . Y_L``. WG0 consumes its pieces
-  left-first and WG1 right-first, so the early refills are the first pieces needed.
+  each with its own mbarrier; the score MMA consumes the pieces in column order as they land
+  (the RoPE piece last). A piece is refilled by the warpgroup that used it last, as soon as its
+  last MMA has retired: X_L by WG0 after ``p0 . X_L``, X_R and X's RoPE piece by WG1 after
+  ``p0 . X_R``, Y_L and Y's RoPE piece by WG0 after ``p1 . Y_L``, Y_R by WG1 after ``p1 . Y_R``.
 * **Exchange** between the warpgroups: three mbarriers (``mA``/``p0`` ready, ``mB``/``p1`` ready,
   the final ``l``) and three 64-float rows in shared memory. Each warpgroup writes, fences,
   synchronises its own 128 threads, and one thread arrives.
@@ -94,15 +94,14 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
-                FIRST: gl.constexpr, NZ: gl.constexpr):
+                NZ: gl.constexpr):
         """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), issuing each piece's MMA as
-        soon as the piece has landed; pieces from ``FIRST`` (cyclically), the RoPE piece last."""
+        soon as the piece has landed: Z pieces in column order, the RoPE piece last."""
         tok = s_zero
-        for c0 in gl.static_range(NZ):
-            mbarrier.wait(ready.index(buf * (NZ + 1) + (c0 + FIRST) % NZ), phase, pred=wait_pred)
-            tok = warpgroup_mma(q_tile.slice(((c0 + FIRST) % NZ) * 64, 64, dim=1),
-                                z_tile.slice(((c0 + FIRST) % NZ) * 64, 64, dim=1).permute((1, 0)),
-                                tok, use_acc=c0 > 0, is_async=True)
+        for c in gl.static_range(NZ):
+            mbarrier.wait(ready.index(buf * (NZ + 1) + c), phase, pred=wait_pred)
+            tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
+                                tok, use_acc=c > 0, is_async=True)
         mbarrier.wait(ready.index(buf * (NZ + 1) + NZ), phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
@@ -171,8 +170,7 @@ if GLUON_AVAILABLE:
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero,
-                          ROLE * (NZ // 2), NZ)
+            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
             keys = (blk_lo + j) * BN + cols
             visible = (keys[None, :] <= limit[:, None]) & has_own
             sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
@@ -217,16 +215,17 @@ if GLUON_AVAILABLE:
                 l_o = (l_o * alpha + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
                        + gl.convert_layout(gl.sum(p0.to(gl.float32), axis=1), o_rows))
                 acc = acc * alpha[:, None]
-                tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), acc, is_async=True)
-                tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), tok, is_async=True)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p_op))
-                # Y_R is free: block 2i + 3
-                _load_pieces(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
-                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, NZ // 2, NZ, False, NZ)
-                acc, p0 = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p0))
+                # p0 . X_R first: X (WG0's next block, on the critical path) is released before Y
+                tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
+                tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
+                acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
                 # X_R and X's RoPE piece (p0) are free: block 2i + 2
                 _load_pieces(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
                              (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, NZ // 2, NZ, True, NZ)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
+                # Y_R is free: block 2i + 3
+                _load_pieces(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
+                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, NZ // 2, NZ, False, NZ)
                 m_i = m_b
 
         # ---- epilogue
