@@ -78,31 +78,32 @@ _WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 240  # registers reques
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _load_pieces(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, b, key0, pred,
-                     C0: gl.constexpr, C1: gl.constexpr, ROPE: gl.constexpr, NZ: gl.constexpr):
-        """TMA: Z columns ``[C0, C1) * 64`` (and the RoPE piece if ``ROPE``) of the key block at
-        ``key0`` into buffer ``buf``; piece ``c`` signals ``ready[buf * (NZ + 1) + c]``."""
-        piece_bytes: gl.constexpr = z_desc.block_type.nbytes
-        for c in gl.static_range(C0, C1):
-            bar = ready.index(buf * (NZ + 1) + c)
-            mbarrier.expect(bar, piece_bytes, pred=pred)
+    def _load_half(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, b, key0, pred,
+                   HALF: gl.constexpr, ROPE: gl.constexpr, NZ: gl.constexpr):
+        """TMA: half ``HALF`` (0: Z columns ``0 .. K/2``, 1: ``K/2 .. K``) of the key block at ``key0``
+        into buffer ``buf``, as ``NZ / 2`` boxes of 64 columns signalling ``ready[buf * 3 + HALF]``;
+        with ``ROPE`` also its RoPE piece (``ready[buf * 3 + 2]``)."""
+        bar = ready.index(buf * 3 + HALF)
+        mbarrier.expect(bar, (NZ // 2) * z_desc.block_type.nbytes, pred=pred)
+        for c in gl.static_range(HALF * (NZ // 2), (HALF + 1) * (NZ // 2)):
             tma.async_copy_global_to_shared(z_desc, [b, key0, c * 64], bar, z_buf.slice(c * 64, 64, dim=2), pred=pred)
         if ROPE:
-            bar_r = ready.index(buf * (NZ + 1) + NZ)
+            bar_r = ready.index(buf * 3 + 2)
             mbarrier.expect(bar_r, kr_desc.block_type.nbytes, pred=pred)
             tma.async_copy_global_to_shared(kr_desc, [b, key0, 0], bar_r, kr_buf, pred=pred)
 
     @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
                 NZ: gl.constexpr):
-        """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), issuing each piece's MMA as
-        soon as the piece has landed: Z pieces in column order, the RoPE piece last."""
+        """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), one wgmma group per 64
+        columns; each half of Z (and the RoPE piece) is waited for just before its first group."""
         tok = s_zero
         for c in gl.static_range(NZ):
-            mbarrier.wait(ready.index(buf * (NZ + 1) + c), phase, pred=wait_pred)
+            if c % (NZ // 2) == 0:
+                mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
             tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
                                 tok, use_acc=c > 0, is_async=True)
-        mbarrier.wait(ready.index(buf * (NZ + 1) + NZ), phase, pred=wait_pred)
+        mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
@@ -172,8 +173,11 @@ if GLUON_AVAILABLE:
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
             raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
             keys = (blk_lo + j) * BN + cols
-            visible = (keys[None, :] <= limit[:, None]) & has_own
-            sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
+            if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
+                sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
+            else:
+                visible = (keys[None, :] <= limit[:, None]) & has_own
+                sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
             if ROLE == 0:
                 m_a = gl.maximum(m_i, gl.max(sc, axis=1))
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
@@ -187,8 +191,8 @@ if GLUON_AVAILABLE:
                 m_b = xrow.index(1).load(s_rows)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # X_L is free: its pieces of block 2i + 2
-                _load_pieces(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
-                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 0, NZ // 2, False, NZ)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
+                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
                 acc = acc * beta[:, None]
@@ -196,8 +200,8 @@ if GLUON_AVAILABLE:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                     # Y_L and Y's RoPE piece (p1) are free: block 2i + 3
-                    _load_pieces(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
-                                 (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 0, NZ // 2, True, NZ)
+                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
+                                 (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
@@ -220,12 +224,12 @@ if GLUON_AVAILABLE:
                 tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
                 acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
                 # X_R and X's RoPE piece (p0) are free: block 2i + 2
-                _load_pieces(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
-                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, NZ // 2, NZ, True, NZ)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
+                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 1, True, NZ)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # Y_R is free: block 2i + 3
-                _load_pieces(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
-                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, NZ // 2, NZ, False, NZ)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
+                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
 
         # ---- epilogue
@@ -299,12 +303,12 @@ if GLUON_AVAILABLE:
         qr_smem = gl.allocate_shared_memory(dtype, [1, BM, P], qr_desc.layout)
         z_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, K], zl)
         kr_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, P], kr_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [2 * (NZ + 1), 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
-        for i0 in gl.static_range(2 * (NZ + 1)):
+        for i0 in gl.static_range(6):
             mbarrier.init(ready.index(i0), count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
@@ -315,11 +319,11 @@ if GLUON_AVAILABLE:
             tma.async_copy_global_to_shared(q_desc, [pid_b, row0, c * 64], q_bar, q_smem.slice(c * 64, 64, dim=2))
         tma.async_copy_global_to_shared(qr_desc, [pid_b, row0, 0], q_bar, qr_smem)
         has0 = n_iter > 0
-        _load_pieces(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0,
-                     0, NZ, True, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 1, True, NZ)
         key_y = (blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))) * BN
-        _load_pieces(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0,
-                     0, NZ, True, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 1, True, NZ)
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
                     pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
