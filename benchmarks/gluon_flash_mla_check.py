@@ -245,6 +245,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU plumbing check with the portable kernel")
     ap.add_argument("--smoke-timeout", type=float, default=None, help="seconds per schedule (60; 40 with --quick)")
     ap.add_argument("--no-time", action="store_true", help="correctness only")
+    ap.add_argument("--no-portable", action="store_true", help="do not time the portable kernel")
     ap.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma list from {tuple(SCHEDULES)}")
     ap.add_argument("--smoke-child", choices=tuple(SCHEDULES), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -336,7 +337,7 @@ def main() -> int:
         elif args.quick:
             shapes, budget, portable = MAIN_SHAPES, 0.15, False
         else:
-            shapes, budget, portable = MAIN_SHAPES + SMALL_SHAPES + SPLIT_SHAPES, 0.25, True
+            shapes, budget, portable = MAIN_SHAPES + SMALL_SHAPES + SPLIT_SHAPES, 0.25, not args.no_portable
         print("\n== timing (time_fn: CUDA-graph replays, L2 flushed; median us; FLOPs = 2 b h s t (2K + P))",
               flush=True)
         head = " ".join(f"{n + ' us':>9} {'xFMLA':>6}" for n in (*SCHEDULES, "portable"))

@@ -81,12 +81,13 @@ if GLUON_AVAILABLE:
     def _load_half(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, b, key0, pred,
                    HALF: gl.constexpr, ROPE: gl.constexpr, NZ: gl.constexpr):
         """TMA: half ``HALF`` (0: Z columns ``0 .. K/2``, 1: ``K/2 .. K``) of the key block at ``key0``
-        into buffer ``buf``, as ``NZ / 2`` boxes of 64 columns signalling ``ready[buf * 3 + HALF]``;
-        with ``ROPE`` also its RoPE piece (``ready[buf * 3 + 2]``)."""
+        into buffer ``buf`` (one box of K/2 columns) signalling ``ready[buf * 3 + HALF]``; with
+        ``ROPE`` also its RoPE piece (``ready[buf * 3 + 2]``)."""
+        KH: gl.constexpr = NZ * 32
         bar = ready.index(buf * 3 + HALF)
-        mbarrier.expect(bar, (NZ // 2) * z_desc.block_type.nbytes, pred=pred)
-        for c in gl.static_range(HALF * (NZ // 2), (HALF + 1) * (NZ // 2)):
-            tma.async_copy_global_to_shared(z_desc, [b, key0, c * 64], bar, z_buf.slice(c * 64, 64, dim=2), pred=pred)
+        mbarrier.expect(bar, z_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(z_desc, [b, key0, HALF * KH], bar, z_buf.slice(HALF * KH, KH, dim=2),
+                                        pred=pred)
         if ROPE:
             bar_r = ready.index(buf * 3 + 2)
             mbarrier.expect(bar_r, kr_desc.block_type.nbytes, pred=pred)
@@ -314,9 +315,10 @@ if GLUON_AVAILABLE:
             mbarrier.init(xbar.index(i1), count=1)
 
         # Q, then block 0 into X and block 1 (block 0 again when there is no block 1) into Y
-        mbarrier.expect(q_bar, NZ * z_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        for c in gl.static_range(NZ):
-            tma.async_copy_global_to_shared(q_desc, [pid_b, row0, c * 64], q_bar, q_smem.slice(c * 64, 64, dim=2))
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(q_desc, [pid_b, row0, c * (K // 2)], q_bar,
+                                            q_smem.slice(c * (K // 2), K // 2, dim=2))
         tma.async_copy_global_to_shared(qr_desc, [pid_b, row0, 0], q_bar, qr_smem)
         has0 = n_iter > 0
         _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 0, False, NZ)
@@ -383,8 +385,8 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
     q3 = _base._tma_operand(qc).view(b, hs, k)
     qr3 = _base._tma_operand(qpe).view(b, hs, p)
     z3, kr3 = _base._tma_operand(z), _base._tma_operand(kpe)
-    descs = (_base._descriptor(q3, [1, BLOCK_M, PIECE]), _base._descriptor(qr3, [1, BLOCK_M, p]),
-             _base._descriptor(z3, [1, BLOCK_N, PIECE]), _base._descriptor(kr3, [1, BLOCK_N, p]))
+    descs = (_base._descriptor(q3, [1, BLOCK_M, k // 2]), _base._descriptor(qr3, [1, BLOCK_M, p]),
+             _base._descriptor(z3, [1, BLOCK_N, k // 2]), _base._descriptor(kr3, [1, BLOCK_N, p]))
     split = num_splits > 1
     if split:
         o_buf = torch.empty((b, hs, num_splits, k), dtype=torch.float32, device=dev)
@@ -420,7 +422,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         return f"tensordesc<{ty}[1,{rows},{cols}],{layout!r}>"
 
     signature = {
-        "q_desc": desc(PIECE, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(PIECE, BLOCK_N),
+        "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
         "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M, "fp32" if split else dtype),
         "lse_ptr": "*fp32", "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "blocks_per_split": "i32",
         "stride_lb": "i32", "stride_lr": "i32", "stride_ls": "i32",
