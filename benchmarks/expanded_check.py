@@ -7,13 +7,17 @@ against cuDNN attention (PyTorch SDPA), at the compute-bound points.
    prefill (s = t = 512). A config that fails is reported and never timed.
 2. Timing with :func:`mla_var3.runtime.timing.time_fn` (CUDA-graph replays, L2 flushed) of the
    default config and the candidate configs at b = 32, t = 4096, s in {512, 1024} (bottom-right
-   causal) and the full causal prefill b = 4, s = t = 4096; the default alone at s = 16 and
+   causal) and the full causal prefill b = 4, s = t = 4096 (candidates: the lazy-rescale and
+   TMA variants, ``rescale_threshold`` / ``tma``); the default and a TMA variant at s = 16 and
    s = 128 (regression check of the memory-bound side). cuDNN SDPA is timed on the same
    problems: q/k head 192 (RoPE key broadcast per head), v head 128; ``is_causal=True`` for
    s = t, the bottom-right mask as ``attn_mask`` otherwise.
 3. TFLOP/s on the FLOPs the cost model counts, 2 b h s t (2 d + p) (causal not discounted);
    for the prefill also on the halved FLOPs. % of the measured matmul rate (801 TFLOP/s, or
    ``--matmul-tflops``).
+4. The fastest config per compute-bound problem and the one with the best geometric-mean
+   speedup over the default across them (printed last, JSON key ``winners``): the data to
+   re-pick ``default_config`` from.
 
 Every variant is guarded (a failure prints and the script goes on) and a time budget skips
 what is left once exceeded. The rows are written as JSON to ``--out``; a table is printed last.
@@ -25,7 +29,9 @@ what is left once exceeded. The rows are written as JSON to ``--out``; a table i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -36,18 +42,22 @@ import torch
 H, D, P = 128, 128, 64
 MATMUL_TFLOPS = 801.0
 
-#: configs timed at the compute-bound points, best predicted first (fields of
-#: FlashAttentionConfig: block_m, block_n, num_warps, num_stages; masked_stages).
+#: configs timed at the compute-bound points (fields of FlashAttentionConfig), the default
+#: first; sm_90 compile reports (b = 32, s = 512) in the comments: registers, shared memory.
 CANDIDATES = [
-    dict(block_m=64, block_n=64, num_warps=4, num_stages=2),              # default: 2 programs / SM
-    dict(block_m=128, block_n=32, num_warps=8, num_stages=3),             # 128 regs, 2 programs / SM
-    dict(block_m=64, block_n=32, num_warps=4, num_stages=2),              # 138 regs, 64 KiB: 3 / SM
-    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, masked_stages=1),
-    dict(block_m=128, block_n=64, num_warps=8, num_stages=2),             # previous default
-    dict(block_m=128, block_n=128, num_warps=8, num_stages=2, masked_stages=1),
-    dict(block_m=64, block_n=64, num_warps=4, num_stages=3),
-    dict(block_m=128, block_n=64, num_warps=8, num_stages=2, masked_stages=1),
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, masked_stages=1),      # default s > 128: 192, 172,032
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, masked_stages=1,
+         rescale_threshold=8.0),                                                    # lazy rescale: 205, +32 B
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=True),             # TMA: 163, 173,056
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, rescale_threshold=8.0, tma=True),   # 161
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=3, masked_stages=1, tma=True),         # 177
+    dict(block_m=128, block_n=64, num_warps=8, num_stages=4, rescale_threshold=8.0, tma=True),   # 161, 214,016
+    dict(block_m=128, block_n=128, num_warps=8, num_stages=2, rescale_threshold=8.0, tma=True),  # 196, 214,016
+    dict(block_m=128, block_n=32, num_warps=8, num_stages=3, rescale_threshold=8.0, tma=True),   # 125: 2 / SM
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=2, tma=True),              # 142, 107,520: 2 / SM
 ]
+#: also timed at the regression points s = 16 / 128 (besides the default there)
+REGRESSION = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, tma=True)
 
 # (b, s, t, time all candidates?)
 TIME_SHAPES = [(32, 512, 4096, True), (32, 1024, 4096, True), (4, 4096, 4096, True),
@@ -107,6 +117,34 @@ def sdpa_call(q, qpe, k, v, kpe, causal):
     return lambda: F.scaled_dot_product_attention(qf, kf, vf, scale=scale), "no mask"
 
 
+def pick_winners(rows: list[dict], problems: list[tuple[int, int, int]]) -> dict:
+    """The fastest timed Triton config per problem, and the config with the best geometric mean
+    of (default time / its time) over ``problems`` among those timed on all of them: the data to
+    re-pick :func:`default_config` from."""
+    per_problem, ratios = [], {}
+    for b, s, t in problems:
+        timed = [r for r in rows if (r["b"], r["s"], r["t"]) == (b, s, t) and r["impl"] == "triton" and r.get("us")]
+        dflt = [r for r in timed if r["default"]]
+        if not timed or not dflt:
+            continue
+        best = min(timed, key=lambda r: r["us"])
+        entry = dict(b=b, s=s, t=t, best=best["config"], best_us=best["us"], default=dflt[0]["config"],
+                     default_us=dflt[0]["us"])
+        sdpa = [r["us"] for r in rows if (r["b"], r["s"], r["t"]) == (b, s, t) and r["impl"] == "sdpa" and r.get("us")]
+        if sdpa:
+            entry["sdpa_over_best"] = sdpa[0] / best["us"]
+        per_problem.append(entry)
+        for r in timed:
+            ratios.setdefault(r["config"], []).append(dflt[0]["us"] / r["us"])
+    full = {c: v for c, v in ratios.items() if len(v) == len(per_problem) and v}
+    overall = None
+    if full:
+        geo = {c: math.exp(sum(math.log(x) for x in v) / len(v)) for c, v in full.items()}
+        best = max(geo, key=geo.get)
+        overall = dict(best=best, speedup_vs_default=geo[best], problems=len(per_problem), geomean=geo)
+    return dict(per_problem=per_problem, overall=overall)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -145,9 +183,12 @@ def main() -> int:
     configs = {}
     for kw in CANDIDATES:
         configs[FlashAttentionConfig(**kw).label()] = FlashAttentionConfig(**kw)
-    for b, s, t, _ in shapes:
+    for b, s, t, all_cands in shapes:
         cfg = default_config(b, h, s, t, d, p)
         configs.setdefault(cfg.label(), cfg)
+        if not all_cands:
+            extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(cfg, tma=True)
+            configs.setdefault(extra.label(), extra)
     checks = {}
     for label, cfg in configs.items():
         if over_budget():
@@ -170,8 +211,9 @@ def main() -> int:
     for b, s, t, all_cands in shapes:
         dflt = default_config(b, h, s, t, d, p)
         cand_labels = [FlashAttentionConfig(**kw).label() for kw in CANDIDATES]
+        extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(dflt, tma=True)
         labels = [dflt.label()] + ([c for c in cand_labels if c != dflt.label()] if all_cands else
-                                   [cand_labels[4]] if s > 64 else [])
+                                   [extra.label()] if extra.label() != dflt.label() else [])
         try:
             q, qpe, k, v, kpe = make_inputs(b, s, t, h, d, p, dtype, device)
         except Exception as exc:
@@ -230,8 +272,10 @@ def main() -> int:
             ref = sdpa_us.get((r["b"], r["s"], r["t"]))
             if ref and r["impl"] == "triton":
                 r["sdpa_over_ours"] = ref / r["us"]
+    winners = pick_winners(rows, [(b, s, t) for b, s, t, all_cands in shapes if all_cands])
     with open(args.out, "w") as f:
-        json.dump(dict(info=info, checks=checks, rows=rows, seconds=time.perf_counter() - t0), f, indent=1)
+        json.dump(dict(info=info, checks=checks, rows=rows, winners=winners, seconds=time.perf_counter() - t0),
+                  f, indent=1)
 
     print(f"\nexpanded kernel, {info['device']}, {info['dtype']}, h={h} d={d} p={p}; "
           f"% of {args.matmul_tflops:.0f} TFLOP/s on 2bhst(2d+p)")
@@ -243,6 +287,15 @@ def main() -> int:
                   f"{r['tflops']:>8.1f} {r['pct_matmul']:>6.1f} {r.get('sdpa_over_ours', float('nan')):>9.3f}")
         else:
             print(f"{r['b']:>3} {r['s']:>5} {r['t']:>5} {r['impl']:6} {mark}{r['config']:21} {r.get('error', '')[:60]}")
+    print("\nfastest config per problem (default = today's default_config):")
+    for w in winners["per_problem"]:
+        print(f"  b={w['b']:>3} s={w['s']:>5} t={w['t']:>5}: {w['best']:22s} {w['best_us']:>10,.1f} us, "
+              f"default {w['default']} {w['default_us']:>10,.1f} us ({w['default_us'] / w['best_us']:.3f}x), "
+              f"sdpa/best {w.get('sdpa_over_best', float('nan')):.3f}")
+    if winners["overall"]:
+        o = winners["overall"]
+        print(f"  over the compute-bound problems (geometric mean of default/config): best {o['best']} "
+              f"({o['speedup_vs_default']:.3f}x the default; timed on all {o['problems']} problems)")
     print(f"(* = default config; {time.perf_counter() - t0:.0f} s; wrote {args.out})")
     return 0
 

@@ -15,7 +15,7 @@ import torch
 
 from mla_var3 import reference as R
 from mla_var3.kernel.expanded import (
-    FlashAttentionConfig, candidate_configs, default_config, flash_attention,
+    FlashAttentionConfig, candidate_configs, default_config, flash_attention, tma_compatible,
 )
 from mla_var3.testing import assert_close, nan_padded, poisoned
 
@@ -40,13 +40,22 @@ def _poison_tail(x, seqlens):
     return x
 
 
-def _run_case(b, h, s, t, dtype, *, d=32, p=16, causal=True, seqlens=None, config=None):
+def _run_case(b, h, s, t, dtype, *, d=32, p=16, causal=True, seqlens=None, config=None, ramp=0.0,
+              tma_layout=False):
+    """Kernel vs reference on NaN-padded inputs. ``ramp`` scales key j by ``1 + ramp * j / t`` so
+    the row max keeps growing along the keys (exercises the rescale); ``tma_layout`` pads every
+    dim but the last, which keeps the strides TMA-compatible (the default padding breaks them)."""
     q, qpe, k, v, kpe = _inputs(b, h, s, t, d, p, dtype)
+    if ramp:
+        grow = 1.0 + ramp * torch.arange(t, dtype=torch.float32, device=DEVICE) / t
+        k = (k.float() * grow[None, :, None, None]).to(dtype)
+        kpe = (kpe.float() * grow[None, :, None]).to(dtype)
     scale = (d + p) ** -0.5
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, seqlens)
     if seqlens is not None:
         k, v, kpe = (_poison_tail(x, seqlens) for x in (k, v, kpe))
-    args = [nan_padded(x) for x in (q, qpe, k, v, kpe)]
+    args = [nan_padded(x, {i: 1 for i in range(x.dim() - 1)} if tma_layout else 1) for x in (q, qpe, k, v, kpe)]
+    assert tma_compatible(*args) == tma_layout  # the default padding exercises the pointer fallback
     out = poisoned((b, h, s, d), dtype, DEVICE)
     o, lse = flash_attention(*args, causal=causal, seqlens=seqlens, config=config, out=out)
     assert o.data_ptr() == out.data_ptr() and o.dtype == dtype and lse.dtype == torch.float32
@@ -193,10 +202,16 @@ def test_compute_bound_configs():
         FlashAttentionConfig(masked_stages=-1)
 
 
-@pytest.mark.parametrize("cfg", [None, FlashAttentionConfig(64, 64, 4, 2)], ids=["default-s512", "m64n64w4s2"])
+SM90_CONFIGS = [None, FlashAttentionConfig(64, 64, 4, 2),
+                FlashAttentionConfig(128, 64, 8, 3, masked_stages=1, rescale_threshold=8.0),
+                FlashAttentionConfig(128, 64, 8, 3, rescale_threshold=8.0, tma=True)]
+
+
+@pytest.mark.parametrize("cfg", SM90_CONFIGS, ids=["default-s512"] + [c.label() for c in SM90_CONFIGS[1:]])
 def test_compute_bound_compiles_for_sm90(cfg):
     """The GPU path of the compute-bound configs (bf16, b = 32, s = 512, t = 4096): HGMMA, no
-    spills, and the shared memory :func:`smem_bytes` predicts (the 64-row tile fits two per SM)."""
+    spills, and the shared memory :func:`smem_bytes` predicts (the 64-row tile fits two per SM;
+    TMA adds its mbarriers, < 1 KiB); the lazy-rescale and TMA candidates too."""
     from mla_var3.kernel.expanded import SMEM_PER_SM, example_launch, smem_bytes
     from mla_var3.kernel.sass import compile_launch_in_subprocess
 
@@ -205,6 +220,72 @@ def test_compute_bound_compiles_for_sm90(cfg):
                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     print(rep.summary())
     assert rep.hgmma and rep.spills == 0, rep.summary()
-    assert rep.shared_bytes == smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages), rep.summary()
+    expect = smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages)
+    assert expect <= rep.shared_bytes <= expect + (1024 if cfg.tma or cfg.rescale_threshold else 0), rep.summary()
     if cfg.num_warps == 4:
         assert 2 * (rep.shared_bytes + 1024) <= SMEM_PER_SM and rep.registers * 128 * 2 <= 65536, rep.summary()
+
+
+# -- lazy rescale and TMA loads (config fields rescale_threshold, tma) ---------------------------
+
+LAZY_TMA = [  # (config, tma_layout): thresholds that rescale often / almost never; TMA and its fallback
+    (FlashAttentionConfig(32, 16, rescale_threshold=0.5), False),
+    (FlashAttentionConfig(32, 16, rescale_threshold=16.0, masked_stages=1), False),
+    (FlashAttentionConfig(32, 16, tma=True), True),
+    (FlashAttentionConfig(32, 16, tma=True), False),
+    (FlashAttentionConfig(16, 32, rescale_threshold=8.0, tma=True), True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg,tma_layout", LAZY_TMA, ids=[c.label() + ("-aligned" if a else "-fallback")
+                                                          for c, a in LAZY_TMA])
+def test_lazy_rescale_and_tma_prefill(cfg, tma_layout, dtype):
+    """Causal prefill with several row blocks and a row max that grows along the keys (the lazy
+    rescale must fire mid-loop), then queries at the end of a longer ragged cache: same results
+    as the reference for both thresholds, with TMA descriptors and with the pointer fallback."""
+    _run_case(1, 2, 70, 70, dtype, config=cfg, ramp=12.0, tma_layout=tma_layout)
+    _run_case(2, 3, 40, 100, dtype, config=cfg, ramp=12.0, tma_layout=tma_layout,
+              seqlens=torch.tensor([40, 97], dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lazy_rescale_and_tma_decode(dtype):
+    """Decode-shaped problems on the new paths: s = 1 padded to a 16-row tile (TMA zero-fills the
+    missing query rows), not causal, ragged lengths and split-KV with empty splits."""
+    cfg = FlashAttentionConfig(16, 16, rescale_threshold=8.0, tma=True)
+    _run_case(3, 5, 1, 65, dtype, config=cfg, tma_layout=True, ramp=12.0)
+    _run_case(3, 5, 2, 64, dtype, config=cfg, tma_layout=True, causal=False,
+              seqlens=torch.tensor([63, 2, 64], dtype=torch.int32, device=DEVICE))
+    _run_case(2, 3, 3, 200, dtype, config=FlashAttentionConfig(16, 16, num_splits=5, rescale_threshold=8.0, tma=True),
+              tma_layout=True, seqlens=torch.tensor([3, 200], dtype=torch.int32, device=DEVICE))
+
+
+def test_lazy_tma_config_fields():
+    """Labels name the new fields; bad thresholds are rejected; the candidates carry TMA and
+    lazy-rescale variants of the 128-row tiles within the shared-memory limit; the TMA path is
+    chosen only for TMA-compatible inputs."""
+    from mla_var3.kernel.expanded import SMEM_LIMIT, _kernel_args, smem_bytes
+
+    assert FlashAttentionConfig(128, 64, 8, 3, masked_stages=1, rescale_threshold=8.0, tma=True).label() == \
+        "m128n64w8s3k1r8t"
+    assert FlashAttentionConfig(rescale_threshold=0.5).label() == "m64n64w4s2r0.5"
+    for bad in (-1.0, 17.0):
+        with pytest.raises(ValueError, match="rescale_threshold"):
+            FlashAttentionConfig(rescale_threshold=bad)
+    cands = candidate_configs(32, 128, 512, 4096)
+    new = [c for c in cands if c.tma]
+    assert new and any(c.rescale_threshold == 8.0 for c in new) and all(c.block_m == 128 for c in new)
+    assert all(smem_bytes(c.block_m, c.block_n, c.num_stages) + 1024 <= SMEM_LIMIT for c in new)
+    assert len({c.label() for c in cands}) == len(cands)
+    assert not default_config(32, 128, 512, 4096).tma and not default_config(32, 128, 512, 4096).rescale_threshold
+
+    q, qpe, k, v, kpe = _inputs(1, 2, 4, 32, 32, 16, torch.bfloat16)
+    lse = torch.empty(1, 2, 4)
+    cfg = FlashAttentionConfig(16, 16, tma=True)
+    _, args = _kernel_args(q, qpe, k, v, kpe, q, lse, None, 0.1, True, cfg, True)
+    assert args["USE_TMA"] and args["RESCALE_THRESHOLD"] == 0.0
+    k_off = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)[1:].view(k.shape)  # base 2 bytes off
+    assert not tma_compatible(k_off) and not tma_compatible(k.transpose(-1, -2))
+    _, args = _kernel_args(q, qpe, k_off, v, kpe, q, lse, None, 0.1, True, cfg, True)
+    assert not args["USE_TMA"]

@@ -42,7 +42,8 @@ from mla_var3.kernel._common import (
 from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
 
-__all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention"]
+__all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention",
+           "tma_compatible"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,21 +89,63 @@ def _softmax_step_scaled(raw, m_i, l_i, qk_scale, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step_lazy(raw, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, THRESHOLD: tl.constexpr):
+    """Online-softmax step that rescales the accumulator only when some row's max grew by more
+    than ``THRESHOLD`` (log2 units); otherwise every row keeps its stale max.
+
+    Exact: ``o = acc / l`` and ``lse = m + log2(l)`` hold for any reference ``m`` that acc and l
+    share; a stale ``m`` only lets ``p`` reach ``2**THRESHOLD`` (fine in bf16 and fp32). The
+    decision is one scalar per program (a reduction over the rows), so the common case skips the
+    ``BLOCK_M * BLOCK_D`` multiplies of the accumulator and the ``exp2`` of ``alpha``.
+    Returns ``(p, acc, m_i, l_i)`` with ``l_i`` already including ``p``'s row sums.
+    """
+    m_blk = tl.max(raw, 1) * qk_scale
+    # +inf where a row saw its first key (m_i = -inf); 0 where the block adds nothing new
+    grow = tl.where(m_blk > m_i, m_blk - m_i, 0.0)
+    if tl.max(grow, 0) > THRESHOLD:
+        m_new = tl.maximum(m_i, m_blk)
+        if MASKED:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        alpha = tl.exp2(m_i - m_ref)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    if MASKED:
+        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    else:
+        m_use = m_i
+    p = tl.exp2(raw * qk_scale - m_use[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    return p, acc, m_i, l_i
+
+
+@triton.jit
 def _attend_block(
-    acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n,
+    acc, m_i, l_i, q, qpe, k_src, v_src, kpe_src, start_n,
     offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
     stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep,
     L, S, qk_scale,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_P: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr,
 ):
-    """One key block: scores, online-softmax update, P @ V. Reads BLOCK_N * (2D + P) elements."""
+    """One key block: scores, online-softmax update, P @ V. Reads BLOCK_N * (2D + P) elements.
+
+    ``k_src``, ``v_src``, ``kpe_src`` are this (sequence, head)'s base pointers, or with
+    ``USE_TMA`` tensor descriptors over ``[L, D]`` / ``[L, P]`` (rows past L and columns past
+    D, P read as zeros, so the loads need no mask).
+    """
     offs_j = start_n + offs_n
     j_ok = offs_j < L
-    k = load_tile(k_base + offs_j[:, None] * stride_kt + offs_d[None, :] * stride_kd, j_ok, d_ok,
-                  MASKED, not EVEN_D)
-    kpe = load_tile(kpe_base + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok,
-                    MASKED, not EVEN_P)
+    if USE_TMA:
+        k = k_src.load([start_n, 0])
+        kpe = kpe_src.load([start_n, 0])
+    else:
+        k = load_tile(k_src + offs_j[:, None] * stride_kt + offs_d[None, :] * stride_kd, j_ok, d_ok,
+                      MASKED, not EVEN_D)
+        kpe = load_tile(kpe_src + offs_j[:, None] * stride_et + offs_p[None, :] * stride_ep, j_ok, p_ok,
+                        MASKED, not EVEN_P)
     # raw scores: d = 128 and p = 64 as two chained tensor-core dots into one accumulator
     scores = tl.dot(q, tl.trans(operand(k, UPCAST)), input_precision=PRECISION)
     scores = tl.dot(qpe, tl.trans(operand(kpe, UPCAST)), scores, input_precision=PRECISION)
@@ -111,12 +154,19 @@ def _attend_block(
         if CAUSAL:
             visible = visible & (offs_j[None, :] <= (L - S + offs_m)[:, None])
         scores = tl.where(visible, scores, float("-inf"))
-    p, alpha, m_i, l_i = _softmax_step_scaled(scores, m_i, l_i, qk_scale, MASKED)
-    v = load_tile(v_base + offs_j[:, None] * stride_vt + offs_d[None, :] * stride_vd, j_ok, d_ok,
-                  MASKED, not EVEN_D)
+    if RESCALE_THRESHOLD > 0:
+        p, acc, m_i, l_i = _softmax_step_lazy(scores, m_i, l_i, acc, qk_scale, MASKED, RESCALE_THRESHOLD)
+    else:
+        p, alpha, m_i, l_i = _softmax_step_scaled(scores, m_i, l_i, qk_scale, MASKED)
+        acc = acc * alpha[:, None]
+    if USE_TMA:
+        v = v_src.load([start_n, 0])
+    else:
+        v = load_tile(v_src + offs_j[:, None] * stride_vt + offs_d[None, :] * stride_vd, j_ok, d_ok,
+                      MASKED, not EVEN_D)
     # p is rounded to the storage dtype like on the tensor cores, then upcast under the interpreter
     p_op = operand(to_storage(p, v.dtype, UPCAST), UPCAST)
-    acc = tl.dot(p_op, operand(v, UPCAST), acc * alpha[:, None], input_precision=PRECISION)
+    acc = tl.dot(p_op, operand(v, UPCAST), acc, input_precision=PRECISION)
     return acc, m_i, l_i
 
 
@@ -134,7 +184,7 @@ def _flash_attention_kernel(
     D: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    MASKED_STAGES: tl.constexpr = None,
+    MASKED_STAGES: tl.constexpr = None, USE_TMA: tl.constexpr = False, RESCALE_THRESHOLD: tl.constexpr = 0.0,
 ):
     """Grid (cdiv(S, BLOCK_M), B * H, NUM_SPLITS). Reads BLOCK_M (D + P) query elements once and
     (2D + P) elements per visible key; writes BLOCK_M (D + 1) outputs (to the split slot ``x``).
@@ -146,6 +196,11 @@ def _flash_attention_kernel(
     the most keys, so the longest programs start in the first wave and the short ones fill the
     tail. ``MASKED_STAGES`` pipelines the short masked loop at its own depth (None: the
     launch's); 1 frees the registers its prefetch buffers hold (~50 at 128 x 64 tiles).
+
+    ``USE_TMA`` reads q, qpe and the key blocks through tensor descriptors built per program
+    (TMA on sm_90; needs unit last strides and 16-byte aligned bases and strides, which the
+    launcher checks). ``RESCALE_THRESHOLD`` > 0 rescales the accumulator lazily
+    (:func:`_softmax_step_lazy`); 0 rescales it every block.
     """
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -169,15 +224,31 @@ def _flash_attention_kernel(
     p_ok = offs_p < P
 
     # read q, qpe once: BLOCK_M * (D + P) elements
-    q = load_tile(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                  m_ok, d_ok, True, not EVEN_D)
-    qpe = load_tile(qpe_ptr + b * stride_pb + h * stride_ph + offs_m[:, None] * stride_ps
-                    + offs_p[None, :] * stride_pp, m_ok, p_ok, True, not EVEN_P)
+    if USE_TMA:
+        # descriptors over this (sequence, head): out-of-range rows / columns read as zeros
+        L_rows = tl.maximum(L, 1)
+        q_desc = tl.make_tensor_descriptor(q_ptr + b * stride_qb + h * stride_qh, shape=[S, D],
+                                           strides=[stride_qs, 1], block_shape=[BLOCK_M, BLOCK_D])
+        qpe_desc = tl.make_tensor_descriptor(qpe_ptr + b * stride_pb + h * stride_ph, shape=[S, P],
+                                             strides=[stride_ps, 1], block_shape=[BLOCK_M, BLOCK_P])
+        q = q_desc.load([m0, 0])
+        qpe = qpe_desc.load([m0, 0])
+        k_src = tl.make_tensor_descriptor(k_ptr + b * stride_kb + h * stride_kh, shape=[L_rows, D],
+                                          strides=[stride_kt, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_ptr + b * stride_vb + h * stride_vh, shape=[L_rows, D],
+                                          strides=[stride_vt, 1], block_shape=[BLOCK_N, BLOCK_D])
+        kpe_src = tl.make_tensor_descriptor(kpe_ptr + b * stride_eb, shape=[L_rows, P],
+                                            strides=[stride_et, 1], block_shape=[BLOCK_N, BLOCK_P])
+    else:
+        q = load_tile(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs
+                      + offs_d[None, :] * stride_qd, m_ok, d_ok, True, not EVEN_D)
+        qpe = load_tile(qpe_ptr + b * stride_pb + h * stride_ph + offs_m[:, None] * stride_ps
+                        + offs_p[None, :] * stride_pp, m_ok, p_ok, True, not EVEN_P)
+        k_src = k_ptr + b * stride_kb + h * stride_kh
+        v_src = v_ptr + b * stride_vb + h * stride_vh
+        kpe_src = kpe_ptr + b * stride_eb
     q = operand(q, UPCAST)
     qpe = operand(qpe, UPCAST)
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-    kpe_base = kpe_ptr + b * stride_eb
 
     # key range of this program: [0, hi) visible to some row; [0, n_full) visible to every row
     if CAUSAL:
@@ -194,15 +265,17 @@ def _flash_attention_kernel(
     # blocks every row sees: no mask
     for start_n in range(lo, tl.minimum(hi, n_full), BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
+            acc, m_i, l_i, q, qpe, k_src, v_src, kpe_src, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
             stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
-            False, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION)
+            False, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION, USE_TMA,
+            RESCALE_THRESHOLD)
     # diagonal and ragged tail: masked
     for start_n in tl.range(tl.maximum(lo, n_full), hi, BLOCK_N, num_stages=MASKED_STAGES):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, qpe, k_base, v_base, kpe_base, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
+            acc, m_i, l_i, q, qpe, k_src, v_src, kpe_src, start_n, offs_m, offs_n, offs_d, offs_p, d_ok, p_ok,
             stride_kt, stride_kd, stride_vt, stride_vd, stride_et, stride_ep, L, S, qk_scale,
-            True, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION)
+            True, CAUSAL, EVEN_D, EVEN_P, UPCAST, PRECISION, USE_TMA,
+            RESCALE_THRESHOLD)
 
     # write o (BLOCK_M * D) and lse (BLOCK_M)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -226,6 +299,12 @@ class FlashAttentionConfig:
     num_warps, num_stages : Triton launch options.
     num_splits : split-KV factor (> 1 adds a combine pass; for decode with few (b, h) programs).
     masked_stages : pipeline depth of the short masked (diagonal / tail) loop; 0 = the launch's.
+    rescale_threshold : lazy accumulator rescale (log2 units, 0 < x <= 16): the accumulator and
+        the row sums are rescaled only in blocks where some row's max grew by more than this;
+        0 = rescale every block. Exact either way (see ``_softmax_step_lazy``).
+    tma : read q, qpe, k, v, kpe through TMA tensor descriptors built in the kernel (sm_90);
+        the launcher falls back to pointer loads when the inputs' strides or alignment do not
+        allow TMA (:func:`tma_compatible`).
     """
 
     block_m: int = 64
@@ -234,6 +313,8 @@ class FlashAttentionConfig:
     num_stages: int = 2
     num_splits: int = 1
     masked_stages: int = 0
+    rescale_threshold: float = 0.0
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -246,14 +327,22 @@ class FlashAttentionConfig:
             raise ValueError(f"FlashAttentionConfig: num_stages and num_splits must be >= 1, got {self}")
         if self.masked_stages < 0:
             raise ValueError(f"FlashAttentionConfig.masked_stages must be >= 0, got {self.masked_stages}")
+        if not 0.0 <= self.rescale_threshold <= 16.0:
+            raise ValueError("FlashAttentionConfig.rescale_threshold must lie in [0, 16] (log2 units), "
+                             f"got {self.rescale_threshold}")
 
     def label(self) -> str:
-        """Short name for tables: ``m128n64w8s3`` (+ ``x4`` splits, ``k1`` masked stages)."""
+        """Short name for tables: ``m128n64w8s3`` (+ ``x4`` splits, ``k1`` masked stages,
+        ``r8`` lazy rescale threshold, ``t`` TMA loads)."""
         out = f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
         if self.num_splits > 1:
             out += f"x{self.num_splits}"
         if self.masked_stages:
             out += f"k{self.masked_stages}"
+        if self.rescale_threshold:
+            out += f"r{self.rescale_threshold:g}"
+        if self.tma:
+            out += "t"
         return out
 
 
@@ -304,8 +393,9 @@ def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) ->
 
 def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> tuple[FlashAttentionConfig, ...]:
     """The autotuning space around :func:`default_config` (tiles x warps x stages x splits, and
-    a single-stage masked loop for 128-row tiles), without configs whose shared memory exceeds
-    the sm_90 limit."""
+    for 128-row tiles a single-stage masked loop and TMA loads with and without the lazy
+    rescale), without configs whose shared memory exceeds the sm_90 limit (TMA adds its
+    barriers, < 1 KiB, to :func:`smem_bytes`)."""
     block_ms = sorted({min(64, max(16, next_pow2(s))), *([64, 128] if s > 64 else [])})
     out = []
     for bm, bn, warps, stages in itertools.product(block_ms, (32, 64, 128), (4, 8), (2, 3, 4)):
@@ -316,12 +406,44 @@ def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64)
             out.append(FlashAttentionConfig(bm, bn, warps, stages, splits))
             if bm >= 128 and splits == 1:
                 out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, masked_stages=1))
+                if smem_bytes(bm, bn, stages, d, p) + 1024 <= SMEM_LIMIT:
+                    out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, tma=True))
+                    out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, rescale_threshold=8.0, tma=True))
     return tuple(out)
 
 
 # ----------------------------------------------------------------------------------------------
 # launchers
 # ----------------------------------------------------------------------------------------------
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can address every tensor: unit last stride, 16-byte aligned base
+    and other strides, at most 5 dims (the kernel's in-kernel descriptors need this)."""
+    for x in tensors:
+        size = x.element_size()
+        if x.dim() > 5 or x.stride(-1) != 1 or x.data_ptr() % 16:
+            return False
+        if any((st * size) % 16 for st in x.stride()[:-1]):
+            return False
+    return True
+
+
+def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for the descriptors a kernel builds (128 bytes per program)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Install :func:`_tma_workspace` as Triton's allocator unless one is already set (kernels
+    that build tensor descriptors need it on the GPU)."""
+    try:
+        from triton.runtime import _allocation
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(_tma_workspace)
+
 
 def _precision(dtype: torch.dtype) -> str:
     # float32 inputs (interpreter only) get exact fp32 dots; bf16/fp16 use the tensor cores
@@ -349,6 +471,9 @@ def _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale: float, causa
     buffer [B,H,S,NS,D] (``lse_dst`` [B,H,S] or [B,H,S,NS])."""
     b, h, s, d = q.shape
     t, p = k.shape[1], kpe.shape[-1]
+    # TMA boxes are at most 256 elements per dim
+    use_tma = (config.tma and tma_compatible(q, qpe, k, v, kpe)
+               and max(next_pow2(d), next_pow2(p), config.block_m, config.block_n) <= 256)
     if config.num_splits > 1:
         o_strides, l_strides = o_dst.stride(), lse_dst.stride()
     else:
@@ -370,7 +495,8 @@ def _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale: float, causa
         D=d, P=p, BLOCK_D=max(16, next_pow2(d)), BLOCK_P=max(16, next_pow2(p)),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_SPLITS=config.num_splits,
         CAUSAL=bool(causal), HAS_SEQLENS=seqlens is not None, UPCAST=upcast, PRECISION=_precision(q.dtype),
-        MASKED_STAGES=config.masked_stages or None,
+        MASKED_STAGES=config.masked_stages or None, USE_TMA=use_tma,
+        RESCALE_THRESHOLD=float(config.rescale_threshold),
     )
     return (cdiv(s, config.block_m), b * h, config.num_splits), args
 
@@ -387,6 +513,8 @@ def _launch(q, qpe, k, v, kpe, o, lse, seqlens, scale: float, causal: bool, conf
         o_dst = torch.empty((b, h, s, splits, d), dtype=torch.float32, device=q.device)
         lse_dst = torch.empty((b, h, s, splits), dtype=torch.float32, device=q.device)
     grid, args = _kernel_args(q, qpe, k, v, kpe, o_dst, lse_dst, seqlens, scale, causal, config, interpreting())
+    if args["USE_TMA"] and not interpreting():
+        _ensure_allocator()
     _flash_attention_kernel[grid](**args, num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         combine(o_dst, lse_dst, o, lse)
