@@ -5,7 +5,8 @@ weights (eager and SDPA attention implementations).
 For each step size s (decode s = 1, speculative s = 4 and 16) the cache holds ``t - s`` tokens
 of context and the step adds s, so attention runs over t keys. Reported per implementation:
 time per step (median of CUDA-event timed calls, L2 overwritten before each, caches reset
-outside the timed window), the time of the attention part alone (ours: the dispatched
+outside the timed window; a hybrid cache is copied into fresh buffers before each call, so the
+timed call extends it in place as a decode loop does), the time of the attention part alone (ours: the dispatched
 ``mla_attention`` over the cache; transformers: K/V expansion when its cache is latent, then its
 attention function) and its share of the step, and the relative error of the step's output
 against transformers' eager output (tolerance ``TOLERANCE``: bf16 everywhere, six chained
@@ -35,7 +36,7 @@ import torch
 
 from mla_var3.dispatch import Dispatcher
 from mla_var3.dispatch.run import mla_attention
-from mla_var3.model import MLAConfig, MLALayer
+from mla_var3.model import HybridCache, MLAConfig, MLALayer
 from mla_var3.model.config import DEEPSEEK_V3_ROPE
 from mla_var3.shapes import get_preset
 from mla_var3.testing import rel_err
@@ -261,7 +262,13 @@ def run(args) -> dict:
                 out, _ = ours(x, pos, cache=c, mode="auto")
                 dec = ours.last_decision
                 err = rel_err(out, ref)
-                total = time_calls(lambda c=c: ours(x, pos, cache=c, mode="auto"), reps=args.reps)
+                # a decode step extends the newest cache in place (HybridCache): before each timed
+                # call (untimed) the cache is copied into fresh buffers with room for the step
+                held = {"c": c}
+                reset = (lambda c=c, held=held: held.update(c=c.reserve(c.max_len + s))) if isinstance(
+                    c, HybridCache) else None
+                total = time_calls(lambda held=held: ours(x, pos, cache=held["c"], mode="auto"), reset=reset,
+                                   reps=args.reps)
                 # the attention part alone: the dispatched call over the cache holding the step
                 q_nope, q_pe, _, _ = ours.project(x, pos)
                 _, c_after = ours(x, pos, cache=c, mode="auto")

@@ -86,3 +86,22 @@ def test_capacity_errors():
         plan_capacity(V3, 80e9, tp=3)
     with pytest.raises(ValueError, match="layout"):
         plan_capacity(V3, 80e9, tp=8, layout="gqa")
+
+
+def test_window_bytes_and_cap_by_hand():
+    """The window n·(h/tp)·2d·w per sequence per layer; its cap under a budget, by hand."""
+    from mla_var3.analysis.memory import max_window_n, window_bytes
+
+    assert window_bytes(V3, 1) == 128 * 256 * 2 == 65_536
+    assert window_bytes(V3, 1250) == 81_920_000                      # ~82 MB per sequence per layer
+    assert window_bytes(V3, 1250, tp=8) == 1250 * 16 * 256 * 2 == 10_240_000
+    latent = 4096 * 576 * 2                                           # the latent cache of t = 4096
+    assert latent == mla_cache_bytes(V3, 1, 4096) == 4_718_592
+    assert max_window_n(V3, latent) == 72                             # 4,718,592 / 65,536 = 72.0
+    assert max_window_n(V3, latent, tp=8) == 576                      # / 8,192
+    assert max_window_n(V3, latent - 1) == 71
+    assert max_window_n(V3, 0) == 0
+    with pytest.raises(ValueError, match="divisor"):
+        window_bytes(V3, 4, tp=3)
+    with pytest.raises(ValueError, match=">= 0 bytes"):
+        max_window_n(V3, -1.0)

@@ -180,3 +180,206 @@ def test_append_errors():
         LatentCache(lat.z, lat.kpe, torch.tensor([4, 1], dtype=torch.int32))
     with pytest.raises(ValueError, match="block_table must be"):
         PagedLatentCache(torch.zeros(1, 64, 1, 12), torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), 8)
+
+
+# --- batched window maintenance against a per-token oracle ---------------------------------
+
+
+class Oracle:
+    """The old semantics, one token at a time: per sequence a list of (z, kpe, k, v) tokens;
+    the window is the n newest, z all of them (or the older ones without latent copies)."""
+
+    def __init__(self, cfg, n, keep, lengths, seed=0):
+        self.cfg, self.n, self.keep, self.seed = cfg, n, keep, seed
+        self.seqs = [[self.token(b, i) for i in range(L)] for b, L in enumerate(lengths)]
+
+    def token(self, b, i):
+        c, g = self.cfg, torch.Generator().manual_seed(self.seed * 100_003 + b * 10_007 + i)
+        r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+        return r(c.k), r(c.p), r(c.h, c.d), r(c.h, c.d)
+
+    def step(self, s):
+        new = [[self.token(b, len(seq) + i) for i in range(s)] for b, seq in enumerate(self.seqs)]
+        for seq, toks in zip(self.seqs, new):
+            seq.extend(toks)
+        return tuple(torch.stack([torch.stack([tok[j] for tok in toks]) for toks in new]) for j in range(4))
+
+    def expected(self):
+        c = self.cfg
+        lengths = [len(q) for q in self.seqs]
+        t = max(lengths)
+        nw = min(self.n, t)
+        olds = [L - min(self.n, L) for L in lengths]
+        tz = t if self.keep else max(olds)
+        z = torch.zeros(len(lengths), tz, c.k, dtype=torch.float64)
+        kpe = torch.zeros(len(lengths), t, c.p, dtype=torch.float64)
+        k = torch.zeros(len(lengths), nw, c.h, c.d, dtype=torch.float64)
+        v = torch.zeros_like(k)
+        for b, seq in enumerate(self.seqs):
+            for i, (zi, pi, ki, vi) in enumerate(seq):
+                if self.keep or i < olds[b]:
+                    z[b, i] = zi
+                kpe[b, i] = pi
+                if i >= olds[b]:
+                    k[b, i - olds[b]], v[b, i - olds[b]] = ki, vi
+        return {"z": z, "kpe": kpe, "k_win": k, "v_win": v, "seqlens": torch.tensor(lengths, dtype=torch.int32)}
+
+    def check(self, cache, where=""):
+        for name, want in self.expected().items():
+            got = getattr(cache, name)
+            assert got.shape == want.shape and torch.equal(got, want), f"{name} {where}"
+        assert cache.lengths == tuple(len(q) for q in self.seqs)
+
+
+def start(cfg, oracle, n, keep):
+    """A hybrid cache holding the oracle's tokens (built the old way: per sequence, then stacked)."""
+    want = oracle.expected()
+    return HybridCache(want["z"], want["kpe"], want["k_win"], want["v_win"], want["seqlens"], n, keep)
+
+
+CFG = MLAConfig(hidden=16, h=2, d=4, p=4, k=8, dv=4)
+
+
+@pytest.fixture
+def nan_empty():
+    """torch.empty fills with NaN (deterministic mode): a read of a row never written shows up."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.isnan(torch.empty(4, dtype=torch.float64)).all()
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 9])
+@pytest.mark.parametrize("steps", [(1,) * 12, (3, 1, 4, 1, 5), (7, 16, 2)])
+@pytest.mark.parametrize("lengths", [(0, 0, 0), (4, 4, 4), (6, 2, 11), (0, 9, 3)])
+def test_batched_maintenance_equals_token_oracle(n, steps, lengths, nan_empty):
+    """After every step the window holds exactly the n newest tokens' k/v, z all tokens, kpe
+    all RoPE keys (zero padding past each length), for uniform and ragged batches and s > 1."""
+    oracle = Oracle(CFG, n, True, lengths)
+    cache = start(CFG, oracle, n, True)
+    for i, s in enumerate(steps):
+        cache = cache.append(*oracle.step(s))
+        oracle.check(cache, f"after step {i} (s={s})")
+
+
+@pytest.mark.parametrize("lengths", [(0, 0), (2, 2), (1, 3)])
+@pytest.mark.parametrize("steps", [(1, 1, 1, 1, 1, 1, 1, 1), (12,), (2, 9)])
+def test_batched_maintenance_without_latent_copies(lengths, steps, nan_empty):
+    """keep_latent_window=False: z holds only the tokens older than the window; an append that
+    would evict a window token raises, anything before it matches the oracle."""
+    n = 4
+    oracle = Oracle(CFG, n, False, lengths)
+    cache = start(CFG, oracle, n, False)
+    for s in steps:
+        nb = [min(n, L) for L in cache.lengths]
+        evicts = any(min(L + s - min(n, L + s), L) - (L - m) > 0 for L, m in zip(cache.lengths, nb))
+        new = oracle.step(s)
+        if evicts:
+            with pytest.raises(ValueError, match="keep_latent_window=True"):
+                cache.append(*new)
+            return
+        cache = cache.append(*new)
+        oracle.check(cache)
+
+
+def test_uniform_steps_write_in_place_and_compact(nan_empty):
+    """Uniform decode steps share the buffers (no copy of the cache) until the window reaches the
+    end of its buffer; then it moves to a new one. Contents match the oracle throughout."""
+    n = 8
+    oracle = Oracle(CFG, n, True, (20, 20))
+    cache = start(CFG, oracle, n, True).reserve(400)
+    ptr = cache.k_win.untyped_storage().data_ptr()
+    z_ptr = cache.z.untyped_storage().data_ptr()
+    moves = 0
+    for i in range(300):
+        cache = cache.append(*oracle.step(1))
+        now = cache.k_win.untyped_storage().data_ptr()
+        moves += now != ptr
+        ptr = now
+        if i % 37 == 0:
+            oracle.check(cache, f"step {i}")
+    oracle.check(cache)
+    assert 1 <= moves <= 300 // 64 + 1                       # one move per >= 64 steps (the slack)
+    assert cache.z.untyped_storage().data_ptr() == z_ptr      # the latent part never moved (reserved)
+    assert cache.reserved_bytes >= cache.nbytes
+
+
+def test_old_container_unchanged_and_branches_independent(nan_empty):
+    """append never changes the container it extends; two appends from one container (a branch)
+    give two correct, independent caches."""
+    n = 3
+    oracle = Oracle(CFG, n, True, (5, 5))
+    base = start(CFG, oracle, n, True).append(*oracle.step(1))
+    oracle_a = Oracle(CFG, n, True, (0, 0))
+    oracle_a.seqs = [list(q) for q in oracle.seqs]
+    snapshot = {k: getattr(base, k).clone() for k in ("z", "kpe", "k_win", "v_win")}
+    a = base.append(*oracle_a.step(2))
+    oracle_b = Oracle(CFG, n, True, (0, 0), seed=7)
+    oracle_b.seqs = [list(q) for q in oracle.seqs]
+    b = base.append(*oracle_b.step(1))
+    for name, x in snapshot.items():
+        assert torch.equal(getattr(base, name), x), name
+    oracle_a.check(a, "first branch")
+    oracle_b.check(b, "second branch")
+    oracle_a.check(a.append(*oracle_a.step(1)), "first branch grown after the second")
+
+
+def test_ragged_old_container_keeps_its_tokens():
+    oracle = Oracle(CFG, 4, True, (6, 2, 9))
+    base = start(CFG, oracle, 4, True).append(*oracle.step(1))
+    before = [base.parts(b) for b in range(3)]
+    before = [[x.clone() for x in p] for p in before]
+    base.append(*oracle.step(2))
+    for b in range(3):
+        for x, y in zip(base.parts(b), before[b]):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("n", [0, 3, 50])
+def test_from_latent_batched_matches_per_sequence(n):
+    w = weights(CFG)
+    lat = LatentCache.stack([latent(CFG, 1, 6, seed=1), latent(CFG, 1, 2, seed=2), latent(CFG, 1, 9, seed=3)])
+    for keep in (True, False):
+        hyb = HybridCache.from_latent(lat, n, w.w_uk, w.w_uv, keep_latent_window=keep)
+        for b in range(3):
+            one = HybridCache.from_latent(lat.sequence(b), n, w.w_uk, w.w_uv, keep_latent_window=keep)
+            for x, y in zip(hyb.parts(b), one.parts()):
+                torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_reserve_keeps_contents(nan_empty):
+    """Ragged, both windows full (every sequence evicts s tokens): in place below the reserve."""
+    oracle = Oracle(CFG, 5, True, (6, 9))
+    cache = start(CFG, oracle, 5, True)
+    big = cache.reserve(100)
+    oracle.check(big)
+    assert big.reserved_bytes > big.nbytes == cache.nbytes
+    ptr = big.z.untyped_storage().data_ptr()
+    for _ in range(10):
+        big = big.append(*oracle.step(2))
+    oracle.check(big)
+    assert big.z.untyped_storage().data_ptr() == ptr          # no reallocation below the reserve
+
+
+def test_maintenance_benchmark_dry_run(tmp_path):
+    """benchmarks/hybrid_maintenance.py --dry-run: the GPU script's plumbing on the CPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_maintenance.py"
+    out = tmp_path / "dry.json"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["checks_ok"] and len(res["checks"]) == 3
+    whats = {(r["what"], r["s"], r["n"]) for r in res["rows"] if "median_us" in r}
+    assert {(w, s, n) for w in ("maintenance", "maintenance_legacy", "attention", "layer_step")
+            for s in (1, 4) for n in (0, 8, 16)} <= whats

@@ -128,3 +128,117 @@ def test_choose_n_tensor_parallel():
     assert split.n == best_hybrid_n(V3.replace(h=16), pr, "h200").n
     with pytest.raises(ValueError, match="divisor"):
         choose_n(V3, pr, "h200", tp=3)
+
+
+# --- the n chooser under a memory budget: expected values from the formulas ---------------
+
+P_H200, W_H200 = 710e12, 4257e9          # the H200's measured ceilings (conf/devices.json)
+
+
+def hybrid_time_by_hand(h, n, b=32, s=16, t=4096, d=128, dv=128, p=64, k=512, w=2):
+    """MLAvar6+'s roofline time written out: FLOPs 2bhstp + 2bhsn(d+dv) + 4bhsok, bytes
+    w·(bhs(p+d+k) + bok + btp + bhn(d+dv) + bhs(dv+k))."""
+    o = t - n
+    flops = 2 * b * h * s * t * p + 2 * b * h * s * n * (d + dv) + 4 * b * h * s * o * k
+    nbytes = w * (b * h * s * (p + d + k) + b * o * k + b * t * p + b * h * n * (d + dv) + b * h * s * (dv + k))
+    return max(flops / P_H200, nbytes / W_H200)
+
+
+def best_by_hand(h, n_max=4096):
+    times = [hybrid_time_by_hand(h, n) for n in range(n_max + 1)]
+    return min(range(n_max + 1), key=lambda n: (times[n], n))
+
+
+def test_budget_table_b32_s16_t4096_h200():
+    """Unconstrained, window <= the latent cache (4,718,592 B per sequence per layer), and the
+    same with tp = 8 (16 heads per rank: the window per token shrinks 8x, the latent does not)."""
+    from mla_var3.analysis.regime import budget_table, latent_window_budget
+
+    pr = Problem(b=32, s=16, t=4096)
+    assert latent_window_budget(V3, 4096) == 4096 * 576 * 2
+    rows = budget_table(V3, pr, "h200", tps=(1, 8))
+    got = [(r.tp, r.split.n, r.split.limited_by) for r in rows]
+    assert best_by_hand(128) == 1190 and best_by_hand(16) == 868
+    assert got == [(1, 1190, "time"), (1, 72, "memory"), (8, 868, "time"), (8, 576, "memory")]
+    for r in rows:
+        h = 128 // r.tp
+        assert r.split.time_s == pytest.approx(hybrid_time_by_hand(h, r.split.n), rel=1e-12)
+        assert r.latent_time_s == pytest.approx(hybrid_time_by_hand(h, 0), rel=1e-12)
+        assert r.window_bytes == r.split.n * h * 256 * 2
+    assert rows[0].split.time_s * 1e6 == pytest.approx(654.0, abs=0.05)
+    assert rows[1].split.time_s * 1e6 == pytest.approx(812.5, abs=0.05)
+    assert rows[1].speedup == pytest.approx(hybrid_time_by_hand(128, 0) / hybrid_time_by_hand(128, 72), rel=1e-12)
+
+
+@pytest.mark.parametrize("budget,tp,want", [(65_536 * 100, 1, 100), (65_536 * 100 - 1, 1, 99), (0, 1, 0),
+                                            (10**12, 1, 1190), (8_192 * 700, 8, 700), (8_192 * 900, 8, 868)])
+def test_choose_n_window_budget(budget, tp, want):
+    pr = Problem(b=32, s=16, t=4096)
+    split = choose_n(V3, pr, "h200", tp=tp, window_budget_bytes=budget)
+    assert split.n == want
+    assert split.limited_by == ("time" if want in (1190, 868) else "memory")
+    assert split.time_s == pytest.approx(hybrid_time_by_hand(128 // tp, want), rel=1e-12)
+
+
+def test_hybrid_split_auto_is_default_and_given_n_checked():
+    from mla_var3.analysis.regime import hybrid_split
+
+    pr = Problem(b=32, s=16, t=4096)
+    assert hybrid_split(V3, pr, "h200").n == 1190                                   # n="auto" by default
+    assert hybrid_split(V3, pr, "h200", window_budget_bytes=4_718_592).n == 72
+    given = hybrid_split(V3, pr, "h200", 100)
+    assert (given.n, given.limited_by) == (100, "given")
+    assert given.time_s == pytest.approx(hybrid_time_by_hand(128, 100), rel=1e-12)
+    with pytest.raises(ValueError, match="at most n=72"):
+        hybrid_split(V3, pr, "h200", 73, window_budget_bytes=4_718_592)
+    with pytest.raises(ValueError, match="'auto' or an integer"):
+        hybrid_split(V3, pr, "h200", "best")
+    with pytest.raises(ValueError, match="divisor"):
+        hybrid_split(V3, pr, "h200", 10, tp=3)
+
+
+def test_cli_regime_and_cost_with_window_budget(capsys):
+    import json
+
+    from mla_var3 import cli
+
+    code = cli.main(["regime", "--b", "32", "--s", "16", "--t", "4096", "--window-budget", "latent", "--tp", "8",
+                     "--device", "h200", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    rows = json.loads(out)["window_budget"]
+    assert [(r["s"], r["tp"], r["n"], r["window_budget_bytes"]) for r in rows] == [
+        (16, 1, 1190, None), (16, 1, 72, 4_718_592), (16, 8, 868, None), (16, 8, 576, 4_718_592)]
+    code = cli.main(["cost", "--design", "mla_var6_plus", "--s", "16", "--n", "auto", "--window-budget", "4.5MiB",
+                     "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and json.loads(out)["n"] == 72                 # 4.5 MiB = 4,718,592 B
+    code = cli.main(["cost", "--design", "mla_var6_plus", "--s", "16", "--n", "auto", "--tp", "8", "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and json.loads(out)["n"] == 868 and json.loads(out)["dims"]["h"] == 16
+    for argv, msg in ((["cost", "--design", "mla_var6_plus", "--window-budget", "lots"], "'latent' or bytes"),
+                      (["cost", "--design", "flash_mla", "--tp", "8"], "mla_var6_plus only"),
+                      (["cost", "--design", "mla_var6_plus", "--s", "16", "--n", "80", "--window-budget", "latent"],
+                       "at most n=72")):
+        assert cli.main(argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_plot_time_vs_n_model_and_sweep(tmp_path):
+    """The plot is written from the model alone and from a measured sweep (hybrid_check layout)."""
+    import json
+
+    from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
+
+    sweep = {"sweep": [{"label": "absorbed alone", "b": 32, "s": 16, "n": 0, "us": 1361.7},
+                       {"label": "hybrid overlapped", "b": 32, "s": 16, "n": 0, "us": 1381.4},
+                       {"label": "hybrid overlapped", "b": 32, "s": 16, "n": 1024, "us": 1582.7},
+                       {"label": "hybrid overlapped", "b": 64, "s": 16, "n": 512, "us": 3000.0}]}
+    src = tmp_path / "hybrid_check.json"
+    src.write_text(json.dumps(sweep))
+    measured = load_n_sweep(src)
+    assert measured == {"hybrid overlapped": [(0, 1381.4), (1024, 1582.7)]}
+    dev = get_device("h200")
+    for name, m in (("model.png", None), ("sweep.png", measured)):
+        out = plot_time_vs_n(V3, dev, 32, 16, 4096, tmp_path / name, measured=m, window_budget_bytes=4_718_592)
+        assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

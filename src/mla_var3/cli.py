@@ -73,6 +73,48 @@ def positive_float(text: str) -> float:
     return value
 
 
+def n_arg(text: str) -> int | str:
+    """``auto`` or a non-negative integer (the hybrid's n)."""
+    return "auto" if text.strip().lower() == "auto" else nonneg_int(text)
+
+
+_BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def window_budget_arg(text: str) -> float | str:
+    """``latent`` (the latent cache's own size per sequence per layer) or bytes, e.g.
+    ``4718592``, ``4.5MB``, ``4.5MiB``."""
+    low = text.strip().lower().replace(" ", "")
+    if low == "latent":
+        return "latent"
+    num = low.rstrip("bikmg")
+    unit = low[len(num):] or "b"
+    try:
+        value = float(num) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected 'latent' or bytes such as 4718592, 4.5MB, 4.5MiB; got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative byte count, got {text!r}")
+    return value
+
+
+def window_budget_bytes(value, dims, t: int) -> float | None:
+    """Resolve a :func:`window_budget_arg` value (None stays None)."""
+    if value == "latent":
+        from mla_var3.analysis.regime import latent_window_budget
+
+        return latent_window_budget(dims, t)
+    return value
+
+
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
+                   help="cap the hybrid's expanded window per sequence per layer per rank (n·(h/tp)·2d·w): bytes "
+                        "(4.5MB, 4.5MiB) or 'latent' = the latent cache's own size t·(k+p)·w")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: each rank holds h/tp heads of the window (default 1)")
+
+
 def int_list(text: str) -> list[int]:
     return [positive_int(part.strip()) for part in text.split(",") if part.strip()] or _raise_empty(text)
 
@@ -151,7 +193,6 @@ def _us(seconds: float) -> str:
 
 def _cmd_cost(args) -> int:
     from mla_var3.analysis.cost import COST_MODELS
-    from mla_var3.analysis.regime import best_hybrid_n
     from mla_var3.analysis.roofline import predict
 
     if args.design not in COST_MODELS:
@@ -159,11 +200,23 @@ def _cmd_cost(args) -> int:
     dims, dev = dims_from_args(args), device_from_args(args)
     if args.n is not None and args.design != "mla_var6_plus":
         raise ValueError(f"--n applies to mla_var6_plus only, not {args.design}")
-    problem = Problem(b=args.b, s=args.s, t=args.t, n=args.n)
+    if (args.window_budget is not None or args.tp != 1) and args.design != "mla_var6_plus":
+        raise ValueError(f"--window-budget and --tp apply to mla_var6_plus only, not {args.design}")
+    auto = args.n in (None, "auto")
+    problem = Problem(b=args.b, s=args.s, t=args.t, n=None if auto else args.n)
     n_note = ""
-    if args.design == "mla_var6_plus" and args.n is None:
-        problem = problem.with_n(best_hybrid_n(dims, problem, dev, args.ceilings).n)
-        n_note = " (best n)"
+    if args.design == "mla_var6_plus":
+        from mla_var3.analysis.regime import hybrid_split
+
+        budget = window_budget_bytes(args.window_budget, dims, args.t)
+        split = hybrid_split(dims, problem, dev, "auto" if auto else args.n, window_budget_bytes=budget, tp=args.tp,
+                             ceilings=args.ceilings)
+        problem = problem.with_n(split.n)
+        if auto:
+            n_note = " (best n" + (", capped by the window budget" if split.limited_by == "memory" else "") + ")"
+        if args.tp != 1:
+            dims = dims.replace(h=dims.h // args.tp, name=dims.name)
+            n_note += f", per rank of tp={args.tp}"
     pred = predict(args.design, dims, problem, dev, args.ceilings, stages=args.stages)
     if args.json:
         _print_json({**pred.to_dict(), "model": dims.name, "b": problem.b, "s": problem.s, "t": problem.t,
@@ -199,8 +252,10 @@ def _add_cost(sub) -> None:
     p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
     p.add_argument("--s", type=positive_int, default=1, help="query tokens per sequence (default 1)")
     p.add_argument("--t", type=positive_int, default=4096, help="context incl. the s new tokens (default 4096)")
-    p.add_argument("--n", type=nonneg_int, help="mla_var6_plus: newest tokens kept expanded (default: best n)")
+    p.add_argument("--n", type=n_arg, help="mla_var6_plus: newest tokens kept expanded, or 'auto' (default: the "
+                                          "model's best n, capped by --window-budget)")
     p.add_argument("--stages", action="store_true", help="add query absorption and output decompression")
+    add_budget_args(p)
     add_device_args(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_cost)
@@ -216,8 +271,14 @@ def _cmd_regime(args) -> int:
     for s in args.s or []:
         Problem(b=args.b, s=s, t=args.t)  # validates s <= t
     guide = regime_guide(dims, dev, args.b, args.t, args.s, args.ceilings, args.fa_model)
+    budget_rows, budget_note = _budget_rows(args, dims, dev)
+    if args.plot_n:
+        _plot_n(args, dims, dev)
     if args.json:
-        _print_json(guide.to_dict())
+        out = guide.to_dict()
+        if budget_rows:
+            out["window_budget"] = [{"s": s, **r.to_dict()} for s, rows_s in budget_rows for r in rows_s]
+        _print_json(out)
         return 0
     c = guide.ceilings
     rows = []
@@ -235,7 +296,48 @@ def _cmd_regime(args) -> int:
               else "crossover: FlashAttention never overtakes FlashMLA for s <= t")
     con.print(_table("regimes", ["regime", "s", "best", "why"], [[e.regime, e.s_range, e.best, e.why] for e in guide.regimes],
                      right_from=99))
+    if budget_rows:
+        con.print(_table(f"hybrid n under a window budget ({budget_note}; times per rank of h/tp heads)",
+                         ["s", "tp", "window budget", "n", "window / seq / layer", "MLAvar6+", "n = 0", "speed-up",
+                          "limited by"],
+                         [[s, r.tp, "-" if r.window_budget_bytes is None else _mb(r.window_budget_bytes), r.split.n,
+                           _mb(r.window_bytes), _us(r.split.time_s), _us(r.latent_time_s), f"{r.speedup:.3f}x",
+                           "budget" if r.split.limited_by == "memory" else "time"]
+                          for s, rows_s in budget_rows for r in rows_s], right_from=0))
     return 0
+
+
+def _plot_n(args, dims, dev) -> None:
+    """--plot-n: time vs n at the first --s (default 16), the model's optimum marked, the
+    measured sweep of --sweep (a hybrid_check.py JSON) when given."""
+    from pathlib import Path
+
+    from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
+
+    s = (args.s or [16])[0]
+    measured = load_n_sweep(args.sweep, args.b, s) if args.sweep else None
+    budget = window_budget_bytes(args.window_budget, dims, args.t)
+    path = plot_time_vs_n(dims, dev, args.b, s, args.t, Path(args.plot_n), args.ceilings, measured, budget, args.tp)
+    print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.2f} MB"
+
+
+def _budget_rows(args, dims, dev):
+    """(s, [BudgetedSplit]) per s of the guide when --window-budget or --tp is given."""
+    from mla_var3.analysis.regime import budget_table
+
+    if args.window_budget is None and args.tp == 1:
+        return [], ""
+    budget = window_budget_bytes(args.window_budget or "latent", dims, args.t)
+    note = ("window <= the latent cache's own size" if args.window_budget in (None, "latent") else "window")
+    note += f" = {budget / 1e6:,.2f} MB per sequence per layer"
+    tps = sorted({1, args.tp})
+    s_values = args.s or [r for r in (1, 2, 4, 8, 16, 32, 64) if r <= args.t]
+    return [(s, budget_table(dims, Problem(b=args.b, s=s, t=args.t), dev, budget, tps, args.ceilings))
+            for s in s_values], note
 
 
 def _add_regime(sub) -> None:
@@ -247,6 +349,10 @@ def _add_regime(sub) -> None:
     p.add_argument("--s", type=int_list, help="comma-separated query lengths (default 1,2,4,...,t)")
     p.add_argument("--fa-model", default="flash_attention", choices=("flash_attention", "flash_attention_shared_kpe"),
                    help="FlashAttention byte count: seed (RoPE key per head) or shared RoPE key")
+    add_budget_args(p)
+    p.add_argument("--plot-n", metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
+                                                  "the predicted optimum marked")
+    p.add_argument("--sweep", metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
     add_device_args(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_regime)

@@ -13,6 +13,9 @@ expanded    2·h·d + p                   MLA run expanded: K, V per head + one 
 hybrid      o·(k + p) + n·(2·h·d + p)   per sequence; + n·k if latent copies are kept
 =========  ===========================  =============================================
 
+The hybrid's *window* (:func:`window_bytes`) is what it adds to a latent cache that keeps every
+token's ``z``: ``n·h·2d·w`` per sequence per layer, ``n·(h/tp)·2d·w`` per tensor-parallel rank.
+
 The cache is only the part of memory that grows with context and concurrency: weights,
 activations, workspaces and communication buffers stay (see :func:`plan_capacity`).
 
@@ -69,6 +72,26 @@ def hybrid_cache_bytes(dims: MLADims, b: int, o: int, n: int, keep_latent_window
     _check_sizes("hybrid_cache_bytes", b=b, o=o, n=n)
     extra = b * n * dims.k * dims.w if keep_latent_window else 0
     return b * (o * (dims.k + dims.p) + n * (2 * dims.h * dims.d + dims.p)) * dims.w + extra
+
+
+def window_bytes(dims: MLADims, n: int, tp: int = 1) -> int:
+    """The hybrid's expanded window of one sequence in one layer on one tensor-parallel rank:
+    ``n·(h/tp)·(d + dv)·w`` (= ``n·h·2d·w`` at tp = 1): K and V of the rank's heads. The latent
+    part (and the RoPE keys, kept for every token either way) is not in it, and does not shrink
+    with tp: every rank needs the whole latent for its heads."""
+    _check_sizes("window_bytes", n=n, tp=tp)
+    if tp < 1 or dims.h % tp:
+        raise ValueError(f"window_bytes: tp must be a positive divisor of h={dims.h}, got {tp!r}")
+    return n * (dims.h // tp) * (dims.d + dims.dv) * dims.w
+
+
+def max_window_n(dims: MLADims, window_budget_bytes: float, tp: int = 1) -> int:
+    """Largest n whose window (:func:`window_bytes`, per sequence per layer per rank) fits
+    ``window_budget_bytes``: ``floor(budget / ((h/tp)·(d + dv)·w))``."""
+    if not window_budget_bytes >= 0:
+        raise ValueError(f"max_window_n: the window budget must be >= 0 bytes, got {window_budget_bytes!r}")
+    per_token = window_bytes(dims, 1, tp)
+    return int(window_budget_bytes // per_token)
 
 
 def paged_cache_bytes(dims: MLADims, num_blocks: int, block_size: int = 64) -> int:

@@ -3,6 +3,7 @@
 - :func:`plot_roofline`: attainable TFLOP/s vs arithmetic intensity, with the device's
   ceilings and the three designs placed at a few query lengths s.
 - :func:`plot_time_vs_s`: predicted time of the three designs over s, crossovers marked.
+- :func:`plot_time_vs_n`: the hybrid's time vs n (model, measured sweep), the optimum marked.
 """
 
 from __future__ import annotations
@@ -114,6 +115,72 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def load_n_sweep(path, b: int | None = None, s: int | None = None) -> dict[str, list[tuple[int, float]]]:
+    """Measured time vs n from a ``benchmarks/hybrid_check.py`` JSON (its ``sweep``: rows with
+    ``label``, ``b``, ``s``, ``n``, ``us``): ``{label: [(n, µs), ...]}`` sorted by n, for one
+    (b, s) (default: the first row's). Rows at a single n (the pure kernels) are dropped."""
+    import json
+
+    rows = [r for r in json.loads(Path(path).read_text()).get("sweep", []) if r.get("us") is not None]
+    if not rows:
+        return {}
+    b = rows[0]["b"] if b is None else b
+    s = rows[0]["s"] if s is None else s
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["b"] == b and r["s"] == s:
+            out.setdefault(r["label"], []).append((int(r["n"]), float(r["us"])))
+    return {label: sorted(pts) for label, pts in out.items() if len({n for n, _ in pts}) > 1}
+
+
+def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: Path, ceilings: str = "measured",
+                   measured: dict[str, list[tuple[int, float]]] | None = None,
+                   window_budget_bytes: float | None = None, tp: int = 1) -> Path:
+    """MLAvar6+'s time vs n: the roofline model (perfect overlap of its two parts) with its
+    optimum marked, the measured sweep when given (its best marked), and the n a window budget
+    allows (:func:`mla_var3.analysis.regime.choose_n`)."""
+    from mla_var3.analysis.regime import choose_n
+
+    rank = dims.replace(h=dims.h // tp, name=dims.name)
+    c = device.ceilings(ceilings, dims.w)
+    ns = np.unique(np.linspace(0, t, 257).astype(int))
+    model = []
+    for n in ns:
+        cost = DESIGNS["mla_var6_plus"](rank, Problem(b=b, s=s, t=t, n=int(n)))
+        model.append(max(cost.flops / c.flops_per_s, cost.bytes / c.bytes_per_s) * 1e6)
+    best = choose_n(dims, Problem(b=b, s=s, t=t), device, tp=tp, ceilings=ceilings)
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    ax.plot(ns, model, color="black", linestyle="--", label=f"model ({c.kind} ceilings, perfect overlap)")
+    ax.axvline(best.n, color="black", linestyle=":", linewidth=1)
+    ax.scatter([best.n], [best.time_s * 1e6], marker="*", s=200, color="gold", edgecolors="black",
+               zorder=4, label=f"predicted optimum: n = {best.n}, {best.time_s * 1e6:,.0f} µs")
+    if window_budget_bytes is not None:
+        cap = choose_n(dims, Problem(b=b, s=s, t=t), device, tp=tp, ceilings=ceilings,
+                       window_budget_bytes=window_budget_bytes)
+        ax.scatter([cap.n], [cap.time_s * 1e6], marker="v", s=90, color="tab:orange", edgecolors="black", zorder=4,
+                   label=f"window budget {window_budget_bytes / 1e6:,.2f} MB: n = {cap.n}, {cap.time_s * 1e6:,.0f} µs")
+    palette = ["tab:blue", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:cyan", "tab:olive", "tab:gray"]
+    for i_label, (label, pts) in enumerate((measured or {}).items()):
+        xs, ys = [n for n, _ in pts], [us for _, us in pts]
+        line = ax.plot(xs, ys, marker="o", markersize=4, color=palette[i_label % len(palette)],
+                       label=f"measured: {label}")[0]
+        i = int(np.argmin(ys))
+        if label.startswith("hybrid"):
+            ax.scatter([xs[i]], [ys[i]], s=110, facecolors="none", edgecolors=line.get_color(), linewidths=1.5, zorder=4)
+    ax.set_xlabel("n (newest tokens kept expanded; o = t - n latent)")
+    ax.set_ylabel("time (µs)")
+    heads = f", {dims.h // tp} heads per rank (tp = {tp})" if tp != 1 else ""
+    ax.set_title(f"MLAvar6+ time vs n: {dims.name} on {device.name}\nb={b}, s={s}, t={t}{heads}"
+                 + ("; circles: measured best" if measured else ""), fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

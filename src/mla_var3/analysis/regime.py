@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from mla_var3.analysis.cost import DESIGNS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
-from mla_var3.analysis.memory import hybrid_cache_bytes
+from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
 from mla_var3.analysis.roofline import Prediction, bound_of, predict_cost, resolve_ceilings
 from mla_var3.shapes import MLADims, Problem
 
@@ -134,6 +134,16 @@ def max_hybrid_n(dims: MLADims, b: int, t: int, memory_budget_bytes: float, tp: 
     return n
 
 
+def _n_cap(dims: MLADims, problem: Problem, memory_budget_bytes, window_budget_bytes, tp: int) -> int:
+    """The largest n the budgets allow (t without budgets)."""
+    n_cap = problem.t
+    if memory_budget_bytes is not None:
+        n_cap = min(n_cap, max_hybrid_n(dims, problem.b, problem.t, memory_budget_bytes, tp))
+    if window_budget_bytes is not None:
+        n_cap = min(n_cap, max_window_n(dims, window_budget_bytes, tp))
+    return n_cap
+
+
 def choose_n(
     dims: MLADims,
     problem: Problem,
@@ -141,25 +151,104 @@ def choose_n(
     memory_budget_bytes: float | None = None,
     tp: int = 1,
     ceilings: str = "measured",
+    window_budget_bytes: float | None = None,
 ) -> HybridSplit:
     """The hybrid split to run: the time optimum, capped by a cache budget when one is given.
 
     With ``tp`` > 1 each rank runs h/tp heads (h must divide). ``memory_budget_bytes`` is the
     cache budget of one rank for all ``dims.layers`` layers of ``problem.b`` sequences of
-    context ``problem.t``. The time is convex in n, so the capped optimum is the clamped one.
+    context ``problem.t``; ``window_budget_bytes`` caps the expanded window of one sequence in
+    one layer on one rank (:func:`~mla_var3.analysis.memory.window_bytes`:
+    ``n·(h/tp)·2d·w``). The time is convex in n, so the capped optimum is the clamped one.
     """
-    if not isinstance(tp, int) or tp < 1 or dims.h % tp:
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or dims.h % tp:
         raise ValueError(f"choose_n: tp must be a positive divisor of h={dims.h}, got {tp!r}")
     rank_dims = dims.replace(h=dims.h // tp, name=dims.name)
     _, ceil = resolve_ceilings(device, rank_dims, ceilings)
     best = _best_n_in(rank_dims, problem, ceil, problem.t)
-    if memory_budget_bytes is None:
-        return best
-    n_cap = max_hybrid_n(dims, problem.b, problem.t, memory_budget_bytes, tp)
+    n_cap = _n_cap(dims, problem, memory_budget_bytes, window_budget_bytes, tp)
     if best.n <= n_cap:
         return best
     time_s, bound = _hybrid_time(rank_dims, problem, n_cap, ceil)
     return HybridSplit(n_cap, time_s, bound, best.n_balance, "memory")
+
+
+def hybrid_split(
+    dims: MLADims,
+    problem: Problem,
+    device: str | Device = "h200",
+    n: int | str = "auto",
+    *,
+    window_budget_bytes: float | None = None,
+    memory_budget_bytes: float | None = None,
+    tp: int = 1,
+    ceilings: str = "measured",
+) -> HybridSplit:
+    """The split to run for ``n``: ``"auto"`` (the default) is :func:`choose_n` — the model's
+    best n clamped by the budgets; an integer is taken as given (``limited_by="given"``) and
+    checked against ``[0, t]`` and the budgets (ValueError when it does not fit)."""
+    if n == "auto":
+        return choose_n(dims, problem, device, memory_budget_bytes, tp, ceilings, window_budget_bytes)
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= problem.t:
+        raise ValueError(f"hybrid n must be 'auto' or an integer in [0, t={problem.t}], got {n!r}")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or dims.h % tp:
+        raise ValueError(f"hybrid_split: tp must be a positive divisor of h={dims.h}, got {tp!r}")
+    n_cap = _n_cap(dims, problem, memory_budget_bytes, window_budget_bytes, tp)
+    if n > n_cap:
+        raise ValueError(f"hybrid n={n} does not fit the budget (at most n={n_cap})")
+    rank_dims = dims.replace(h=dims.h // tp, name=dims.name)
+    _, ceil = resolve_ceilings(device, rank_dims, ceilings)
+    time_s, bound = _hybrid_time(rank_dims, problem, n, ceil)
+    return HybridSplit(n, time_s, bound, None, "given")
+
+
+def latent_window_budget(dims: MLADims, t: int) -> int:
+    """The latent cache's own size for one sequence in one layer, ``t·(k + p)·w``: the budget
+    "the window may cost at most what the latent cache costs"."""
+    return mla_cache_bytes(dims, 1, t)
+
+
+@dataclass(frozen=True)
+class BudgetedSplit:
+    """One line of :func:`budget_table`: the split at tensor-parallel degree ``tp`` with or
+    without a window budget, and the window's bytes per sequence per layer per rank."""
+
+    tp: int
+    window_budget_bytes: float | None
+    split: HybridSplit
+    window_bytes: int
+    latent_time_s: float
+
+    @property
+    def speedup(self) -> float:
+        """Predicted time at n = 0 (all latent: the absorbed computation) over the split's."""
+        return self.latent_time_s / self.split.time_s
+
+    def to_dict(self) -> dict:
+        return {"tp": self.tp, "window_budget_bytes": self.window_budget_bytes, "n": self.split.n,
+                "time_s": self.split.time_s, "bound": self.split.bound, "limited_by": self.split.limited_by,
+                "window_bytes": self.window_bytes, "latent_time_s": self.latent_time_s, "speedup": self.speedup}
+
+
+def budget_table(
+    dims: MLADims,
+    problem: Problem,
+    device: str | Device = "h200",
+    window_budget_bytes: float | None = None,
+    tps=(1,),
+    ceilings: str = "measured",
+) -> list[BudgetedSplit]:
+    """For each tp: the unconstrained split, then the split under ``window_budget_bytes`` per
+    sequence per layer per rank (default: the latent cache's own size,
+    :func:`latent_window_budget`). Times are per rank (h/tp heads), beside the time at n = 0."""
+    budget = latent_window_budget(dims, problem.t) if window_budget_bytes is None else window_budget_bytes
+    rows = []
+    for tp in tps:
+        latent_s = hybrid_split(dims, problem, device, 0, tp=tp, ceilings=ceilings).time_s
+        for cap in (None, budget):
+            split = choose_n(dims, problem, device, tp=tp, ceilings=ceilings, window_budget_bytes=cap)
+            rows.append(BudgetedSplit(tp, cap, split, window_bytes(dims, split.n, tp), latent_s))
+    return rows
 
 
 def crossover_s(

@@ -19,6 +19,10 @@ memory model of :mod:`mla_var3.analysis.memory` for a batch of equal lengths.
 ``append`` returns a new container holding the old tokens plus ``s`` new ones per sequence,
 written at each sequence's own offset ``seqlens[b]``; the old container is left unchanged.
 
+The hybrid cache (:mod:`mla_var3.model.hybrid_cache`, re-exported here) keeps its tensors as
+views into buffers with spare capacity and maintains its window per step with whole-batch
+tensor ops (see that module).
+
 Hybrid window and latent copies: the hybrid keeps the ``n`` newest tokens of each sequence
 expanded (``K``, ``V`` per head) and the older ``o = t - n`` latent. With
 ``keep_latent_window=True`` (the default) the latent ``z`` of the window tokens is kept too, so
@@ -211,160 +215,6 @@ class ExpandedCache:
 
 
 @dataclass(frozen=True)
-class HybridCache:
-    """Hybrid (MLAvar6+) cache: the ``n`` newest tokens of each sequence expanded, the rest latent.
-
-    Attributes
-    ----------
-    z : Tensor [B, Tz, K]
-        Latent of tokens ``[0, o_b)`` of sequence b, or of all ``[0, t_b)`` tokens with
-        ``keep_latent_window`` (then ``Tz = T``).
-    kpe : Tensor [B, T, P]
-        RoPE key of every token.
-    k_win, v_win : Tensor [B, N, H, D]
-        Expanded window: tokens ``[o_b, t_b)`` of sequence b, left-aligned, ``N = min(n, T)``.
-    seqlens : Tensor [B] int32
-        ``t_b``; ``o_b = t_b - min(n, t_b)``.
-    n : int
-        Window size the cache keeps.
-    keep_latent_window : bool
-        Whether ``z`` also holds the window tokens (see the module docstring).
-    """
-
-    z: torch.Tensor
-    kpe: torch.Tensor
-    k_win: torch.Tensor
-    v_win: torch.Tensor
-    seqlens: torch.Tensor
-    n: int
-    keep_latent_window: bool = True
-
-    def __post_init__(self) -> None:
-        b, t = self.kpe.shape[:2]
-        if self.z.dim() != 3 or self.z.shape[0] != b or self.k_win.dim() != 4 or self.v_win.shape != self.k_win.shape \
-                or self.k_win.shape[0] != b:
-            raise ValueError(f"HybridCache: z must be [B, Tz, K], kpe [B, T, P], k_win/v_win [B, N, H, D]; got "
-                             f"{list(self.z.shape)}, {list(self.kpe.shape)}, {list(self.k_win.shape)}, {list(self.v_win.shape)}")
-        if not isinstance(self.n, int) or self.n < 0:
-            raise ValueError(f"HybridCache: n must be an integer >= 0, got {self.n!r}")
-        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, b, t, self.kpe.device))
-        if self.k_win.shape[1] != min(self.n, t):
-            raise ValueError(f"HybridCache: k_win holds {self.k_win.shape[1]} tokens, expected min(n={self.n}, T={t})")
-
-    @classmethod
-    def empty(cls, b: int, h: int, d: int, k: int, p: int, n: int, keep_latent_window: bool = True,
-              dtype: torch.dtype = torch.float32, device=None) -> "HybridCache":
-        zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        return cls(zeros(b, 0, k), zeros(b, 0, p), zeros(b, 0, h, d), zeros(b, 0, h, d),
-                   torch.zeros(b, dtype=torch.int32, device=device), n, keep_latent_window)
-
-    @classmethod
-    def from_latent(cls, latent: LatentCache, n: int, w_uk: torch.Tensor, w_uv: torch.Tensor,
-                    keep_latent_window: bool = True) -> "HybridCache":
-        """Split a latent cache: the ``n`` newest tokens of each sequence are expanded."""
-        parts = []
-        for b in range(latent.batch):
-            t_b = int(latent.seqlens[b])
-            n_b = min(n, t_b)
-            window = LatentCache(latent.z[b:b + 1, t_b - n_b:t_b], latent.kpe[b:b + 1, t_b - n_b:t_b]).to_expanded(w_uk, w_uv)
-            z_b = latent.z[b, :t_b] if keep_latent_window else latent.z[b, : t_b - n_b]
-            parts.append((z_b, latent.kpe[b, :t_b], window.k[0], window.v[0]))
-        return cls._from_parts(parts, latent.seqlens, n, keep_latent_window)
-
-    @classmethod
-    def _from_parts(cls, parts, seqlens, n, keep) -> "HybridCache":
-        """Pad-stack per-sequence ``(z, kpe, k_win, v_win)`` tuples."""
-        t = int(seqlens.max()) if len(parts) else 0
-        tz = max((z.shape[0] for z, _, _, _ in parts), default=0)
-        return cls(_pad_stack([x[0] for x in parts], tz), _pad_stack([x[1] for x in parts], t),
-                   _pad_stack([x[2] for x in parts], min(n, t)), _pad_stack([x[3] for x in parts], min(n, t)),
-                   seqlens.to(torch.int32), n, keep)
-
-    @property
-    def batch(self) -> int:
-        return self.kpe.shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.kpe.shape[1]
-
-    @property
-    def uniform(self) -> bool:
-        return bool((self.seqlens == self.max_len).all())
-
-    @property
-    def nbytes(self) -> int:
-        """``B * (O * (K + P) + N * (2 * H * D + P)) * w`` (+ ``B * N * K * w`` with
-        ``keep_latent_window``) (= ``hybrid_cache_bytes``)."""
-        return _nbytes(self.z, self.kpe, self.k_win, self.v_win)
-
-    def parts(self, b: int | None = None):
-        """``(z_old [B,O,K], kpe [B,O+N,P], k_new [B,N,H,D], v_new [B,N,H,D])`` for the attention.
-
-        The whole batch when every sequence has the same length (``b=None``), else sequence b
-        alone (unpadded, batch 1).
-        """
-        if b is None:
-            if not self.uniform:
-                raise ValueError("HybridCache.parts(): ragged lengths, ask for one sequence at a time")
-            t = self.max_len
-            o = t - min(self.n, t)
-            return self.z[:, :o], self.kpe, self.k_win, self.v_win
-        t_b = int(self.seqlens[b])
-        n_b = min(self.n, t_b)
-        return (self.z[b:b + 1, : t_b - n_b], self.kpe[b:b + 1, :t_b],
-                self.k_win[b:b + 1, :n_b], self.v_win[b:b + 1, :n_b])
-
-    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> "HybridCache":
-        """Add s tokens per sequence (their latent, RoPE key and expanded K, V); the window keeps
-        the n newest, its oldest tokens move to the latent part."""
-        s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
-        for name, x, tail in (("kpe_new", kpe_new, (self.kpe.shape[2],)), ("k_new", k_new, tuple(self.k_win.shape[2:])),
-                              ("v_new", v_new, tuple(self.v_win.shape[2:]))):
-            if _check_new(name, x, self.batch, tail, self.kpe) != s:
-                raise ValueError(f"{name} has {x.shape[1]} tokens, z_new {s}")
-        parts = []
-        for b in range(self.batch):
-            t_b = int(self.seqlens[b])
-            n_b = min(self.n, t_b)
-            o_b = t_b - n_b
-            t2 = t_b + s
-            n2 = min(self.n, t2)
-            o2 = t2 - n2
-            # old window holds tokens [o_b, t_b); with the new ones [o_b, t2); keep [o2, t2)
-            k_window = torch.cat((self.k_win[b, :n_b], k_new[b]))[o2 - o_b:]
-            v_window = torch.cat((self.v_win[b, :n_b], v_new[b]))[o2 - o_b:]
-            if self.keep_latent_window:
-                z_b = torch.cat((self.z[b, :t_b], z_new[b]))
-            else:
-                evicted = min(o2, t_b) - o_b
-                if evicted > 0:
-                    raise ValueError(f"HybridCache without latent copies of the window cannot move {evicted} "
-                                     f"expanded token(s) of sequence {b} to the latent part (their latent is not kept); "
-                                     "use keep_latent_window=True")
-                z_b = torch.cat((self.z[b, :o_b], z_new[b, : max(o2 - t_b, 0)]))
-            parts.append((z_b, torch.cat((self.kpe[b, :t_b], kpe_new[b])), k_window, v_window))
-        return HybridCache._from_parts(parts, self.seqlens + s, self.n, self.keep_latent_window)
-
-    @staticmethod
-    def stack(caches: list["HybridCache"]) -> "HybridCache":
-        """Join sequences of several caches (same n and keep_latent_window) into one batch."""
-        first = caches[0]
-        if any(c.n != first.n or c.keep_latent_window != first.keep_latent_window for c in caches):
-            raise ValueError("HybridCache.stack: caches must share n and keep_latent_window")
-        parts, lengths = [], []
-        for c in caches:
-            for b in range(c.batch):
-                z_old, kpe, k_win, v_win = c.parts(b)
-                t_b = int(c.seqlens[b])
-                z_b = c.z[b, :t_b] if c.keep_latent_window else z_old[0]
-                parts.append((z_b, kpe[0], k_win[0], v_win[0]))
-                lengths.append(t_b)
-        seqlens = torch.tensor(lengths, dtype=torch.int32, device=first.kpe.device)
-        return HybridCache._from_parts(parts, seqlens, first.n, first.keep_latent_window)
-
-
-@dataclass(frozen=True)
 class PagedLatentCache:
     """Paged latent cache in FlashMLA's layout.
 
@@ -491,3 +341,9 @@ class PagedLatentCache:
         blocks = block_table.long().gather(1, pos // bs)
         kv[blocks, pos % bs, 0] = torch.cat((z_new, kpe_new), dim=-1)
         return PagedLatentCache(kv, block_table, self.seqlens + s, self.k, tuple(free))
+
+
+# the hybrid cache lives in its own module (it needs the helpers above)
+from mla_var3.model.hybrid_cache import HybridCache  # noqa: E402
+
+__all__ = ["LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache"]
