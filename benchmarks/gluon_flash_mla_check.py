@@ -282,8 +282,8 @@ def main() -> int:
     except Exception as exc:
         record["defaults"] = f"{type(exc).__name__}: {exc}"
     try:
-        record["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        from mla_var3.runtime.environment import environment
+        record["commit"] = environment().get("commit")   # honours MLA_VAR3_COMMIT (checkouts without history)
     except Exception:
         record["commit"] = None
 
