@@ -29,10 +29,11 @@ Design
 
   WG1's step 2 runs while WG0's ``p0 . X_L`` runs on the tensor cores, and WG0's next softmax
   while WG1's two ``P . Z_R`` run: the seesaw.
-* **Piecewise refill.** Each buffer is loaded by TMA in ``K / 64 + 1`` pieces of 64 columns,
-  each with its own mbarrier; the score MMA consumes the pieces in column order as they land
-  (the RoPE piece last). A piece is refilled by the warpgroup that used it last, as soon as its
-  last MMA has retired: X_L by WG0 after ``p0 . X_L``, X_R and X's RoPE piece by WG1 after
+* **Piecewise refill.** Each buffer is loaded by TMA in three parts — Z columns ``0 .. K/2``
+  (``_L``), ``K/2 .. K`` (``_R``) and the RoPE piece — each one box with its own mbarrier; the
+  score MMA runs 64 columns per wgmma group and waits for each part just before its first
+  group. A part is refilled by the warpgroup that used it last, as soon as its last MMA has
+  retired: X_L by WG0 after ``p0 . X_L``, X_R and X's RoPE piece by WG1 after
   ``p0 . X_R``, Y_L and Y's RoPE piece by WG0 after ``p1 . Y_L``, Y_R by WG1 after ``p1 . Y_R``.
 * **Exchange** between the warpgroups: three mbarriers (``mA``/``p0`` ready, ``mB``/``p1`` ready,
   the final ``l``) and three 64-float rows in shared memory. Each warpgroup writes, fences,
@@ -70,9 +71,8 @@ __all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm9
 
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
-PIECE = 64            # columns per TMA piece of a key block
 NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one worker)
-_WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 240  # registers requested for the worker warpgroup
+_WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
 
 
 if GLUON_AVAILABLE:
@@ -109,11 +109,10 @@ if GLUON_AVAILABLE:
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
-    def _publish(bar, row_smem, row_vec, p_smem, p, WRITE_P: gl.constexpr):
+    def _publish(bar, row_smem, row_vec, p_smem, p):
         """Write ``p`` (bf16, for the other warpgroup's MMA) and a row vector, make them visible
         (async proxy for the MMA, then this warpgroup's threads), and signal ``bar`` once."""
-        if WRITE_P:
-            p_smem.store(p)
+        p_smem.store(p)
         row_smem.store(row_vec)
         fence_async_shared()
         gl.thread_barrier()
@@ -184,7 +183,7 @@ if GLUON_AVAILABLE:
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
                 p = gl.exp2(sc - m_a_safe[:, None]).to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
-                _publish(bar_a, xrow.index(0), m_a, own_r, p, True)
+                _publish(bar_a, xrow.index(0), m_a, own_r, p)
                 acc = acc * alpha[:, None]
                 p_op = gl.convert_layout(p, p_layout)
                 tok = warpgroup_mma(p_op, own_z.slice(0, KH, dim=1), acc, is_async=True)
@@ -215,7 +214,7 @@ if GLUON_AVAILABLE:
                 # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
                 # publishing, since WG0 may overwrite it once it has mB
                 p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
-                _publish(bar_b, xrow.index(1), m_b, own_r, p, True)
+                _publish(bar_b, xrow.index(1), m_b, own_r, p)
                 p_op = gl.convert_layout(p, p_layout)
                 l_o = (l_o * alpha + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
                        + gl.convert_layout(gl.sum(p0.to(gl.float32), axis=1), o_rows))
