@@ -96,6 +96,20 @@ def test_expansion_cost_formula():
 # ------------------------------------------------------------------------- forcing and errors
 
 
+def test_window_budget_caps_the_hybrid_n():
+    """A window budget equal to the latent cache's own size, t (k + p) w bytes, allows
+    n <= t (k + p) / (h 2 d) = 4096 * 576 / (128 * 256) = 72 tokens at DeepSeek-V3 dims."""
+    dims = get_preset("deepseek-v3")
+    problem, cache = Problem(b=32, s=16, t=4096), CacheInfo("hybrid", 4096)
+    budget = 4096 * (512 + 64) * 2
+    free = Dispatcher("h200", use_measured=False).decide(dims, problem, cache)
+    capped = Dispatcher("h200", use_measured=False, window_budget_bytes=budget).decide(dims, problem, cache)
+    n_free = {e.design: e.n for e in free.estimates}["hybrid"]
+    n_capped = {e.design: e.n for e in capped.estimates}["hybrid"]
+    assert n_free == choose_n(dims, problem, "h200").n > 72
+    assert n_capped == 72
+
+
 def test_forcing():
     pr = Problem(32, 1, 4096)
     hyb = CacheInfo("hybrid", 4096)

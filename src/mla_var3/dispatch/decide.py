@@ -250,6 +250,11 @@ class Dispatcher:
         checks) are decided as bf16 ones.
     hybrid_margin : float
         The hybrid must beat the best single design by more than this fraction.
+    window_budget_bytes : float or None
+        Cap on the hybrid's expanded window of one sequence in one layer, ``n·h·2d·w`` bytes
+        for the ``dims`` the calls pass (per tensor-parallel rank when they pass h/tp heads);
+        the model's n is clamped to it (:func:`mla_var3.analysis.regime.choose_n`). None: no cap
+        beyond the cache's own window.
 
     Example
     -------
@@ -272,6 +277,7 @@ class Dispatcher:
     use_autotune: bool = True
     dtype: str = "bf16"
     hybrid_margin: float = HYBRID_MARGIN
+    window_budget_bytes: float | None = None
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     # -- device ---------------------------------------------------------------------------
@@ -347,7 +353,8 @@ class Dispatcher:
             n_h = n_forced
         else:
             lo, hi = rng
-            n_h = min(max(choose_n(dims, problem, self.resolve_device(), ceilings=self.ceilings).n, lo), hi)
+            n_h = min(max(choose_n(dims, problem, self.resolve_device(), ceilings=self.ceilings,
+                                   window_budget_bytes=self.window_budget_bytes).n, lo), hi)
         why_not = {
             "absorbed": "" if cache.kind != "hybrid" or cache.latent_window else
             "no latent copy of the window (keep_latent_window=False)",
@@ -442,8 +449,11 @@ class Dispatcher:
         if others:
             runner = others[0]
             ratio = runner.predicted_s / choice.predicted_s
-            faster = f"{ratio - 1.0:.1%}" if ratio < 2 else f"{ratio:,.1f}x"
-            text += (f", {faster} faster than {runner.design} {_us(runner.predicted_s)} ({runner.bound}-bound)"
+            if ratio >= 1:
+                faster = (f"{ratio - 1.0:.1%}" if ratio < 2 else f"{ratio:,.1f}x") + " faster than"
+            else:  # kept over a slightly faster hybrid (within the margin)
+                faster = f"{1.0 - ratio:.1%} slower than"
+            text += (f", {faster} {runner.design} {_us(runner.predicted_s)} ({runner.bound}-bound)"
                      + "".join(f", {e.design} {_us(e.predicted_s)} ({e.bound}-bound)" for e in others[1:]))
         if choice is best_single and hyb.possible:
             text += (f"; the hybrid's best split n={hyb.n} ({_us(hyb.predicted_s)}) does not beat it by more than "

@@ -63,7 +63,8 @@ def explain(args) -> int:
         if not Path(path).is_file():
             raise ValueError(f"--results {path}: no such file")
     dispatcher = Dispatcher(dev, ceilings=args.ceilings, use_measured=not args.no_measured,
-                            results=tuple(args.results or ()), autotune_path=args.autotune_cache, dtype=args.dtype)
+                            results=tuple(args.results or ()), autotune_path=args.autotune_cache, dtype=args.dtype,
+                            window_budget_bytes=cli.window_budget_bytes(args.window_budget, dims, args.t))
     dec = dispatcher.decide(dims, problem, info, args.design, args.n)
     ceil = dispatcher.ceilings_for(dims)
     if args.json:
@@ -122,6 +123,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--design", default="auto", choices=("auto", *DESIGNS, *ALIASES), metavar="DESIGN",
                    help=f"force a design: {', '.join(DESIGNS)} (default auto)")
     p.add_argument("--n", type=cli.nonneg_int, help="force the hybrid split n (with --design hybrid)")
+    p.add_argument("--window-budget", type=cli.window_budget_arg, metavar="BYTES|latent",
+                   help="cap the hybrid's window per sequence per layer (n·h·2d·w): bytes or 'latent' = t·(k+p)·w")
     cli.add_device_args(p)
     p.add_argument("--results", action="append", metavar="PATH",
                    help="benchmark results.json with measured times (repeatable)")
