@@ -161,3 +161,12 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
     assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT, f"spills: {mem} B per thread"
     assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
+
+
+def test_seesaw_applies_only_where_checked_on_a_gpu():
+    from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_applies
+
+    assert seesaw_applies(512, 64)
+    assert not seesaw_applies(512, 64, seqlens=torch.tensor([3]))   # ragged: the pipelined kernel's tail zeroing
+    assert not seesaw_applies(256, 64)                              # compiles, never run on a GPU
+    assert not seesaw_applies(512, 32)                              # p is stored over the 64-wide RoPE piece

@@ -79,10 +79,10 @@ NUM_STAGES = 2        # key-block ring depth
 NUM_WARPS = 8         # two warpgroups
 ZERO_TAIL_DEFAULT = True  # with seqlens: zero keys past seqlens[b] in the last block (NaN-robust)
 #: "sequential" and "pipelined" are this module's kernel (``PIPELINE`` constexpr); "seesaw" is the
-#: warp-specialised kernel of :mod:`mla_var3.kernel.hopper.absorbed_seesaw` (K % 128 == 0, P == 64,
-#: no ``seqlens``; other calls run the pipelined schedule). Measured on an H200 (b in {32, 64},
-#: s = 1..32, t = 4096): seesaw 0.79-0.88x FlashMLA, pipelined 0.68-0.79x, sequential 0.64-0.70x;
-#: the seesaw is also the fastest at every small-batch point timed.
+#: warp-specialised kernel of :mod:`mla_var3.kernel.hopper.absorbed_seesaw`, taken where
+#: ``seesaw_applies`` (K == 512, P == 64, no ``seqlens``); other calls run the pipelined schedule.
+#: Measured on an H200 (b in {32, 64}, s = 1..32, t = 4096): seesaw 0.84-0.94x FlashMLA, pipelined
+#: 0.68-0.79x, sequential 0.64-0.70x; the seesaw is also the fastest at every small-batch point.
 SCHEDULES = ("sequential", "pipelined", "seesaw")
 DEFAULT_SCHEDULE = "seesaw"
 _SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)

@@ -43,7 +43,8 @@ Design
 
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 3 x 256 B + barriers; one
 program per SM. Limits: ``P == 64`` (``p`` lives in a buffer's RoPE piece), ``K`` a multiple of
-128 with ``K / 2 <= 256`` (wgmma N), no ``seqlens``.
+128 with ``K / 2 <= 256`` (wgmma N), no ``seqlens``. Checked on an H200 at ``K = 512`` only, so
+the default path (:func:`seesaw_applies`) takes it only there.
 
 Example
 -------
@@ -337,9 +338,11 @@ if GLUON_AVAILABLE:
 
 
 def seesaw_applies(k: int, p: int, seqlens=None) -> bool:
-    """Whether the seesaw kernel handles these dims: ``P == 64``, ``K`` a multiple of 128 up to
-    512, no ``seqlens``."""
-    return GLUON_AVAILABLE and p == 64 and k % 128 == 0 and 128 <= k <= 512 and seqlens is None
+    """Whether the default path runs the seesaw kernel: DeepSeek's widths ``K == 512, P == 64``
+    (the only ones checked on a GPU so far; the kernel compiles for any ``K`` a multiple of 128
+    up to 512 with ``P == 64``, which :func:`flash_mla_seesaw` accepts when called directly)
+    and no ``seqlens``."""
+    return GLUON_AVAILABLE and p == 64 and k == 512 and seqlens is None
 
 
 def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
@@ -365,7 +368,7 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
     sizes, _ = _base._validate(qc, qpe, z, kpe, None)
     scale = check_scale(scale)
     b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
-    if not seesaw_applies(k, p):
+    if p != 64 or k % 128 or not 128 <= k <= 512:
         raise ValueError(f"the seesaw kernel needs P == 64 and K a multiple of 128 in [128, 512]; got K={k}, P={p}")
     hs = h * s
     dev = qc.device
