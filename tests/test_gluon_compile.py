@@ -170,3 +170,37 @@ def test_seesaw_applies_only_where_checked_on_a_gpu():
     assert not seesaw_applies(512, 64, seqlens=torch.tensor([3]))   # ragged: the pipelined kernel's tail zeroing
     assert not seesaw_applies(256, 64)                              # compiles, never run on a GPU
     assert not seesaw_applies(512, 32)                              # p is stored over the 64-wide RoPE piece
+
+
+def test_split_plan_and_finish_on_the_host():
+    """The launchers' shared host side: split ranges without an empty one, partial buffers when
+    split and views of the outputs when not, and the merge of the partials (run here by the
+    portable combine kernel under the interpreter) against a float64 log-sum-exp merge."""
+    b, h, s, k, t = 2, 4, 3, 64, 777                      # 13 key blocks
+    o_latent = torch.full((b, h, s, k), float("nan"), dtype=torch.float32)
+    lse = torch.full((b, h, s), float("nan"), dtype=torch.float32)
+    ns, per, o_buf, lse_buf = gluon_mod._split_plan(o_latent, lse, t, 5)
+    assert (ns, per) == (5, 3) and o_buf.shape == (b, h * s, 5, k) and lse_buf.shape == (b, h * s, 5)
+    assert gluon_mod._split_plan(o_latent, lse, t, 100)[:2] == (13, 1)       # at most one range per block
+    ns1, _, o1, l1 = gluon_mod._split_plan(o_latent, lse, t, 1)
+    assert ns1 == 1 and o1.data_ptr() == o_latent.data_ptr() and l1.data_ptr() == lse.data_ptr()
+
+    g = torch.Generator().manual_seed(0)
+    o_buf.copy_(torch.randn(o_buf.shape, generator=g))
+    lse_buf.copy_(torch.randn(lse_buf.shape, generator=g) * 3)
+    gluon_mod._finish(o_buf, lse_buf, o_latent, lse)
+    w = torch.softmax(lse_buf.double(), dim=-1)
+    ref_o = (w[..., None] * o_buf.double()).sum(dim=2).view(b, h, s, k)
+    ref_lse = torch.logsumexp(lse_buf.double(), dim=-1).view(b, h, s)
+    assert torch.allclose(o_latent.double(), ref_o, atol=1e-5) and torch.allclose(lse.double(), ref_lse, atol=1e-5)
+
+
+@pytest.mark.parametrize("key_box", [512, 256])
+def test_operand_descriptors_view_queries_head_major(key_box):
+    qc = torch.zeros(2, 4, 3, 512, dtype=torch.bfloat16)
+    qpe = torch.zeros(2, 4, 3, 64, dtype=torch.bfloat16)
+    z, kpe = torch.zeros(2, 100, 512, dtype=torch.bfloat16), torch.zeros(2, 100, 64, dtype=torch.bfloat16)
+    descs = gluon_mod._operand_descriptors(qc, qpe, z, kpe, key_box)
+    assert [(list(d.shape), list(d.block_shape)) for d in descs] == [
+        ([2, 12, 512], [1, 64, key_box]), ([2, 12, 64], [1, 64, 64]),
+        ([2, 100, 512], [1, 64, key_box]), ([2, 100, 64], [1, 64, 64])]

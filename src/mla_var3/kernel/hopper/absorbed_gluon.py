@@ -360,6 +360,45 @@ def _descriptor(x: torch.Tensor, block: list[int]):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _layout(tuple(block), x.dtype))
 
 
+def _operand_descriptors(qc, qpe, z, kpe, key_box: int) -> tuple:
+    """TMA descriptors of the four inputs: queries as ``[B, H*S, *]`` (row = head * S + token) in
+    boxes of ``[1, 64, key_box]`` / ``[1, 64, P]``, keys as ``[B, T, *]`` in ``[1, 64, key_box]`` /
+    ``[1, 64, P]`` (``key_box`` = K for one box per block, K/2 for half blocks)."""
+    b, h, s, k = qc.shape
+    p = qpe.shape[-1]
+    q3 = _tma_operand(qc).view(b, h * s, k)
+    qr3 = _tma_operand(qpe).view(b, h * s, p)
+    return (_descriptor(q3, [1, BLOCK_M, key_box]), _descriptor(qr3, [1, BLOCK_M, p]),
+            _descriptor(_tma_operand(z), [1, BLOCK_N, key_box]), _descriptor(_tma_operand(kpe), [1, BLOCK_N, p]))
+
+
+def _split_plan(o_latent: torch.Tensor, lse: torch.Tensor, t: int, num_splits: int | None):
+    """Split-KV layout of one call: ``(num_splits, per_split, o_buf, lse_buf)`` — the key blocks
+    cut into ``num_splits`` ranges of ``per_split`` (default :func:`choose_num_splits`; no empty
+    range), and where each range writes: fp32 partials ``[B, H*S, NS, K]`` / ``[B, H*S, NS]`` for
+    :func:`_finish` to combine, or views of ``o_latent`` / ``lse`` when unsplit."""
+    b, h, s, k = o_latent.shape
+    hs = h * s
+    n_blocks = cdiv(t, BLOCK_N)
+    if num_splits is None:
+        num_splits = choose_num_splits(b, hs, t, sms=num_sms(o_latent.device.index))
+    num_splits = max(1, min(int(num_splits), n_blocks))
+    per_split = cdiv(n_blocks, num_splits)
+    num_splits = cdiv(n_blocks, per_split)
+    if num_splits == 1:
+        return 1, per_split, o_latent.view(b, hs, 1, k), lse.view(b, hs, 1)
+    dev = o_latent.device
+    return (num_splits, per_split, torch.empty((b, hs, num_splits, k), dtype=torch.float32, device=dev),
+            torch.empty((b, hs, num_splits), dtype=torch.float32, device=dev))
+
+
+def _finish(o_buf: torch.Tensor, lse_buf: torch.Tensor, o_latent: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge the split partials into ``o_latent`` / ``lse`` (nothing to do when unsplit)."""
+    b, hs, num_splits, k = o_buf.shape
+    if num_splits > 1:
+        combine(o_buf, lse_buf, o_latent.view(b, hs, k), lse.view(b, hs))  # reads NS*(K+1) fp32 per row
+
+
 def _validate(qc, qpe, z, kpe, seqlens):
     sizes: dict[str, int] = {}
     bind_shape("qc", qc, "B H S K", sizes, dtypes=tuple(_TORCH_TO_GL))
@@ -430,24 +469,9 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     if b == 0 or hs == 0:
         return o_latent, lse
 
-    n_blocks = cdiv(t, BLOCK_N)
-    if num_splits is None:
-        num_splits = choose_num_splits(b, hs, t, sms=num_sms(dev.index))
-    num_splits = max(1, min(int(num_splits), n_blocks))
-    per_split = cdiv(n_blocks, num_splits)
-    num_splits = cdiv(n_blocks, per_split)
-
-    q3 = _tma_operand(qc).view(b, hs, k)      # row = head * S + token
-    qr3 = _tma_operand(qpe).view(b, hs, p)
-    z3, kr3 = _tma_operand(z), _tma_operand(kpe)
-    descs = (_descriptor(q3, [1, BLOCK_M, k]), _descriptor(qr3, [1, BLOCK_M, p]),
-             _descriptor(z3, [1, BLOCK_N, k]), _descriptor(kr3, [1, BLOCK_N, p]))
+    num_splits, per_split, o_buf, lse_buf = _split_plan(o_latent, lse, t, num_splits)
+    descs = _operand_descriptors(qc, qpe, z, kpe, k)
     split = num_splits > 1
-    if split:
-        o_buf = torch.empty((b, hs, num_splits, k), dtype=torch.float32, device=dev)
-        lse_buf = torch.empty((b, hs, num_splits), dtype=torch.float32, device=dev)
-    else:
-        o_buf, lse_buf = o_latent.view(b, hs, 1, k), lse.view(b, hs, 1)
     o_desc = _descriptor(o_buf.view(b, hs, num_splits * k), [1, BLOCK_M, k])
     l_strides = (lse_buf.stride(0), lse_buf.stride(1), lse_buf.stride(2))
     seq_arg = seqlens if seqlens is not None else lse_buf  # unused pointer when HAS_SEQLENS=False
@@ -461,8 +485,7 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
         ZERO_TAIL=seqlens is not None and (ZERO_TAIL_DEFAULT if zero_tail is None else bool(zero_tail)),
         num_warps=NUM_WARPS,
     )
-    if split:
-        combine(o_buf, lse_buf, o_latent.view(b, hs, k), lse.view(b, hs))  # reads NS*(K+1) fp32 per row
+    _finish(o_buf, lse_buf, o_latent, lse)
     return o_latent, lse
 
 

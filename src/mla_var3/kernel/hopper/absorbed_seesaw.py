@@ -56,8 +56,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from mla_var3.kernel._common import cdiv, check_scale, num_sms
-from mla_var3.kernel.combine import combine
+from mla_var3.kernel._common import cdiv, check_scale
 from mla_var3.kernel.hopper import absorbed_gluon as _base
 from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
@@ -377,24 +376,8 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
     if b == 0 or hs == 0:
         return o_latent, lse
 
-    n_blocks = cdiv(t, BLOCK_N)
-    if num_splits is None:
-        num_splits = _base.choose_num_splits(b, hs, t, sms=num_sms(dev.index))
-    num_splits = max(1, min(int(num_splits), n_blocks))
-    per_split = cdiv(n_blocks, num_splits)
-    num_splits = cdiv(n_blocks, per_split)
-
-    q3 = _base._tma_operand(qc).view(b, hs, k)
-    qr3 = _base._tma_operand(qpe).view(b, hs, p)
-    z3, kr3 = _base._tma_operand(z), _base._tma_operand(kpe)
-    descs = (_base._descriptor(q3, [1, BLOCK_M, k // 2]), _base._descriptor(qr3, [1, BLOCK_M, p]),
-             _base._descriptor(z3, [1, BLOCK_N, k // 2]), _base._descriptor(kr3, [1, BLOCK_N, p]))
-    split = num_splits > 1
-    if split:
-        o_buf = torch.empty((b, hs, num_splits, k), dtype=torch.float32, device=dev)
-        lse_buf = torch.empty((b, hs, num_splits), dtype=torch.float32, device=dev)
-    else:
-        o_buf, lse_buf = o_latent.view(b, hs, 1, k), lse.view(b, hs, 1)
+    num_splits, per_split, o_buf, lse_buf = _base._split_plan(o_latent, lse, t, num_splits)
+    descs = _base._operand_descriptors(qc, qpe, z, kpe, k // 2)
     o_desc = _base._descriptor(o_buf.view(b, hs, num_splits * k), [1, BLOCK_M, k // 2])
     l_strides = (lse_buf.stride(0), lse_buf.stride(1), lse_buf.stride(2))
 
@@ -403,8 +386,7 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
         *descs, o_desc, lse_buf, hs, s, t, scale * _base._LOG2E, per_split, *l_strides,
         K=k, P=p, CAUSAL=bool(causal), num_warps=4,
     )
-    if split:
-        combine(o_buf, lse_buf, o_latent.view(b, hs, k), lse.view(b, hs))
+    _base._finish(o_buf, lse_buf, o_latent, lse)
     return o_latent, lse
 
 
