@@ -383,3 +383,121 @@ def test_maintenance_benchmark_dry_run(tmp_path):
     whats = {(r["what"], r["s"], r["n"]) for r in res["rows"] if "median_us" in r}
     assert {(w, s, n) for w in ("maintenance", "maintenance_legacy", "attention", "layer_step")
             for s in (1, 4) for n in (0, 8, 16)} <= whats
+
+
+# --- the latent cache's in-place appends against a per-token oracle -------------------------
+
+
+class LatentOracle(Oracle):
+    """The old latent semantics, one token at a time: ``z``/``kpe`` hold every token of each
+    sequence at its own offset, zero padding, ``T = max(T, longest sequence)``."""
+
+    def __init__(self, lengths, t=0, seed=0):
+        super().__init__(CFG, 0, True, lengths, seed)
+        self.t = max(t, *lengths)
+
+    def branch(self, seed):
+        other = LatentOracle([0] * len(self.seqs), self.t, seed)
+        other.seqs = [list(q) for q in self.seqs]
+        return other
+
+    def step(self, s):
+        z, kpe, _, _ = super().step(s)
+        self.t = max(self.t, *(len(q) for q in self.seqs))
+        return z, kpe
+
+    def expected(self):
+        lengths = [len(q) for q in self.seqs]
+        z = torch.zeros(len(lengths), self.t, CFG.k, dtype=torch.float64)
+        kpe = torch.zeros(len(lengths), self.t, CFG.p, dtype=torch.float64)
+        for b, seq in enumerate(self.seqs):
+            for i, (zi, pi, _, _) in enumerate(seq):
+                z[b, i], kpe[b, i] = zi, pi
+        return {"z": z, "kpe": kpe, "seqlens": torch.tensor(lengths, dtype=torch.int32)}
+
+    def start(self):
+        want = self.expected()
+        return LatentCache(want["z"], want["kpe"], want["seqlens"])
+
+    def check_tokens(self, cache, where=""):
+        """Only the valid tokens (an old container's padding may hold a newer container's tokens)."""
+        want = self.expected()
+        assert cache.lengths == tuple(len(q) for q in self.seqs) and torch.equal(cache.seqlens, want["seqlens"])
+        for b, L in enumerate(cache.lengths):
+            assert torch.equal(cache.z[b, :L], want["z"][b, :L]), f"z {b} {where}"
+            assert torch.equal(cache.kpe[b, :L], want["kpe"][b, :L]), f"kpe {b} {where}"
+
+
+@pytest.mark.parametrize("steps", [(1,) * 12, (3, 1, 4, 1, 5), (7, 16, 2), (2, 130, 1, 1)])
+@pytest.mark.parametrize("lengths,t", [((0, 0, 0), 0), ((4, 4, 4), 4), ((6, 2, 11), 11), ((0, 9, 3), 9),
+                                       ((2, 3), 6), ((5, 5), 8)])
+def test_latent_append_equals_token_oracle(steps, lengths, t, nan_empty):
+    """After every step z/kpe hold exactly each sequence's tokens at its own offset and zero
+    padding (uniform and ragged batches, T past the longest sequence, s > 1, buffers outgrown);
+    every older container still holds its tokens; stack/sequence read the host lengths."""
+    oracle = LatentOracle(lengths, t)
+    cache = oracle.start()
+    history = []
+    for i, s in enumerate(steps):
+        history.append((cache, oracle.branch(0)))
+        cache = cache.append(*oracle.step(s))
+        oracle.check(cache, f"after step {i} (s={s})")
+        assert cache.uniform == (set(cache.lengths) == {cache.max_len})
+        assert cache.nbytes == cache.batch * cache.max_len * (CFG.k + CFG.p) * 8 <= cache.reserved_bytes
+    for i, (old, old_oracle) in enumerate(history):
+        old_oracle.check_tokens(old, f"container {i}")
+    both = LatentCache.stack([cache, cache.sequence(1)])
+    twice = LatentOracle(lengths + lengths[1:2])
+    twice.seqs = oracle.seqs + oracle.seqs[1:2]
+    twice.t = max(len(q) for q in twice.seqs)
+    twice.check(both)
+
+
+@pytest.mark.parametrize("lengths", [(5, 5), (5, 2, 8)])
+def test_latent_branches_independent(lengths, nan_empty):
+    """Two appends from one container (a branch) give two correct, independent caches; the
+    head keeps writing in place, the branch copies; an older head that outgrew its buffers
+    into new ones may still write in place in the old ones."""
+    oracle = LatentOracle(lengths)
+    base = oracle.start().append(*oracle.step(1))
+    oa, ob = oracle.branch(1), oracle.branch(2)
+    a = base.append(*oa.step(3))                               # base is the head: in place
+    assert a.z.untyped_storage().data_ptr() == base.z.untyped_storage().data_ptr()
+    b = base.append(*ob.step(1))                               # a branch: new buffers, zero padding
+    assert b.z.untyped_storage().data_ptr() != base.z.untyped_storage().data_ptr()
+    a2 = a.append(*oa.step(1))                                 # a is still the head of its buffers
+    assert a2.z.untyped_storage().data_ptr() == a.z.untyped_storage().data_ptr()
+    oracle.check_tokens(base, "base")
+    oa.check(a2, "first branch")
+    ob.check(b, "second branch")
+    oc, od = oa.branch(3), oa.branch(4)
+    big = a2.append(*oc.step(200))                             # outgrows the buffers: new ones
+    assert big.z.untyped_storage().data_ptr() != a2.z.untyped_storage().data_ptr()
+    small = a2.append(*od.step(1))                             # a2 still heads the old buffers
+    assert small.z.untyped_storage().data_ptr() == a2.z.untyped_storage().data_ptr()
+    oc.check(big, "outgrown")
+    od.check(small, "old buffers")
+    ob.check(b.append(*ob.step(1)), "second branch grown")
+
+
+def test_latent_decode_in_place(nan_empty):
+    """Uniform decode steps write s rows in place; the buffers are copied once per >= 64 steps
+    (the slack), never with reserve(); nbytes stays the memory model's number."""
+    from mla_var3.analysis.memory import mla_cache_bytes
+
+    for reserved in (False, True):
+        oracle = LatentOracle((20, 20))
+        cache = oracle.start()
+        if reserved:
+            cache = cache.reserve(400)
+            oracle.check(cache)
+        ptr, moves = cache.z.untyped_storage().data_ptr(), 0
+        for i in range(300):
+            cache = cache.append(*oracle.step(1))
+            moves += cache.z.untyped_storage().data_ptr() != ptr
+            ptr = cache.z.untyped_storage().data_ptr()
+            if i % 37 == 0:
+                oracle.check(cache, f"step {i}")
+        oracle.check(cache)
+        assert moves == 0 if reserved else 1 <= moves <= 300 // 64 + 1
+        assert cache.nbytes == mla_cache_bytes(dims_for(CFG, torch.float64), 2, 320) < cache.reserved_bytes

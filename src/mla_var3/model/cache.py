@@ -17,11 +17,24 @@ batches pad the shorter sequences with zeros past their length; the attention ma
 memory model of :mod:`mla_var3.analysis.memory` for a batch of equal lengths.
 
 ``append`` returns a new container holding the old tokens plus ``s`` new ones per sequence,
-written at each sequence's own offset ``seqlens[b]``; the old container is left unchanged.
+written at each sequence's own offset ``seqlens[b]``; the tokens of the old container are left
+unchanged.
 
-The hybrid cache (:mod:`mla_var3.model.hybrid_cache`, re-exported here) keeps its tensors as
-views into buffers with spare capacity and maintains its window per step with whole-batch
-tensor ops (see that module).
+In place (:class:`LatentCache`, :class:`HybridCache`). These keep their tensors as views
+``buf[:, :T]`` into buffers with spare rows (:mod:`mla_var3.model.buffers`), and host-side
+lengths beside ``seqlens`` (``lengths``, ``uniform``, ``append`` never sync with the device).
+An append from the newest container of a buffer set (the *head*) writes its ``s`` rows per
+sequence in place, past that container's tokens: ``B * s * (K + P) * w`` bytes, no read of
+the cache (a slice for a uniform batch, one index op for a ragged one). New buffers are made,
+copying the cache, on the first append, on an append from an older container (a branch), and
+when the buffers are full: a latent buffer holds ``T + max(64, T / 4)`` rows rounded up to 64,
+so a decode copies the cache once per ``T / 4`` steps (amortised ~4 rows per step instead of
+``T``). The slack costs up to ~25 % (+ 64 rows) more memory than ``nbytes``; ``reserved_bytes``
+reports the buffers, and ``reserve(max_len)`` sizes them for a known context. For a ragged batch the
+zero padding past a shorter sequence's length in the *old* container may then hold the new
+tokens (never read: the lengths mask it); the new container's padding is zero. The hybrid
+cache (:mod:`mla_var3.model.hybrid_cache`, re-exported here) also maintains its window per
+step with whole-batch tensor ops (see that module).
 
 Hybrid window and latent copies: the hybrid keeps the ``n`` newest tokens of each sequence
 expanded (``K``, ``V`` per head) and the older ``o = t - n`` latent. With
@@ -38,6 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from mla_var3.model.buffers import Store, regrow, reserve, rows_at, tensor_bytes as _nbytes, write_rows
 
 
 def _seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
@@ -80,13 +95,14 @@ def _pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
     return out
 
 
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(x.numel() * x.element_size() for x in tensors)
-
-
 @dataclass(frozen=True)
 class LatentCache:
-    """Latent cache of the absorbed design: ``z [B, T, K]``, ``kpe [B, T, P]``, ``seqlens [B]``."""
+    """Latent cache of the absorbed design: ``z [B, T, K]``, ``kpe [B, T, P]``, ``seqlens [B]``.
+
+    After an append ``z`` and ``kpe`` are views ``buf[:, :T]`` into buffers with spare rows
+    (a batch stride larger than ``T * K``); :attr:`nbytes` counts the views, :attr:`reserved_bytes`
+    the buffers. See the module docstring.
+    """
 
     z: torch.Tensor
     kpe: torch.Tensor
@@ -97,6 +113,22 @@ class LatentCache:
             raise ValueError(f"LatentCache: z must be [B, T, K] and kpe [B, T, P], got {list(self.z.shape)} "
                              f"and {list(self.kpe.shape)}")
         object.__setattr__(self, "seqlens", _seqlens(self.seqlens, *self.z.shape[:2], self.z.device))
+        self._attach(tuple(int(x) for x in self.seqlens.tolist()), None, 0)
+
+    def _attach(self, lengths: tuple[int, ...], store: Store | None, gen: int) -> None:
+        object.__setattr__(self, "_lengths", lengths)
+        object.__setattr__(self, "_store", store)
+        object.__setattr__(self, "_gen", gen)
+
+    @classmethod
+    def _view(cls, store: Store, t: int, seqlens: torch.Tensor, lengths: tuple[int, ...]) -> "LatentCache":
+        """A container over ``store``'s first ``t`` rows (no validation, no device sync); it becomes the head."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "z", store.z[:, :t])
+        object.__setattr__(self, "kpe", store.kpe[:, :t])
+        object.__setattr__(self, "seqlens", seqlens)
+        self._attach(lengths, store, store.claim())
+        return self
 
     @classmethod
     def empty(cls, b: int, k: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "LatentCache":
@@ -111,26 +143,61 @@ class LatentCache:
         return self.z.shape[1]
 
     @property
+    def lengths(self) -> tuple[int, ...]:
+        """``seqlens`` as host integers (kept beside the tensor: reading them does not sync)."""
+        return self._lengths
+
+    @property
     def uniform(self) -> bool:
         """True when every sequence holds ``max_len`` tokens (no padding)."""
-        return bool((self.seqlens == self.max_len).all())
+        return all(L == self.max_len for L in self._lengths)
 
     @property
     def nbytes(self) -> int:
         """``B * T * (K + P) * w`` (= ``mla_cache_bytes``)."""
         return _nbytes(self.z, self.kpe)
 
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the buffers behind the views (the tensors themselves before the first append)."""
+        return self.nbytes if self._store is None else self._store.nbytes
+
     def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "LatentCache":
-        """Add ``z_new [B, s, K]``, ``kpe_new [B, s, P]`` after each sequence's tokens."""
+        """Add ``z_new [B, s, K]``, ``kpe_new [B, s, P]`` after each sequence's tokens.
+
+        In place (``s`` rows per sequence) from the newest container of a buffer set when the
+        buffers have room; otherwise (first append, a branch, buffers full) new buffers with
+        spare rows. The tokens of ``self`` are never changed.
+        """
         s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
         if _check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe) != s:
             raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
-        return LatentCache(_append_rows(self.z, self.seqlens, z_new), _append_rows(self.kpe, self.seqlens, kpe_new),
-                           self.seqlens + s)
+        lengths = tuple(L + s for L in self._lengths)
+        t = self.max_len
+        t2 = max(t, *lengths) if lengths else t + s
+        st = self._store
+        if st is None or not st.is_head(self._gen) or st.z.shape[1] < t2:
+            st = self._rebuild(t2)
+        at = t if self.uniform else rows_at(self.seqlens, s)
+        write_rows(st.z, z_new, at)
+        write_rows(st.kpe, kpe_new, at)
+        return LatentCache._view(st, t2, self.seqlens + s, lengths)
+
+    def _rebuild(self, rows: int) -> Store:
+        """New buffers holding this container's tokens (zero padding) with room for ``rows`` rows and slack."""
+        sl = None if self.uniform else self.seqlens
+        cap = reserve(rows)
+        return Store(z=regrow(self.z, cap, sl), kpe=regrow(self.kpe, cap, sl))
+
+    def reserve(self, max_len: int) -> "LatentCache":
+        """The same tokens in new buffers that hold ``max_len`` tokens per sequence (and slack),
+        so that appends up to ``max_len`` do not reallocate."""
+        return LatentCache._view(self._rebuild(max(max_len, self.max_len)), self.max_len, self.seqlens.clone(),
+                                 self._lengths)
 
     def sequence(self, b: int) -> "LatentCache":
         """Sequence ``b`` alone, unpadded."""
-        n = int(self.seqlens[b])
+        n = self._lengths[b]
         return LatentCache(self.z[b:b + 1, :n], self.kpe[b:b + 1, :n])
 
     def to_expanded(self, w_uk: torch.Tensor, w_uv: torch.Tensor) -> "ExpandedCache":
@@ -143,11 +210,11 @@ class LatentCache:
     @staticmethod
     def stack(caches: list["LatentCache"]) -> "LatentCache":
         """Join sequences of several caches into one batch (ragged lengths are padded)."""
-        zs = [c.z[i, : int(c.seqlens[i])] for c in caches for i in range(c.batch)]
-        kpes = [c.kpe[i, : int(c.seqlens[i])] for c in caches for i in range(c.batch)]
-        lengths = torch.tensor([z.shape[0] for z in zs], dtype=torch.int32, device=caches[0].z.device)
-        t = int(lengths.max())
-        return LatentCache(_pad_stack(zs, t), _pad_stack(kpes, t), lengths)
+        spans = [(c, i, c.lengths[i]) for c in caches for i in range(c.batch)]
+        lengths = torch.tensor([L for _, _, L in spans], dtype=torch.int32, device=caches[0].z.device)
+        t = max(L for _, _, L in spans)
+        return LatentCache(_pad_stack([c.z[i, :L] for c, i, L in spans], t),
+                           _pad_stack([c.kpe[i, :L] for c, i, L in spans], t), lengths)
 
 
 @dataclass(frozen=True)

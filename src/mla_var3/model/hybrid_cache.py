@@ -34,41 +34,12 @@ ValueError (see :mod:`mla_var3.model.cache`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from mla_var3.model.cache import LatentCache, _check_new, _nbytes, _pad_stack, _seqlens
-
-#: spare rows of a new buffer: ``max(MIN_SLACK, SLACK_FRACTION * rows)`` (and at least one step).
-MIN_SLACK = 64
-SLACK_FRACTION = 0.25
-
-
-def _reserve(rows: int, s: int = 0) -> int:
-    """Capacity for ``rows`` rows with room for growth, rounded up to a multiple of 64."""
-    want = rows + max(MIN_SLACK, s, math.ceil(SLACK_FRACTION * rows))
-    return -(-want // 64) * 64
-
-
-class _Store:
-    """The buffers of one lineage of containers; ``head`` is the generation that may write in place."""
-
-    __slots__ = ("z", "kpe", "k", "v", "head")
-
-    def __init__(self, z, kpe, k, v):
-        self.z, self.kpe, self.k, self.v, self.head = z, kpe, k, v, 0
-
-    @property
-    def nbytes(self) -> int:
-        return _nbytes(self.z, self.kpe, self.k, self.v)
-
-
-def _masked(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``x [B, L, ...]`` with rows ``>= lengths[b]`` zeroed."""
-    rows = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-    return torch.where(rows.view(*rows.shape, *([1] * (x.dim() - 2))), x, torch.zeros((), dtype=x.dtype, device=x.device))
+from mla_var3.model.buffers import Store, masked, regrow, reserve, rows_at, tensor_bytes, write_rows
+from mla_var3.model.cache import LatentCache, _check_new, _pad_stack, _seqlens
 
 
 @dataclass(frozen=True)
@@ -116,14 +87,14 @@ class HybridCache:
             raise ValueError(f"HybridCache: k_win holds {self.k_win.shape[1]} tokens, expected min(n={self.n}, T={t})")
         self._attach(tuple(int(x) for x in self.seqlens.tolist()), None, 0, 0)
 
-    def _attach(self, lengths: tuple[int, ...], store: _Store | None, gen: int, off: int) -> None:
+    def _attach(self, lengths: tuple[int, ...], store: Store | None, gen: int, off: int) -> None:
         object.__setattr__(self, "_lengths", lengths)
         object.__setattr__(self, "_store", store)
         object.__setattr__(self, "_gen", gen)
         object.__setattr__(self, "_off", off)
 
     @classmethod
-    def _view(cls, store: _Store, seqlens, lengths, n, keep, tz, t, off) -> "HybridCache":
+    def _view(cls, store: Store, seqlens, lengths, n, keep, tz, t, off) -> "HybridCache":
         """A container over ``store`` (no validation, no device sync); it becomes the head."""
         nw = min(n, t)
         self = object.__new__(cls)
@@ -131,8 +102,7 @@ class HybridCache:
                             ("v_win", store.v[:, off:off + nw]), ("seqlens", seqlens), ("n", n),
                             ("keep_latent_window", keep)):
             object.__setattr__(self, name, value)
-        store.head += 1
-        self._attach(tuple(lengths), store, store.head, off)
+        self._attach(tuple(lengths), store, store.claim(), off)
         return self
 
     # ----------------------------------------------------------------- builders
@@ -162,12 +132,12 @@ class HybridCache:
             z_win = latent.z[:, t - nw:t]
         else:
             rows = (o[:, None] + torch.arange(nw, device=dev)).clamp(max=max(t - 1, 0))
-            z_win = _masked(latent.z[torch.arange(latent.batch, device=dev)[:, None], rows], sl - o)
+            z_win = masked(latent.z[torch.arange(latent.batch, device=dev)[:, None], rows], sl - o)
         k_win, v_win = expand_kv(z_win, w_uk, w_uv)
-        z = _masked(latent.z, sl)
+        z = masked(latent.z, sl)
         if not keep_latent_window:
-            z = _masked(z[:, : max((L - min(n, L) for L in lengths), default=0)], o)
-        return cls(z, _masked(latent.kpe, sl), k_win.to(latent.z.dtype), v_win.to(latent.z.dtype),
+            z = masked(z[:, : max((L - min(n, L) for L in lengths), default=0)], o)
+        return cls(z, masked(latent.kpe, sl), k_win.to(latent.z.dtype), v_win.to(latent.z.dtype),
                    latent.seqlens.to(torch.int32), n, keep_latent_window)
 
     @classmethod
@@ -202,7 +172,7 @@ class HybridCache:
     def nbytes(self) -> int:
         """``B * (O * (K + P) + N * (2 * H * D + P)) * w`` (+ ``B * N * K * w`` with
         ``keep_latent_window``) (= ``hybrid_cache_bytes``)."""
-        return _nbytes(self.z, self.kpe, self.k_win, self.v_win)
+        return tensor_bytes(self.z, self.kpe, self.k_win, self.v_win)
 
     @property
     def reserved_bytes(self) -> int:
@@ -238,7 +208,7 @@ class HybridCache:
                 raise ValueError(f"{name} has {x.shape[1]} tokens, z_new {s}")
         step = _Step(self, s)
         st = self._store
-        if st is None or st.head != self._gen:               # first append, or a branch: new buffers
+        if st is None or not st.is_head(self._gen):               # first append, or a branch: new buffers
             st, new_off = step.rebuild(z_new, kpe_new, k_new, v_new)
         else:                                                # the head: write in place where it fits
             if st.kpe.shape[1] >= step.t2 and st.z.shape[1] >= step.tz2:
@@ -308,32 +278,22 @@ class _Step:
                                      f"expanded token(s) of sequence {b} to the latent part (their latent is not "
                                      "kept); use keep_latent_window=True")
 
-    def write_latent(self, st: _Store, z_new, kpe_new) -> None:
+    def write_latent(self, st: Store, z_new, kpe_new) -> None:
         """z / kpe rows of the new tokens (past each sequence's tokens)."""
         c, s = self.c, self.s
         if s == 0 or c.batch == 0:
             return
         skip = max(0, s - c.n)             # without latent copies only tokens older than the window enter z
-        if self.uniform:
-            t = c.max_len
-            st.kpe[:, t:t + s] = kpe_new
-            if c.keep_latent_window:
-                st.z[:, t:t + s] = z_new
-            elif skip:
-                o = t - min(c.n, t)
-                st.z[:, o:o + skip] = z_new[:, :skip]
-            return
-        dev = st.kpe.device
-        bi = torch.arange(c.batch, device=dev)[:, None]
-        sl = c.seqlens.long()
-        rows = sl[:, None] + torch.arange(s, device=dev)
-        st.kpe[bi, rows] = kpe_new
+        t = c.max_len
+        at = t if self.uniform else rows_at(c.seqlens, s)
+        write_rows(st.kpe, kpe_new, at)
         if c.keep_latent_window:
-            st.z[bi, rows] = z_new
+            write_rows(st.z, z_new, at)
         elif skip:
-            st.z[bi, (sl - c.n).clamp(min=0)[:, None] + torch.arange(skip, device=dev)] = z_new[:, :skip]
+            old = t - min(c.n, t) if self.uniform else rows_at((c.seqlens.long() - c.n).clamp(min=0), skip)
+            write_rows(st.z, z_new[:, :skip], old)
 
-    def write_window(self, st: _Store, k_new, v_new, off: int) -> None:
+    def write_window(self, st: Store, k_new, v_new, off: int) -> None:
         """Window slots ``off + n_b + i`` of the new tokens that stay in the window (every
         sequence evicts the same number of tokens)."""
         c, s = self.c, self.s
@@ -357,33 +317,26 @@ class _Step:
         ref = self.c.kpe
         return ref.new_empty if self.uniform else ref.new_zeros
 
-    def rebuild(self, z_new, kpe_new, k_new, v_new, min_t: int = 0) -> tuple[_Store, int]:
+    def rebuild(self, z_new, kpe_new, k_new, v_new, min_t: int = 0) -> tuple[Store, int]:
         """New buffers holding the container after the step; the window starts at offset 0."""
-        st = _Store(None, None, None, None)
+        st = Store(z=None, kpe=None, k=None, v=None)
         self.fresh_latent(st, z_new, kpe_new, min_t)
         self.fresh_window(st, k_new, v_new, min_t)
         return st, 0
 
-    def fresh_latent(self, st: _Store, z_new, kpe_new, min_t: int = 0) -> None:
+    def fresh_latent(self, st: Store, z_new, kpe_new, min_t: int = 0) -> None:
         """New ``z`` / ``kpe`` buffers in ``st``: the old tokens (zero padding) and the new ones."""
         c, s = self.c, self.s
-        b, k, p = c.batch, c.z.shape[2], c.kpe.shape[2]
-        alloc = self._alloc()
-        st.z = alloc((b, _reserve(max(self.tz2, min_t), s), k))
-        st.kpe = alloc((b, _reserve(max(self.t2, min_t), s), p))
-        if self.uniform:
-            st.kpe[:, :c.max_len] = c.kpe
-            st.z[:, :c.z.shape[1]] = c.z
-        else:
-            sl = c.seqlens
-            st.kpe[:, :c.max_len] = _masked(c.kpe, sl)
-            st.z[:, :c.z.shape[1]] = _masked(c.z, sl if c.keep_latent_window else (sl.long() - c.n).clamp(min=0))
+        sl = None if self.uniform else c.seqlens
+        st.z = regrow(c.z, reserve(max(self.tz2, min_t), s),
+                      sl if sl is None or c.keep_latent_window else (sl.long() - c.n).clamp(min=0))
+        st.kpe = regrow(c.kpe, reserve(max(self.t2, min_t), s), sl)
         self.write_latent(st, z_new, kpe_new)
 
-    def fresh_window(self, st: _Store, k_new, v_new, min_t: int = 0) -> None:
+    def fresh_window(self, st: Store, k_new, v_new, min_t: int = 0) -> None:
         """New window buffers in ``st`` holding the window after the step at offset 0."""
         c, s = self.c, self.s
-        rows = _reserve(min(c.n, max(self.t2, min_t)), s) if c.n else 0
+        rows = reserve(min(c.n, max(self.t2, min_t)), s) if c.n else 0
         alloc = self._alloc()
         st.k = alloc((c.batch, rows, *c.k_win.shape[2:]))
         st.v = alloc((c.batch, rows, *c.k_win.shape[2:]))
