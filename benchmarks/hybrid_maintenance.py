@@ -13,6 +13,9 @@ At b = 32, t = 4096, DeepSeek-V3 dims, bf16, for s in {1, 16} and n in {0, 256, 
    * ``maintenance_legacy``: the same step done the old way (per-sequence Python loop, copies);
    * ``attention``: ``mla_attention`` over the cache holding the step (design 'hybrid' at this
      n, 'absorbed' at n = 0), CUDA-graph replays when they capture;
+   * per s, ``latent_maintenance`` / ``latent_maintenance_legacy``: ``LatentCache.append`` in
+     place against the latent cache's old append (a zeroed buffer, a whole-cache copy, the
+     scatter of the new rows);
    * ``layer_step``: ``MLALayer`` decode step (projections, K/V expansion, append, attention,
      o_proj), mode 'hybrid' over the HybridCache (n > 0) or 'absorbed' over a LatentCache (n = 0).
    Beside them: the window's bytes per sequence per layer (``n·h·2d·w``) and the bytes the cache
@@ -128,6 +131,7 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
     from mla_var3.analysis.memory import window_bytes
     from mla_var3.dispatch.run import mla_attention
     from mla_var3.model import HybridCache, LatentCache
+    from mla_var3.model.cache import _append_rows   # the latent cache's old append (a whole-cache copy)
     from mla_var3.runtime.timing import time_fn
 
     gpu = device == "cuda"
@@ -152,6 +156,23 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
         q_nope, q_pe = rnd(b, cfg.h, s, cfg.d), rnd(b, cfg.h, s, cfg.p)
         x = rnd(b, s, cfg.hidden)
         pos = torch.arange(t - s, t, device=device).expand(b, s)
+        if time.time() < deadline:   # the latent cache alone: in place vs the old whole-cache copy
+            try:
+                lat_state = {"c": lat.reserve(t + (AMORTISED_STEPS + 120) * s)}
+
+                def lat_step():
+                    lat_state["c"] = lat_state["c"].append(new[0], new[1])
+
+                add("latent_maintenance", s, 0, time_fn(lat_step, warmup=3, reps=100, max_seconds=max_seconds,
+                                                        use_graph=False, flush_l2=True))
+                del lat_state
+                sl = lat.seqlens
+                add("latent_maintenance_legacy", s, 0,
+                    time_fn(lambda: (_append_rows(lat.z, sl, new[0]), _append_rows(lat.kpe, sl, new[1])),
+                            warmup=2, reps=30, max_seconds=max_seconds, use_graph=False, flush_l2=True))
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                add("latent_maintenance", s, 0, error=f"{type(exc).__name__}: {exc}"[:400])
         for n in n_values:
             if time.time() > deadline:
                 add("skipped", s, n, error="deadline")
@@ -223,6 +244,10 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{s:>4} {n:>5}  {fmt(m)}  ({fmt(m, 'amortised_us')})   {fmt(get.get((s, n, 'maintenance_legacy')))}"
                      f"   {fmt(get.get((s, n, 'attention')))}  {fmt(get.get((s, n, 'layer_step')))}"
                      f"   {(m or {}).get('window_bytes_per_seq_layer', 0) / 1e6:>10,.2f} MB")
+    lat = [(s, get.get((s, 0, "latent_maintenance")), get.get((s, 0, "latent_maintenance_legacy")))
+           for s in sorted({r["s"] for r in rows})]
+    lines += ["", "   s   LatentCache.append in place   old whole-cache copy"]
+    lines += [f"{s:>4}   {fmt(m):>27}   {fmt(old):>20}" for s, m, old in lat]
     return "\n".join(lines) + "\n(µs per step; maintenance = HybridCache.append of s tokens per sequence)"
 
 
