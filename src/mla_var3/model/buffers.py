@@ -104,3 +104,26 @@ def write_rows(buf: torch.Tensor, new: torch.Tensor, at: int | tuple[torch.Tenso
         buf[:, at:at + s] = new
     else:
         buf[at] = new
+
+
+class HostLengths:
+    """Shape properties of a cache whose ``kpe`` is ``[B, T, P]`` and whose per-sequence lengths
+    are kept on the host in ``_lengths`` beside the ``seqlens`` tensor (no device sync to read)."""
+
+    @property
+    def batch(self) -> int:
+        return self.kpe.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.kpe.shape[1]
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """``seqlens`` as host integers (kept beside the tensor: reading them does not sync)."""
+        return self._lengths
+
+    @property
+    def uniform(self) -> bool:
+        """True when every sequence holds ``max_len`` tokens (no padding)."""
+        return all(L == self.max_len for L in self._lengths)

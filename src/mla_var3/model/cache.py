@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mla_var3.model.buffers import Store, regrow, reserve, rows_at, tensor_bytes as _nbytes, write_rows
+from mla_var3.model.buffers import HostLengths, Store, regrow, reserve, rows_at, tensor_bytes as _nbytes, write_rows
 
 
 def _seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
@@ -96,7 +96,7 @@ def _pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class LatentCache:
+class LatentCache(HostLengths):
     """Latent cache of the absorbed design: ``z [B, T, K]``, ``kpe [B, T, P]``, ``seqlens [B]``.
 
     After an append ``z`` and ``kpe`` are views ``buf[:, :T]`` into buffers with spare rows
@@ -133,24 +133,6 @@ class LatentCache:
     @classmethod
     def empty(cls, b: int, k: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "LatentCache":
         return cls(torch.zeros(b, 0, k, dtype=dtype, device=device), torch.zeros(b, 0, p, dtype=dtype, device=device))
-
-    @property
-    def batch(self) -> int:
-        return self.z.shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.z.shape[1]
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """``seqlens`` as host integers (kept beside the tensor: reading them does not sync)."""
-        return self._lengths
-
-    @property
-    def uniform(self) -> bool:
-        """True when every sequence holds ``max_len`` tokens (no padding)."""
-        return all(L == self.max_len for L in self._lengths)
 
     @property
     def nbytes(self) -> int:

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.model.buffers import Store, masked, regrow, reserve, rows_at, tensor_bytes, write_rows
+from mla_var3.model.buffers import HostLengths, Store, masked, regrow, reserve, rows_at, tensor_bytes, write_rows
 from mla_var3.model.cache import LatentCache, _check_new, _pad_stack, _seqlens
 
 
 @dataclass(frozen=True)
-class HybridCache:
+class HybridCache(HostLengths):
     """Hybrid (MLAvar6+) cache: the ``n`` newest tokens of each sequence expanded, the rest latent.
 
     Attributes
@@ -150,24 +150,6 @@ class HybridCache:
                    seqlens.to(torch.int32), n, keep)
 
     # ----------------------------------------------------------------- properties
-    @property
-    def batch(self) -> int:
-        return self.kpe.shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.kpe.shape[1]
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """``seqlens`` as host integers (kept beside the tensor: reading them does not sync)."""
-        return self._lengths
-
-    @property
-    def uniform(self) -> bool:
-        """True when every sequence holds ``max_len`` tokens (no padding)."""
-        return all(L == self.max_len for L in self._lengths)
-
     @property
     def nbytes(self) -> int:
         """``B * (O * (K + P) + N * (2 * H * D + P)) * w`` (+ ``B * N * K * w`` with
