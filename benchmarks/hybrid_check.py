@@ -405,8 +405,10 @@ def main() -> int:
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
     gluon_ok = bool(on_gpu and GLUON_AVAILABLE and backends.is_hopper("cuda"))
-    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if on_gpu else "cpu",
-               gluon=GLUON_AVAILABLE, gluon_error=GLUON_IMPORT_ERROR, hopper_path=gluon_ok, dry_run=args.dry_run)
+    from mla_var3.runtime.environment import environment
+
+    env = environment()          # device, torch/triton versions, commit
+    env.update(gluon=GLUON_AVAILABLE, gluon_error=GLUON_IMPORT_ERROR, hopper_path=gluon_ok, dry_run=args.dry_run)
     print(f"hybrid_check: {env}", flush=True)
     checks = checks_in_child(args.dry_run, timeout=80.0 if on_gpu else 300.0)
     checks_ok = bool(checks) and all(r.get("ok") for r in checks)

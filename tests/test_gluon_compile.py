@@ -175,10 +175,12 @@ def test_seesaw_applies_only_where_checked_on_a_gpu():
 def test_split_plan_and_finish_on_the_host():
     """The launchers' shared host side: split ranges without an empty one, partial buffers when
     split and views of the outputs when not, and the merge of the partials (run here by the
-    portable combine kernel under the interpreter) against a float64 log-sum-exp merge."""
+    portable combine kernel, under the interpreter without a GPU) against a float64 log-sum-exp
+    merge."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     b, h, s, k, t = 2, 4, 3, 64, 777                      # 13 key blocks
-    o_latent = torch.full((b, h, s, k), float("nan"), dtype=torch.float32)
-    lse = torch.full((b, h, s), float("nan"), dtype=torch.float32)
+    o_latent = torch.full((b, h, s, k), float("nan"), dtype=torch.float32, device=dev)
+    lse = torch.full((b, h, s), float("nan"), dtype=torch.float32, device=dev)
     ns, per, o_buf, lse_buf = gluon_mod._split_plan(o_latent, lse, t, 5)
     assert (ns, per) == (5, 3) and o_buf.shape == (b, h * s, 5, k) and lse_buf.shape == (b, h * s, 5)
     assert gluon_mod._split_plan(o_latent, lse, t, 100)[:2] == (13, 1)       # at most one range per block
@@ -186,7 +188,7 @@ def test_split_plan_and_finish_on_the_host():
     assert ns1 == 1 and o1.data_ptr() == o_latent.data_ptr() and l1.data_ptr() == lse.data_ptr()
 
     g = torch.Generator().manual_seed(0)
-    o_buf.copy_(torch.randn(o_buf.shape, generator=g))
+    o_buf.copy_(torch.randn(o_buf.shape, generator=g))       # copy_ moves CPU draws to the device
     lse_buf.copy_(torch.randn(lse_buf.shape, generator=g) * 3)
     gluon_mod._finish(o_buf, lse_buf, o_latent, lse)
     w = torch.softmax(lse_buf.double(), dim=-1)
