@@ -35,9 +35,7 @@ import traceback
 import torch
 
 H, K, P = 128, 512, 64
-# name -> flash_mla_gluon(schedule=); "grid" is the seesaw with one program per row tile and key
-# range (split-KV as choose_num_splits decides) instead of its default persistent plan
-SCHEDULES = {"seq": "sequential", "pipe": "pipelined", "see": "seesaw", "grid": "seesaw"}
+SCHEDULES = {"seq": "sequential", "pipe": "pipelined", "see": "seesaw"}   # name -> flash_mla_gluon(schedule=)
 
 #: official FlashMLA on an H200, bf16, h = 128, k = 512, p = 64 (microseconds), keyed (b, s, t).
 FLASHMLA_US = {
@@ -135,16 +133,6 @@ def _kernel(dry: bool):
     return stand_in
 
 
-def _splits(name: str, b: int, h: int, s: int, t: int, ns, dry: bool):
-    """The num_splits a schedule name passes: the shape's own, or for "grid" (when the shape sets
-    none) the split-KV count of one program per row tile and key range."""
-    if name != "grid" or ns is not None or dry:
-        return ns
-    from mla_var3.kernel._common import num_sms
-    from mla_var3.kernel.hopper.absorbed_gluon import choose_num_splits
-    return choose_num_splits(b, h * s, t, sms=num_sms())
-
-
 def run_check(shape, scale, tol, *, schedule="seq", nan_tail=False, dry=False):
     from mla_var3.reference import flash_mla as ref_flash_mla
 
@@ -160,8 +148,8 @@ def run_check(shape, scale, tol, *, schedule="seq", nan_tail=False, dry=False):
         z = z.masked_fill(~keep[..., None], float("nan"))
         kpe = kpe.masked_fill(~keep[..., None], float("nan"))
     _poison_allocator()
-    o, lse = _kernel(dry)(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=lens,
-                          num_splits=_splits(schedule, b, h, s, t, ns, dry), schedule=SCHEDULES[schedule])
+    o, lse = _kernel(dry)(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=lens, num_splits=ns,
+                          schedule=SCHEDULES[schedule])
     if not dry:
         torch.cuda.synchronize()
     e_o, e_l = _rel(o, o_ref), _rel(lse, lse_ref)
@@ -190,8 +178,8 @@ def run_time(shape, scale, schedules, *, portable: bool, budget_s: float, dry=Fa
     kern = _kernel(dry)
     for name in schedules:
         try:
-            fn = lambda: kern(qc, qpe, z, kpe, scale=scale, causal=causal,  # noqa: E731
-                              num_splits=_splits(name, b, h, s, t, ns, dry), schedule=SCHEDULES[name])
+            fn = lambda: kern(qc, qpe, z, kpe, scale=scale, causal=causal, num_splits=ns,  # noqa: E731
+                              schedule=SCHEDULES[name])
             row[f"{name}_us"] = bench(fn, budget_s)
         except Exception as exc:  # keep going: record and print
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:400]

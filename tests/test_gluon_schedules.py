@@ -62,32 +62,3 @@ def test_unknown_schedule_is_rejected():
     x = torch.zeros(1, 128, 1, K, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="schedule"):
         gluon.flash_mla_gluon(x, x[..., :P], x[:, 0], x[:, 0, :, :P], scale=0.1, schedule="fastest")
-
-
-# (b, h, s, t, causal, parts): the seesaw's work plan cutting sequences between programs
-PLANS = [
-    (5, 128, 2, 777, True, 3),          # 5 sequences x 13 blocks in 3 parts: cuts mid-sequence, odd pieces
-    (3, 20, 3, 131, True, 7),           # a partial row tile, pieces of one block
-    (4, 128, 1, 4096, False, 1),        # each program walks 4 sequences (the next one's loads in flight)
-    (2, 128, 4, 300, True, 9),          # more parts than sequences: each cut in 4-5 pieces
-    (4, 128, 32, 1000, True, None),     # 256 (sequence, row tile)s > 132 SMs: the default persistent plan
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", PLANS, ids=lambda sh: "b{}-h{}-s{}-t{}-c{}-parts{}".format(*sh))
-def test_seesaw_plan_matches_reference(shape, dtype):
-    from mla_var3.kernel.hopper.absorbed_seesaw import flash_mla_seesaw
-
-    b, h, s, t, causal, parts = shape
-    g = torch.Generator(device="cuda").manual_seed(b * 1000 + t + 1)
-    qc = (torch.randn(b, h, s, K, generator=g, device="cuda") * 0.5).to(dtype)
-    qpe = torch.randn(b, h, s, P, generator=g, device="cuda").to(dtype)
-    z = torch.randn(b, t, K, generator=g, device="cuda").to(dtype)
-    kpe = torch.randn(b, t, P, generator=g, device="cuda").to(dtype)
-    scale = (128 + P) ** -0.5
-    _poison_allocator()
-    o, lse = flash_mla_seesaw(qc, qpe, z, kpe, scale=scale, causal=causal, num_parts=parts)
-    ref_o, ref_lse = R.flash_mla(qc, qpe, z, kpe, scale, causal)
-    assert_close(o, ref_o, dtype, name="o_latent")
-    assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")

@@ -29,29 +29,6 @@ from mla_var3.kernel._jit import LOG2E_C as LOG2E
 
 
 @triton.jit
-def _merge_step(acc, denom, m, lse_i, o_i):
-    """Fold one partial (``lse_i`` [R], ``o_i`` [R, V]) into a running LSE merge: ``m`` the max
-    LSE so far, ``denom`` = sum of exp(lse - m), ``acc`` the weighted sum of outputs. A partial
-    with ``lse_i = -inf`` has weight 0 and its ``o_i`` is ignored (even NaN)."""
-    m_new = tl.maximum(m, lse_i)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2((m - m_safe) * LOG2E)          # 0 while m is -inf
-    w = tl.exp2((lse_i - m_safe) * LOG2E)
-    acc = acc * alpha[:, None] + tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
-    return acc, denom * alpha + w, m_new
-
-
-@triton.jit
-def _merge_result(acc, denom, m):
-    """The merged output [R, V] and natural-log LSE [R] (0 and -inf where no partial had a key)."""
-    ok = denom > 0
-    out = acc / tl.where(ok, denom, 1.0)[:, None]
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    lse = tl.where(ok, m_safe + tl.log2(tl.where(ok, denom, 1.0)) / LOG2E, float("-inf"))
-    return out, lse
-
-
-@triton.jit
 def _combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, lse_out_ptr,
     M, NS, V,
@@ -71,53 +48,28 @@ def _combine_kernel(
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < M
     col_ok = cols < V
+    # pass 1: the max LSE over splits (rows without any key stay -inf)
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    denom = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
     for i in range(NS):
         lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
+        m = tl.maximum(m, lse_i)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    # pass 2: weighted sum of the partial outputs
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+    denom = tl.zeros([BLOCK_R], tl.float32)
+    for i in range(NS):
+        lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
+        w = tl.exp2((lse_i - m_safe) * LOG2E)
         o_i = tl.load(o_part_ptr + rows[:, None] * stride_pm + i * stride_ps + cols[None, :] * stride_pv,
                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        acc, denom, m = _merge_step(acc, denom, m, lse_i, o_i)
-    out, lse = _merge_result(acc, denom, m)
+        acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
+        denom += w
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_ov,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     if WRITE_LSE:
+        lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
         tl.store(lse_out_ptr + rows * stride_lo, lse, mask=row_ok & (pid_v == 0))
-
-
-@triton.jit
-def _combine_gathered_kernel(
-    o_slot_ptr, lse_slot_ptr, table_ptr, row_base_ptr, n_rows_ptr, out_ptr, lse_out_ptr,
-    NP, V,
-    stride_os, stride_or, stride_ls, stride_tm, stride_om, stride_lo,
-    R: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    """One program merges group ``program_id(0)``: its ``n_rows`` (<= R) output rows from the
-    slots listed in its table row (-1: none), ``BLOCK_V`` value columns."""
-    g = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    r = tl.arange(0, R)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    row_ok = r < tl.load(n_rows_ptr + g)
-    col_ok = cols < V
-    base = tl.load(row_base_ptr + g).to(tl.int64)
-    m = tl.full([R], float("-inf"), tl.float32)
-    denom = tl.zeros([R], tl.float32)
-    acc = tl.zeros([R, BLOCK_V], tl.float32)
-    for i in range(NP):
-        slot = tl.load(table_ptr + g * stride_tm + i)
-        ok = row_ok & (slot >= 0)
-        src = tl.maximum(slot, 0).to(tl.int64)
-        lse_i = tl.load(lse_slot_ptr + src * stride_ls + r, mask=ok, other=float("-inf"))
-        o_i = tl.load(o_slot_ptr + src * stride_os + r[:, None] * stride_or + cols[None, :],
-                      mask=ok[:, None] & col_ok[None, :], other=0.0)
-        acc, denom, m = _merge_step(acc, denom, m, lse_i, o_i)
-    out, lse = _merge_result(acc, denom, m)
-    rows = base + r
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
-    tl.store(lse_out_ptr + rows * stride_lo, lse, mask=row_ok & (pid_v == 0))
 
 
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor | None = None,
@@ -189,53 +141,6 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor | No
     if lse1 is None:
         lse_out.copy_(l_target.view(lse_out.shape))
     return out, lse_out
-
-
-def combine_gathered(o_slots: torch.Tensor, lse_slots: torch.Tensor, table: torch.Tensor, row_base: torch.Tensor,
-                     n_rows: torch.Tensor, out: torch.Tensor, lse_out: torch.Tensor, *,
-                     block_v: int | None = None) -> None:
-    """Merge partials stored in *slots* into groups of output rows (in place).
-
-    A kernel that hands each program an arbitrary range of (row tile, key block) work — a
-    persistent tile scheduler — leaves some row tiles cut between programs; each piece writes
-    its partial to a slot, and group ``g`` of this call merges the slots ``table[g]`` into the
-    output rows ``row_base[g] .. row_base[g] + n_rows[g]``.
-
-    Parameters
-    ----------
-    o_slots : [N, R, V] float32       partial outputs (each normalised over its own key range)
-    lse_slots : [N, R] float32        their natural-log LSE (-inf: no key)
-    table : [G, NP] int32             slots of each group, padded with -1
-    row_base : [G] int64              first output row of each group
-    n_rows : [G] int32                rows of each group (<= R)
-    out : [M, V]                      output rows (rows of no group are left untouched)
-    lse_out : [M] float32             output LSE
-    """
-    if o_slots.dim() != 3 or tuple(lse_slots.shape) != tuple(o_slots.shape[:2]):
-        raise ValueError(f"combine_gathered: o_slots must be [N, R, V] and lse_slots [N, R]; got "
-                         f"{list(o_slots.shape)} and {list(lse_slots.shape)}")
-    if o_slots.dtype != torch.float32 or lse_slots.dtype != torch.float32 or lse_out.dtype != torch.float32:
-        raise ValueError("combine_gathered: o_slots, lse_slots and lse_out must be float32")
-    n, r, v = o_slots.shape
-    if table.dim() != 2 or row_base.shape != table.shape[:1] or n_rows.shape != table.shape[:1]:
-        raise ValueError(f"combine_gathered: table must be [G, NP] with row_base and n_rows [G]; got "
-                         f"{list(table.shape)}, {list(row_base.shape)}, {list(n_rows.shape)}")
-    if out.dim() != 2 or out.shape[1] != v or lse_out.shape != out.shape[:1]:
-        raise ValueError(f"combine_gathered: out must be [M, {v}] and lse_out [M]; got "
-                         f"{list(out.shape)} and {list(lse_out.shape)}")
-    if r & (r - 1) or o_slots.stride(2) != 1 or lse_slots.stride(1) != 1 or out.stride(1) != 1 or table.stride(1) != 1:
-        raise ValueError("combine_gathered: R must be a power of two and the last dimensions contiguous")
-    check_device("o_slots", o_slots)
-    if table.shape[0] == 0 or v == 0:
-        return
-    if block_v is None:
-        block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 64)
-    grid = (table.shape[0], triton.cdiv(v, block_v))
-    _combine_gathered_kernel[grid](
-        o_slots, lse_slots, table, row_base, n_rows, out, lse_out, table.shape[1], v,
-        o_slots.stride(0), o_slots.stride(1), lse_slots.stride(0), table.stride(0), out.stride(0), lse_out.stride(0),
-        R=r, BLOCK_V=block_v, num_warps=4,
-    )
 
 
 def _flat_view(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:

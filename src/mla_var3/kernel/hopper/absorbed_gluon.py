@@ -460,9 +460,7 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     if schedule == "seesaw":
         from mla_var3.kernel.hopper.absorbed_seesaw import flash_mla_seesaw, seesaw_applies
         if seesaw_applies(k, p, seqlens):
-            # num_splits given: split-KV in that many ranges per (sequence, row tile); else the seesaw's plan
-            parts = None if num_splits is None else b * max(1, min(int(num_splits), cdiv(t, BLOCK_N)))
-            return flash_mla_seesaw(qc, qpe, z, kpe, scale=scale, causal=causal, num_parts=parts)
+            return flash_mla_seesaw(qc, qpe, z, kpe, scale=scale, causal=causal, num_splits=num_splits)
         schedule = "pipelined"
     hs = h * s
     dev = qc.device

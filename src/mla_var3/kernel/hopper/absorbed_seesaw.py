@@ -57,14 +57,10 @@ Example
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 import triton
 
-from mla_var3.kernel._common import cdiv, check_scale, num_sms
-from mla_var3.kernel.combine import combine_gathered
+from mla_var3.kernel._common import cdiv, check_scale
 from mla_var3.kernel.hopper import absorbed_gluon as _base
 from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
@@ -75,8 +71,7 @@ if GLUON_AVAILABLE:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
 
-__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "SeesawPlan", "plan_schedule", "default_parts", "seesaw_applies",
-           "compile_for_sm90", "flash_mla_seesaw"]
+__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm90", "flash_mla_seesaw"]
 
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
@@ -136,72 +131,35 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _load_q(q_desc, qr_desc, q_bar, q_smem, qr_smem, b, row0):
-        """TMA: the 64 query rows at ``row0`` of sequence ``b`` (two boxes of K/2 columns and the
-        RoPE piece), signalling ``q_bar``."""
-        KH: gl.constexpr = q_desc.block_type.shape[2]
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(q_desc, [b, row0, c * KH], q_bar, q_smem.slice(c * KH, KH, dim=2))
-        tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
-
-    @gluon.jit
-    def _bound(c, units, parts):
-        """First work unit of part ``c`` when ``units`` are cut into ``parts`` near-equal
-        contiguous ranges (the formula of :meth:`SeesawPlan.bound`)."""
-        q = units // parts
-        return c * q + gl.minimum(c, units - q * parts)
-
-    @gluon.jit
-    def _producer(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, q_desc, qr_desc, z_desc, kr_desc,
-                  row0, lo, hi, NB):
-        """The producer warp: every load after the program's first pair. It walks the same pieces
-        and pairs as the warpgroups; each buffer part is refilled with the next pair's block as
-        soon as its last reader releases it (``empty``: X_L by WG0, X_R and X's RoPE piece by
-        WG1, Y_L and Y's RoPE piece by WG0, Y_R by WG1), and Q with the next sequence's rows once
-        WG0 signals that both warpgroups' last scores of a piece are done (``empty[4]``). Every
-        pair loads both buffers (Y a copy of X's block when the piece has no further odd block)
-        so that every barrier completes once per pair."""
+    def _producer(z_smem, kr_smem, ready, empty, z_desc, kr_desc, pid_b, blk_lo, n_iter):
+        """The producer warp: every refill of the key buffers after the first pair. The parts are
+        released in the order the warpgroups finish with them (``empty``: X_L by WG0, X_R and X's
+        RoPE piece by WG1, Y_L and Y's RoPE piece by WG0, Y_R by WG1); each is refilled with the
+        next pair's block as soon as it is free."""
         BN: gl.constexpr = 64
         NZ: gl.constexpr = z_smem.shape[3] // 64
-        seq_lo = lo // NB
-        g = 0
-        for jp in range((hi - 1) // NB - seq_lo + 1):
-            seq = seq_lo + jp
-            u0 = gl.maximum(lo, seq * NB)
-            n_iter = gl.minimum(hi, seq * NB + NB) - u0
-            blk_lo = u0 - seq * NB
-            if jp > 0:
-                mbarrier.wait(empty.index(4), (jp - 1) & 1)
-                _load_q(q_desc, qr_desc, q_bar, q_smem, qr_smem, seq, row0)
-            n_pairs = (n_iter + 1) // 2
-            for i in range(n_pairs):
-                if (jp > 0) | (i > 0):            # the program's first pair came with the prologue
-                    ph = (g + i - 1) & 1
-                    key_x = (blk_lo + 2 * i) * BN
-                    key_y = (blk_lo + gl.minimum(2 * i + 1, n_iter - 1)) * BN
-                    mbarrier.wait(empty.index(0), ph)
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, seq, key_x, True,
-                               0, False, NZ)
-                    mbarrier.wait(empty.index(1), ph)
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, seq, key_x, True,
-                               1, True, NZ)
-                    mbarrier.wait(empty.index(2), ph)
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, seq, key_y, True,
-                               0, True, NZ)
-                    mbarrier.wait(empty.index(3), ph)
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, seq, key_y, True,
-                               1, False, NZ)
-            g += n_pairs
+        for i in range((n_iter + 1) // 2 - 1):
+            ph = i & 1
+            key_x = (blk_lo + 2 * i + 2) * BN
+            key_y = (blk_lo + 2 * i + 3) * BN
+            has_y = 2 * i + 3 < n_iter
+            mbarrier.wait(empty.index(0), ph)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 0, False, NZ)
+            mbarrier.wait(empty.index(1), ph)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 1, True, NZ)
+            mbarrier.wait(empty.index(2), ph, pred=has_y)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has_y, 0, True, NZ)
+            mbarrier.wait(empty.index(3), ph, pred=has_y)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has_y, 1, False, NZ)
 
     @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr,
                    q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow,
-                   o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal):
-        """One warpgroup of the seesaw over rows ``row0 .. row0 + 64`` of the sequences in the
-        program's units ``[lo, hi)`` (``sequence * NB + block``), one piece per sequence
-        (``ROLE`` 0: even blocks of each pair, output columns ``0 .. K/2``; ``ROLE`` 1: odd blocks,
-        columns ``K/2 .. K``, the row sum and the LSE)."""
+                   o_desc, lse_ptr,
+                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2,
+                   stride_lb, stride_lr, stride_ls, causal):
+        """One warpgroup of the seesaw (``ROLE`` 0: even blocks, output columns ``0 .. K/2``;
+        ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE)."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         K: gl.constexpr = z_smem.shape[3]
@@ -219,7 +177,6 @@ if GLUON_AVAILABLE:
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
         p_rows: gl.constexpr = gl.SliceLayout(1, p_layout)
 
         q_tile = q_smem.reshape([BM, K])
@@ -235,150 +192,143 @@ if GLUON_AVAILABLE:
         rows = row0 + gl.arange(0, BM, layout=s_rows)
         limit = gl.where(causal != 0, L - S + rows % S, L - 1)
         cols = gl.arange(0, BN, layout=s_cols)
+        m_i = gl.full([BM], float("-inf"), gl.float32, s_rows)
+        l_o = gl.full([BM], 0.0, gl.float32, o_rows)
+        acc = gl.zeros([BM, KH], gl.float32, o_layout)
         s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
-        pid = gl.program_id(0)
-        seq_lo = lo // NB
-        g = 0                                   # pairs done: the phase of the ready and exchange barriers
-        for jp in range((hi - 1) // NB - seq_lo + 1):
-            pid_b = seq_lo + jp                 # one piece per sequence: its units [u0, u0 + n_iter)
-            u0 = gl.maximum(lo, pid_b * NB)
-            n_iter = gl.minimum(hi, pid_b * NB + NB) - u0
-            blk_lo = u0 - pid_b * NB
-            m_i = gl.full([BM], float("-inf"), gl.float32, s_rows)
-            l_o = gl.full([BM], 0.0, gl.float32, o_rows)
-            acc = gl.zeros([BM, KH], gl.float32, o_layout)
-            mbarrier.wait(q_bar, jp & 1)
-            n_pairs = (n_iter + 1) // 2
-            for i in range(n_pairs):
-                ph = (g + i) & 1
-                j = 2 * i + ROLE
-                has_own = j < n_iter
-                # Y is loaded in every pair (a copy of X's block without an odd block: masked below)
-                raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, True, s_zero, NZ)
-                keys = (blk_lo + j) * BN + cols
-                if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
-                    sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
-                else:
-                    visible = (keys[None, :] <= limit[:, None]) & has_own
-                    sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
-                if ROLE == 0:
-                    m_a = gl.maximum(m_i, gl.max(sc, axis=1))
-                    m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
-                    p = gl.exp2(sc - m_a_safe[:, None]).to(dtype)
-                    alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
-                    _publish(bar_a, xrow.index(0), m_a, own_r, p)
-                    acc = acc * alpha[:, None]
-                    p_op = gl.convert_layout(p, p_layout)
-                    tok = warpgroup_mma(p_op, own_z.slice(0, KH, dim=1), acc, is_async=True)
-                    mbarrier.wait(bar_b, ph)
-                    m_b = xrow.index(1).load(s_rows)
-                    if i == n_pairs - 1:
-                        _release(empty.index(4))      # both warpgroups' last scores are done: Q is free
-                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
-                    _release(empty.index(0))          # X_L is free
-                    m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                    beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
-                    acc = acc * beta[:, None]
-                    if 2 * i + 1 < n_iter:
-                        tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                    _release(empty.index(2))          # Y_L and Y's RoPE piece (p1) are free
-                    m_i = m_b
-                else:
-                    mbarrier.wait(bar_a, ph)
-                    m_a = xrow.index(0).load(s_rows)
-                    m_b = gl.maximum(m_a, gl.max(sc, axis=1))
-                    m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                    p = gl.exp2(sc - m_b_safe[:, None]).to(dtype)
-                    alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
-                    beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), p_rows)
-                    # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
-                    # publishing, since WG0 may overwrite it once it has mB
-                    p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
-                    _publish(bar_b, xrow.index(1), m_b, own_r, p)
-                    p_op = gl.convert_layout(p, p_layout)
-                    l_o = (l_o * alpha + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
-                           + gl.convert_layout(gl.sum(p0.to(gl.float32), axis=1), o_rows))
-                    acc = acc * alpha[:, None]
-                    # p0 . X_R first: X (WG0's next block, on the critical path) is released before Y
-                    tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
-                    tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
-                    acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
-                    _release(empty.index(1))          # X_R and X's RoPE piece (p0) are free
-                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
-                    _release(empty.index(3))          # Y_R is free
-                    m_i = m_b
-            g += n_pairs
 
-            # ---- epilogue of the piece: a whole (sequence, row tile) goes to the output, a piece of
-            # one to the program's slot (2 * pid for its first piece, 2 * pid + 1 for its last)
-            whole = n_iter == NB
-            slot = 2 * pid + (jp > 0).to(gl.int32)
-            r_o = gl.arange(0, BM, layout=o_rows)
-            row_ok = r_o < HS - row0
-            if ROLE == 1:
-                l_ok = l_o > 0
-                m_o = gl.convert_layout(m_i, o_rows)
-                lse = gl.where(l_ok, (m_o + gl.log2(gl.where(l_ok, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
-                if whole:
-                    gl.store(lse_ptr + pid_b.to(gl.int64) * HS + row0 + r_o, lse, mask=row_ok)
-                else:
-                    gl.store(slse_ptr + slot * BM + r_o, lse)
-                xrow.index(2).store(gl.convert_layout(l_o, s_rows))
-                gl.thread_barrier()
-                mbarrier.arrive(bar_e, count=1)
-                l_fin = l_o
+        mbarrier.wait(q_bar, 0)
+        n_pairs = (n_iter + 1) // 2
+        for i in range(n_pairs):
+            ph = i & 1
+            j = 2 * i + ROLE
+            has_own = j < n_iter
+            has_y = 2 * i + 1 < n_iter
+            # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
+            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
+            keys = (blk_lo + j) * BN + cols
+            if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
+                sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
             else:
-                mbarrier.wait(bar_e, jp & 1)
-                l_fin = xrow.index(2).load(o_rows)
-            out = acc * (1.0 / gl.where(l_fin > 0, l_fin, 1.0))[:, None]
-            c_o = ROLE * KH + gl.arange(0, KH, layout=o_cols)
-            mask = row_ok[:, None]
-            if whole:
-                offs = (pid_b.to(gl.int64) * HS + row0 + r_o)[:, None] * K + c_o[None, :]
-                gl.store(o_ptr + offs, out.to(dtype), mask=mask)
+                visible = (keys[None, :] <= limit[:, None]) & has_own
+                sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
+            if ROLE == 0:
+                m_a = gl.maximum(m_i, gl.max(sc, axis=1))
+                m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
+                p = gl.exp2(sc - m_a_safe[:, None]).to(dtype)
+                alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
+                _publish(bar_a, xrow.index(0), m_a, own_r, p)
+                acc = acc * alpha[:, None]
+                p_op = gl.convert_layout(p, p_layout)
+                tok = warpgroup_mma(p_op, own_z.slice(0, KH, dim=1), acc, is_async=True)
+                mbarrier.wait(bar_b, ph)
+                m_b = xrow.index(1).load(s_rows)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
+                _release(empty.index(0))              # X_L is free
+                m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
+                beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
+                acc = acc * beta[:, None]
+                if has_y:
+                    tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                _release(empty.index(2))              # Y_L and Y's RoPE piece (p1) are free
+                m_i = m_b
             else:
-                offs = (slot.to(gl.int64) * BM + r_o)[:, None] * K + c_o[None, :]
-                gl.store(so_ptr + offs, out, mask=mask)
+                mbarrier.wait(bar_a, ph)
+                m_a = xrow.index(0).load(s_rows)
+                m_b = gl.maximum(m_a, gl.max(sc, axis=1))
+                m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
+                p = gl.exp2(sc - m_b_safe[:, None]).to(dtype)
+                alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
+                beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), p_rows)
+                # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
+                # publishing, since WG0 may overwrite it once it has mB
+                p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
+                _publish(bar_b, xrow.index(1), m_b, own_r, p)
+                p_op = gl.convert_layout(p, p_layout)
+                l_o = (l_o * alpha + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
+                       + gl.convert_layout(gl.sum(p0.to(gl.float32), axis=1), o_rows))
+                acc = acc * alpha[:, None]
+                # p0 . X_R first: X (WG0's next block, on the critical path) is released before Y
+                tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
+                tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
+                acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
+                _release(empty.index(1))              # X_R and X's RoPE piece (p0) are free
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
+                _release(empty.index(3))              # Y_R is free
+                m_i = m_b
+
+        # ---- epilogue
+        o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
+        if ROLE == 1:
+            l_ok = l_o > 0
+            m_o = gl.convert_layout(m_i, o_rows)
+            lse = gl.where(l_ok, (m_o + gl.log2(gl.where(l_ok, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+            gl.store(lse_ptr + pid_b * stride_lb + o_rows_idx * stride_lr + pid_s * stride_ls, lse,
+                     mask=o_rows_idx < HS)
+            xrow.index(2).store(gl.convert_layout(l_o, s_rows))
+            gl.thread_barrier()
+            mbarrier.arrive(bar_e, count=1)
+            l_fin = l_o
+            # every MMA reading Q is done (WG0's last scores precede mA): stage the output there
+            o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+        else:
+            mbarrier.wait(bar_e, 0)
+            l_fin = xrow.index(2).load(o_rows)
+            # WG1 is done with X: stage the output in it
+            o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+        inv_l = 1.0 / gl.where(l_fin > 0, l_fin, 1.0)
+        o_smem.reshape([BM, KH]).store((acc * inv_l[:, None]).to(o_desc.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [pid_b, row0, pid_s * K + ROLE * KH], o_smem)
+        tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, q_desc, qr_desc, z_desc,
-                    kr_desc, o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal):
-        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow,
-                   o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal)
+    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
+                    lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
+                    stride_ls, causal):
+        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, o_desc, lse_ptr,
+                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
+                   causal)
 
     @gluon.jit
-    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, q_desc, qr_desc, z_desc,
-                    kr_desc, o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal):
-        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow,
-                   o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal)
+    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
+                    lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
+                    stride_ls, causal):
+        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, o_desc, lse_ptr,
+                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
+                   causal)
 
     @gluon.jit
-    def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, q_desc, qr_desc, z_desc,
-                       kr_desc, o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, L, qk_scale_log2, causal):
-        _producer(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, q_desc, qr_desc, z_desc, kr_desc,
-                  row0, lo, hi, NB)
+    def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
+                       lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
+                       stride_ls, causal):
+        _producer(z_smem, kr_smem, ready, empty, z_desc, kr_desc, pid_b, blk_lo, n_iter)
 
     @gluon.jit
     def _flash_mla_seesaw(
-        q_desc, qr_desc, z_desc, kr_desc,        # TMA: [B, H*S, K], [B, H*S, P] (K/2-column boxes), [B, T, K], [B, T, P]
-        o_ptr, lse_ptr,                           # [B, H*S, K] in the input dtype, [B, H*S] fp32 (contiguous)
-        so_ptr, slse_ptr,                         # slots: [2 * programs, 64, K], [2 * programs, 64] fp32
-        HS, S, T, qk_scale_log2, B, NB, MT,
+        q_desc, qr_desc, z_desc, kr_desc,        # TMA: [B, H*S, K], [B, H*S, P], [B, T, K] (64-column boxes), [B, T, P]
+        o_desc,                                   # TMA: [B, H*S, NS*K], boxes of K/2 columns
+        lse_ptr,
+        HS, S, T, qk_scale_log2, blocks_per_split,
+        stride_lb, stride_lr, stride_ls,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr,
     ):
-        """Program ``c``: rows ``(c % MT) * 64 ..`` of the sequences in part ``c // MT`` of the
-        ``B * NB`` units (sequence, 64-key block) -- see :class:`SeesawPlan`. The default
-        partition is WG0, the workers WG1 and the producer warp (see the module docstring)."""
+        """One program: 64 rows of sequence ``program_id(2)``, the key blocks of split
+        ``program_id(1)``; the default partition is WG0, the worker WG1 (see the module docstring)."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         NZ: gl.constexpr = K // 64
         dtype: gl.constexpr = q_desc.dtype
-        pid = gl.program_id(0)
-        parts = gl.num_programs(0) // MT
-        row0 = (pid % MT) * BM
-        lo = _bound(pid // MT, B * NB, parts)
-        hi = _bound(pid // MT + 1, B * NB, parts)
+        pid_m = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        pid_b = gl.program_id(2)
+        row0 = pid_m * BM
+        L = T
+        blk_lo = pid_s * blocks_per_split
+        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(L, BN))
+        n_iter = gl.maximum(blk_hi - blk_lo, 0)
 
         zl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BN, K], dtype)
         q_smem = gl.allocate_shared_memory(dtype, [1, BM, K], zl)
@@ -386,31 +336,33 @@ if GLUON_AVAILABLE:
         z_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, K], zl)
         kr_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, P], kr_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
         for i0 in gl.static_range(6):
             mbarrier.init(ready.index(i0), count=1)
-        for i2 in gl.static_range(5):
+        for i2 in gl.static_range(4):
             mbarrier.init(empty.index(i2), count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
 
-        # the first piece: Q, then its first block into X and its second (the first again when
-        # it has only one) into Y
-        pid_b = lo // NB
-        _load_q(q_desc, qr_desc, q_bar, q_smem, qr_smem, pid_b, row0)
-        key_x = (lo - pid_b * NB) * BN
-        key_y = key_x + gl.minimum(1, gl.minimum(hi, pid_b * NB + NB) - lo - 1) * BN
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 1, True, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, True, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, True, 1, True, NZ)
+        # Q, then block 0 into X and block 1 (block 0 again when there is no block 1) into Y
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(q_desc, [pid_b, row0, c * (K // 2)], q_bar,
+                                            q_smem.slice(c * (K // 2), K // 2, dim=2))
+        tma.async_copy_global_to_shared(qr_desc, [pid_b, row0, 0], q_bar, qr_smem)
+        has0 = n_iter > 0
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 1, True, NZ)
+        key_y = (blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))) * BN
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 1, True, NZ)
 
-        args = (q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, q_desc, qr_desc, z_desc, kr_desc,
-                o_ptr, lse_ptr, so_ptr, slse_ptr, row0, lo, hi, NB, S, HS, T, qk_scale_log2,
+        args = (q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
+                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
                 gl.to_tensor(CAUSAL).to(gl.int32))
         gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args), (_seesaw_loader, args)], [4, 1],
                            [_WORKER_REGS, _LOADER_REGS])
@@ -418,80 +370,6 @@ if GLUON_AVAILABLE:
 
 # ---------------------------------------------------------------------------------------------
 # host side
-
-
-@dataclass(frozen=True)
-class SeesawPlan:
-    """How one call's work is cut between programs.
-
-    Each of the ``mt`` row tiles (64 rows of ``h * s``) of a sequence has ``batches * n_blocks``
-    units of work (sequence, 64-key block), cut into ``parts`` contiguous near-equal ranges;
-    program ``c = part * mt + m`` takes row tile ``m`` over range ``part``. The ``mt`` programs
-    of one part walk the same sequences' keys side by side (one read of the latent cache from
-    memory, the rest from L2). A range covers whole sequences plus at most a piece of one at
-    each end; a *cut* (sequence, row tile) -- tile ``sequence * mt + m`` -- has its pieces
-    written to slots (program ``c``'s first piece slot ``2c``, its last ``2c + 1``) that
-    :func:`mla_var3.kernel.combine.combine_gathered` merges: ``cut_tiles[i]`` from
-    ``cut_slots[i]``. ``parts = batches * n`` with ``n`` dividing ``n_blocks`` is split-KV in
-    ``n`` ranges, one program per (sequence, row tile, range).
-    """
-
-    mt: int
-    batches: int
-    n_blocks: int
-    parts: int
-    cut_tiles: tuple[int, ...]
-    cut_slots: tuple[tuple[int, ...], ...]
-
-    @property
-    def programs(self) -> int:
-        return self.mt * self.parts
-
-    @property
-    def units(self) -> int:
-        """Units of one row tile's range: ``batches * n_blocks``."""
-        return self.batches * self.n_blocks
-
-    def bound(self, part: int) -> int:
-        """First unit of ``part`` (``units`` for ``part == parts``)."""
-        q, r = divmod(self.units, self.parts)
-        return part * q + min(part, r)
-
-
-@functools.lru_cache(maxsize=256)
-def plan_schedule(mt: int, batches: int, n_blocks: int, parts: int) -> SeesawPlan:
-    """Cut each row tile's ``batches * n_blocks`` units into ``parts`` ranges (the kernel's own
-    ``_bound`` formula) and list the (sequence, row tile)s cut between programs, with their slots."""
-    if mt < 1 or batches < 1 or n_blocks < 1:
-        raise ValueError(f"need a row tile, a sequence and a key block, got mt={mt}, batches={batches}, "
-                         f"n_blocks={n_blocks}")
-    if not 1 <= parts <= batches * n_blocks:
-        raise ValueError(f"parts must be in [1, {batches * n_blocks}] (one work unit each at least), got {parts}")
-    plan = SeesawPlan(mt, batches, n_blocks, parts, (), ())
-    cut: dict[int, list[int]] = {}
-    for part in range(parts):
-        lo, hi = plan.bound(part), plan.bound(part + 1)
-        first, last = lo // n_blocks, (hi - 1) // n_blocks
-        for m in range(mt):
-            c = part * mt + m
-            if lo % n_blocks or (first == last and hi != (first + 1) * n_blocks):
-                cut.setdefault(first * mt + m, []).append(2 * c)
-            if last != first and hi != (last + 1) * n_blocks:
-                cut.setdefault(last * mt + m, []).append(2 * c + 1)
-    order = sorted(cut)
-    return SeesawPlan(mt, batches, n_blocks, parts, tuple(order), tuple(tuple(cut[t]) for t in order))
-
-
-def default_parts(mt: int, batches: int, n_blocks: int, *, sms: int) -> int:
-    """Parts of the default plan.
-
-    More (sequence, row tile)s than SMs: ``sms // mt`` persistent parts (one program per SM but
-    the ``sms % mt`` left over), each walking its share of the sequences. At most one wave:
-    one part per sequence, times the split-KV count of :func:`choose_num_splits`.
-    """
-    if batches * mt > sms:
-        return max(1, min(sms // mt, batches * n_blocks))
-    return batches * _base.choose_num_splits(batches, mt * BLOCK_M, n_blocks * BLOCK_N, sms=sms)
 
 
 def seesaw_applies(k: int, p: int, seqlens=None) -> bool:
@@ -502,22 +380,8 @@ def seesaw_applies(k: int, p: int, seqlens=None) -> bool:
     return GLUON_AVAILABLE and p == 64 and k == 512 and seqlens is None
 
 
-@functools.lru_cache(maxsize=64)
-def _cut_tables(plan: SeesawPlan, hs: int, device: torch.device):
-    """The combine's tables for ``plan`` on ``device``: slots [cut, NP] int32 (-1 padded), the
-    first output row of each cut tile (in ``[B * H*S]``) and its row count."""
-    width = max(len(s) for s in plan.cut_slots)
-    table = torch.full((len(plan.cut_tiles), width), -1, dtype=torch.int32)
-    for i, slots in enumerate(plan.cut_slots):
-        table[i, :len(slots)] = torch.tensor(slots, dtype=torch.int32)
-    rows0 = [(t // plan.mt) * hs + (t % plan.mt) * BLOCK_M for t in plan.cut_tiles]
-    n_rows = [min(BLOCK_M, hs - (t % plan.mt) * BLOCK_M) for t in plan.cut_tiles]
-    return (table.to(device), torch.tensor(rows0, dtype=torch.int64, device=device),
-            torch.tensor(n_rows, dtype=torch.int32, device=device))
-
-
 def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
-                     causal: bool = True, num_parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     causal: bool = True, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a dense latent cache, warp-specialised seesaw kernel (sm_90).
 
     Parameters
@@ -528,9 +392,7 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
     kpe : [B, T, P]               RoPE key, shared by all heads
     scale : float                 softmax scale
     causal : bool                 query i of S sees keys j <= T - S + i
-    num_parts : int, optional     ranges each row tile's (sequence, key block) work is cut into
-                                  (:class:`SeesawPlan`; default :func:`default_parts`; ``B * n``
-                                  is split-KV in ``n`` ranges)
+    num_splits : int, optional    split-KV count (default: ``choose_num_splits`` of the Gluon module)
 
     Returns
     -------
@@ -550,26 +412,22 @@ def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: 
     if b == 0 or hs == 0:
         return o_latent, lse
 
-    mt, n_blocks = cdiv(hs, BLOCK_M), cdiv(t, BLOCK_N)
-    if num_parts is None:
-        num_parts = default_parts(mt, b, n_blocks, sms=num_sms(dev.index))
-    plan = plan_schedule(mt, b, n_blocks, int(num_parts))
-    if plan.cut_tiles:
-        slot_o = torch.empty((2 * plan.programs, BLOCK_M, k), dtype=torch.float32, device=dev)
-        slot_lse = torch.empty((2 * plan.programs, BLOCK_M), dtype=torch.float32, device=dev)
-    else:
-        slot_o, slot_lse = o_latent, lse          # never written
+    num_splits, per_split, o_buf, lse_buf = _base._split_plan(o_latent, lse, t, num_splits)
     descs = _base._operand_descriptors(qc, qpe, z, kpe, k // 2)
-    _flash_mla_seesaw[(plan.programs,)](
-        *descs, o_latent, lse, slot_o, slot_lse, hs, s, t, scale * _base._LOG2E, b, n_blocks, mt,
+    o_desc = _base._descriptor(o_buf.view(b, hs, num_splits * k), [1, BLOCK_M, k // 2])
+    l_strides = (lse_buf.stride(0), lse_buf.stride(1), lse_buf.stride(2))
+
+    grid = (cdiv(hs, BLOCK_M), num_splits, b)
+    _flash_mla_seesaw[grid](
+        *descs, o_desc, lse_buf, hs, s, t, scale * _base._LOG2E, per_split, *l_strides,
         K=k, P=p, CAUSAL=bool(causal), num_warps=4,
     )
-    if plan.cut_tiles:
-        combine_gathered(slot_o, slot_lse, *_cut_tables(plan, hs, dev), o_latent.view(b * hs, k), lse.view(b * hs))
+    _base._finish(o_buf, lse_buf, o_latent, lse)
     return o_latent, lse
 
 
-def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, capability: int = 90):
+def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, split: bool = False,
+                     capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     if not GLUON_AVAILABLE:
@@ -585,8 +443,9 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
-        "kr_desc": desc(p, BLOCK_N), "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "so_ptr": "*fp32", "slse_ptr": "*fp32",
-        "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "B": "i32", "NB": "i32", "MT": "i32",
+        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M, "fp32" if split else dtype),
+        "lse_ptr": "*fp32", "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "blocks_per_split": "i32",
+        "stride_lb": "i32", "stride_lr": "i32", "stride_ls": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr",
     }
     src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs={"K": k, "P": p, "CAUSAL": causal})
