@@ -29,16 +29,12 @@ Design
 
   WG1's step 2 runs while WG0's ``p0 . X_L`` runs on the tensor cores, and WG0's next softmax
   while WG1's two ``P . Z_R`` run: the seesaw.
-* **Piecewise refill by a producer warp.** Each buffer is loaded by TMA in three parts — Z
-  columns ``0 .. K/2`` (``_L``), ``K/2 .. K`` (``_R``) and the RoPE piece — each one box with its
-  own ``ready`` mbarrier; the score MMA runs 64 columns per wgmma group and waits for each part
-  just before its first group. The warpgroup that used a part last *releases* it (an ``empty``
-  mbarrier) as soon as its last MMA has retired: X_L by WG0 after ``p0 . X_L``, X_R and X's
-  RoPE piece by WG1 after ``p0 . X_R``, Y_L and Y's RoPE piece by WG0 after ``p1 . Y_L``, Y_R by
-  WG1 after ``p1 . Y_R``; a third partition, one warp with 24 registers, waits for each release
-  and issues the refill. The compute warpgroups thus carry no TMA coordinates or issue code
-  (their stack fell from 64 B to 32 B). Registers (``setmaxnreg``): WG0 256, WG1 224, the
-  producer's warpgroup 24 — the whole file of 384 threads launched at 168.
+* **Piecewise refill.** Each buffer is loaded by TMA in three parts — Z columns ``0 .. K/2``
+  (``_L``), ``K/2 .. K`` (``_R``) and the RoPE piece — each one box with its own mbarrier; the
+  score MMA runs 64 columns per wgmma group and waits for each part just before its first
+  group. A part is refilled by the warpgroup that used it last, as soon as its last MMA has
+  retired: X_L by WG0 after ``p0 . X_L``, X_R and X's RoPE piece by WG1 after
+  ``p0 . X_R``, Y_L and Y's RoPE piece by WG0 after ``p1 . Y_L``, Y_R by WG1 after ``p1 . Y_R``.
 * **Exchange** between the warpgroups: three mbarriers (``mA``/``p0`` ready, ``mB``/``p1`` ready,
   the final ``l``) and three 64-float rows in shared memory. Each warpgroup writes, fences,
   synchronises its own 128 threads, and one thread arrives.
@@ -75,9 +71,8 @@ __all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm9
 
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
-NUM_WARPS = 9         # two warpgroups of 4 warps (the default partition and one worker) and the producer warp
-_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224  # WG1 (setmaxnreg; 256 + 224 + 24 = 504 = 64,512 / 128)
-_LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24    # registers for the producer warp
+NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one worker)
+_WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
 
 
 if GLUON_AVAILABLE:
@@ -124,38 +119,9 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _release(bar):
-        """This warpgroup's MMAs reading a buffer part have retired (waited for by every thread):
-        synchronise the warpgroup and signal ``bar`` once, for the producer to refill the part."""
-        gl.thread_barrier()
-        mbarrier.arrive(bar, count=1)
-
-    @gluon.jit
-    def _producer(z_smem, kr_smem, ready, empty, z_desc, kr_desc, pid_b, blk_lo, n_iter):
-        """The producer warp: every refill of the key buffers after the first pair. The parts are
-        released in the order the warpgroups finish with them (``empty``: X_L by WG0, X_R and X's
-        RoPE piece by WG1, Y_L and Y's RoPE piece by WG0, Y_R by WG1); each is refilled with the
-        next pair's block as soon as it is free."""
-        BN: gl.constexpr = 64
-        NZ: gl.constexpr = z_smem.shape[3] // 64
-        for i in range((n_iter + 1) // 2 - 1):
-            ph = i & 1
-            key_x = (blk_lo + 2 * i + 2) * BN
-            key_y = (blk_lo + 2 * i + 3) * BN
-            has_y = 2 * i + 3 < n_iter
-            mbarrier.wait(empty.index(0), ph)
-            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 0, False, NZ)
-            mbarrier.wait(empty.index(1), ph)
-            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, key_x, True, 1, True, NZ)
-            mbarrier.wait(empty.index(2), ph, pred=has_y)
-            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has_y, 0, True, NZ)
-            mbarrier.wait(empty.index(3), ph, pred=has_y)
-            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has_y, 1, False, NZ)
-
-    @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr,
-                   q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow,
-                   o_desc, lse_ptr,
+                   q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
+                   z_desc, kr_desc, o_desc, lse_ptr,
                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2,
                    stride_lb, stride_lr, stride_ls, causal):
         """One warpgroup of the seesaw (``ROLE`` 0: even blocks, output columns ``0 .. K/2``;
@@ -166,7 +132,7 @@ if GLUON_AVAILABLE:
         P: gl.constexpr = kr_smem.shape[3]
         KH: gl.constexpr = K // 2
         NZ: gl.constexpr = K // 64
-        dtype: gl.constexpr = z_smem.dtype
+        dtype: gl.constexpr = z_desc.dtype
         OWN: gl.constexpr = ROLE          # the buffer with this warpgroup's score blocks
         OTHER: gl.constexpr = 1 - ROLE
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -224,14 +190,18 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(bar_b, ph)
                 m_b = xrow.index(1).load(s_rows)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
-                _release(empty.index(0))              # X_L is free
+                # X_L is free: its pieces of block 2i + 2
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
+                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
                 acc = acc * beta[:, None]
                 if has_y:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                _release(empty.index(2))              # Y_L and Y's RoPE piece (p1) are free
+                    # Y_L and Y's RoPE piece (p1) are free: block 2i + 3
+                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
+                                 (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
@@ -253,9 +223,13 @@ if GLUON_AVAILABLE:
                 tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
                 tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
                 acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
-                _release(empty.index(1))              # X_R and X's RoPE piece (p0) are free
+                # X_R and X's RoPE piece (p0) are free: block 2i + 2
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
+                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 1, True, NZ)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
-                _release(empty.index(3))              # Y_R is free
+                # Y_R is free: block 2i + 3
+                _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
+                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
 
         # ---- epilogue
@@ -285,26 +259,20 @@ if GLUON_AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
-                    lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
-                    stride_ls, causal):
-        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, o_desc, lse_ptr,
+    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
+                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
+                    causal):
+        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
                    causal)
 
     @gluon.jit
-    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
-                    lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
-                    stride_ls, causal):
-        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, o_desc, lse_ptr,
+    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
+                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
+                    causal):
+        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
                    causal)
-
-    @gluon.jit
-    def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc,
-                       lse_ptr, pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr,
-                       stride_ls, causal):
-        _producer(z_smem, kr_smem, ready, empty, z_desc, kr_desc, pid_b, blk_lo, n_iter)
 
     @gluon.jit
     def _flash_mla_seesaw(
@@ -336,15 +304,12 @@ if GLUON_AVAILABLE:
         z_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, K], zl)
         kr_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, P], kr_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
         for i0 in gl.static_range(6):
             mbarrier.init(ready.index(i0), count=1)
-        for i2 in gl.static_range(4):
-            mbarrier.init(empty.index(i2), count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
 
@@ -361,11 +326,10 @@ if GLUON_AVAILABLE:
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 0, False, NZ)
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 1, True, NZ)
 
-        args = (q_smem, qr_smem, z_smem, kr_smem, ready, empty, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
+        args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
                     pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
                 gl.to_tensor(CAUSAL).to(gl.int32))
-        gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args), (_seesaw_loader, args)], [4, 1],
-                           [_WORKER_REGS, _LOADER_REGS])
+        gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args)], [4], [_WORKER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
