@@ -65,10 +65,19 @@ def to_storage(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def split_key_range(hi, n_full, pid_split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's keys for split-KV: ``[lo, hi)`` of the keys ``[0, hi)`` some row sees,
-    cut into ``NUM_SPLITS`` ranges of whole ``BLOCK_N`` blocks; ``n_full`` (keys every row
-    sees) rounded down to a block, so blocks below it need no mask. Returns (lo, hi, n_full)."""
+def split_key_range(n_keys, first_limit, ROWS: tl.constexpr, CAUSAL: tl.constexpr, pid_split,
+                    NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's keys among ``[0, n_keys)``, for ``ROWS`` query tokens whose first sees keys
+    ``<= first_limit`` under the causal mask (each next token one more). Returns
+    ``(lo, hi, n_full)``: ``[lo, hi)`` is this split's part of the keys some row sees, cut into
+    ``NUM_SPLITS`` ranges of whole ``BLOCK_N`` blocks; ``n_full`` (keys every row sees) is
+    rounded down to a block, so blocks below it need no mask."""
+    if CAUSAL:
+        hi = tl.minimum(n_keys, first_limit + ROWS)
+        n_full = tl.minimum(n_keys, first_limit + 1)
+    else:
+        hi = n_keys
+        n_full = n_keys
     hi = tl.maximum(hi, 0)
     n_full = (tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N
     if NUM_SPLITS > 1:

@@ -251,13 +251,7 @@ def _flash_attention_kernel(
     qpe = operand(qpe, UPCAST)
 
     # key range of this program: [0, hi) visible to some row; [0, n_full) visible to every row
-    if CAUSAL:
-        hi = tl.minimum(L, L - S + m0 + BLOCK_M)
-        n_full = tl.minimum(L, L - S + m0 + 1)
-    else:
-        hi = L
-        n_full = L
-    lo, hi, n_full = split_key_range(hi, n_full, pid_x, NUM_SPLITS, BLOCK_N)
+    lo, hi, n_full = split_key_range(L, L - S + m0, BLOCK_M, CAUSAL, pid_x, NUM_SPLITS, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -151,13 +151,7 @@ def _latent_part_kernel(
     kpe_base = kpe_ptr + b * stride_eb
     limit = T - S + ii
 
-    if CAUSAL:
-        hi = tl.minimum(O, T - S + s0 + BLOCK_S)
-        n_full = tl.minimum(O, T - S + s0 + 1)
-    else:
-        hi = O
-        n_full = O
-    lo, hi, n_full = split_key_range(hi, n_full, pid_x, NUM_SPLITS, BLOCK_N)
+    lo, hi, n_full = split_key_range(O, T - S + s0, BLOCK_S, CAUSAL, pid_x, NUM_SPLITS, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -276,10 +270,7 @@ def _expanded_persistent_kernel(
         k_base = k_ptr + b * stride_kb + h * stride_kh
         v_base = v_ptr + b * stride_vb + h * stride_vh
         kpe_base = kpe_ptr + b * stride_eb
-        if CAUSAL:
-            hi = tl.maximum(tl.minimum(L, L - S + m0 + BLOCK_M), 0)
-        else:
-            hi = L
+        _, hi, _ = split_key_range(L, L - S + m0, BLOCK_M, CAUSAL, 0, 1, BLOCK_N)    # one range: [0, hi)
         limit = L - S + offs_m
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
