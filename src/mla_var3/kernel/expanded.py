@@ -544,7 +544,33 @@ def _flash_attention_triton(q, qpe, k, v, kpe, *, scale, causal, seqlens, config
     return out, lse
 
 
+#: the Hopper kernel takes calls with more query rows than this (a program owns 128 rows; at
+#: s <= 64 the portable kernel streams the keys at the copy bandwidth with 16-64-row tiles)
+GLUON_MIN_S = 64
+
+
+def _flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
+    """The sm_90 backend of :func:`flash_attention`: the warp-specialised Gluon kernel
+    (:mod:`mla_var3.kernel.hopper.expanded_gluon`) for ``S > GLUON_MIN_S`` without ``seqlens``
+    or a portable ``config`` where its TMA loads apply, else the portable kernel."""
+    from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon, gluon_applies
+
+    if config is None and q.shape[2] > GLUON_MIN_S and gluon_applies(q, qpe, k, v, kpe, seqlens):
+        return flash_attention_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, out=out)
+    return _flash_attention_triton(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
+                                   out=out)
+
+
+def _gluon_available(device: torch.device) -> bool:
+    if not backends.is_hopper(device):
+        return False
+    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
+
+    return GLUON_AVAILABLE
+
+
 backends.register("flash_attention", "triton", _flash_attention_triton)
+backends.register("flash_attention", "gluon", _flash_attention_hopper, supports=_gluon_available, priority=10)
 
 
 def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor, *,
