@@ -1,13 +1,13 @@
 """Check and time the Hopper Gluon expanded kernel (``kernel/hopper/expanded_gluon.py``) against
 the portable Triton kernel's default config and cuDNN attention (PyTorch SDPA), on an sm_90 GPU.
 
-1. Correctness of every Gluon variant (``block_n`` x ``stages``) against the fp32 reference
+1. Correctness of every Gluon variant (``block_n`` x ``stages``, ``pingpong``) against the fp32 reference
    ``mla_var3.reference.flash_attention`` on edge shapes (DeepSeek-V3 head dims d = 128,
    p = 64, 8 heads): causal s < t, causal prefill s = t, ragged s and t (neither a multiple of
    a block), s = 1, non-causal, b = 1, and a non-contiguous ``out``. The output buffer is
    NaN-poisoned, so an unwritten element fails. A variant that fails is never timed.
 2. Timing with :func:`mla_var3.runtime.timing.time_fn` (CUDA-graph replays, L2 flushed,
-   medians) at b = 32, t = 4096, s in {128, 256, 512, 1024} (bottom-right causal) and the full
+   medians) at b = 32, t = 4096, s in {16, 64, 128, 256, 512, 1024} (bottom-right causal) and the full
    causal prefill b = 4, s = t = 4096: each Gluon variant, the portable kernel's default config,
    and cuDNN SDPA (q/k head 192 with the RoPE key broadcast per head, v head 128).
 3. TFLOP/s on the FLOPs the cost model counts, 2 b h s t (2 d + p) (causal not discounted), and
@@ -29,16 +29,18 @@ import traceback
 import torch
 
 H, D, P = 128, 128, 64
-VARIANTS = [dict(block_n=128, stages=2), dict(block_n=64, stages=3), dict(block_n=64, stages=4)]
+VARIANTS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
+            dict(block_n=64, stages=4)]
 # (b, h, s, t, causal, strided out)
 CHECKS = [(2, 8, 512, 1024, True, False), (1, 8, 512, 512, True, False), (2, 8, 130, 1000, True, False),
           (1, 8, 1, 333, True, False), (2, 8, 200, 700, False, False), (1, 8, 64, 64, True, False),
           (2, 8, 300, 777, True, True)]
-TIMES = [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096), (32, 128, 4096), (32, 256, 4096)]
+TIMES = [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096), (32, 128, 4096), (32, 256, 4096), (32, 64, 4096),
+         (32, 16, 4096)]
 
 
 def label(v: dict) -> str:
-    return f"gluon_n{v['block_n']}s{v['stages']}"
+    return f"gluon_n{v['block_n']}s{v['stages']}" + ("p" if v.get("pingpong") else "")
 
 
 def flops(b, s, t, h=H, d=D, p=P) -> float:

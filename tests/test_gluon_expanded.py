@@ -34,7 +34,8 @@ D, P = 128, 64
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 SMEM_LIMIT = 232_448
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-RINGS = [dict(block_n=128, stages=2), dict(block_n=64, stages=3), dict(block_n=64, stages=4)]
+RINGS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
+         dict(block_n=64, stages=4)]
 
 _SCRIPT = r"""
 import json, sys
@@ -46,8 +47,8 @@ open(path, "wb").write(c.asm["cubin"])
 print(json.dumps(dict(cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"])))
 """
 
-COMPILE_VARIANTS = [dict(block_n=128, stages=2, dtype="bf16", causal=True),
-                    dict(block_n=64, stages=3, dtype="fp16", causal=False)]
+COMPILE_VARIANTS = [dict(block_n=128, stages=2, dtype="bf16", causal=True, pingpong=False),
+                    dict(block_n=64, stages=3, dtype="fp16", causal=False, pingpong=True)]
 
 
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
@@ -132,7 +133,7 @@ SHAPES = [
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
-@pytest.mark.parametrize("ring", RINGS, ids=lambda r: f"n{r['block_n']}s{r['stages']}")
+@pytest.mark.parametrize("ring", RINGS, ids=lambda r: f"n{r['block_n']}s{r['stages']}" + ("p" * r.get("pingpong", 0)))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda sh: "b{}-h{}-s{}-t{}-c{:d}-strided{:d}".format(*sh))
 def test_matches_reference(shape, ring):
     b, h, s, t, causal, strided = shape

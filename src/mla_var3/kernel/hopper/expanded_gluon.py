@@ -63,6 +63,7 @@ BLOCK_M = 128          # query rows per program: two consumer warpgroups of 64
 HALF_M = 64            # rows per consumer warpgroup (one wgmma M tile)
 DEFAULT_BLOCK_N = 128  # keys per block
 DEFAULT_STAGES = 2     # key-ring depth
+DEFAULT_PINGPONG = False  # consumers alternate their MMA issue (see flash_attention_gluon)
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224  # setmaxnreg of the worker consumer warpgroup
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24     # setmaxnreg of the producer warp
 _SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
@@ -129,8 +130,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_smem, qr_smem, k_smem, kr_smem, v_smem,
-                  q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, lse_ptr,
-                  bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal):
+                  q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
+                  bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal, pingpong):
         """Consumer warpgroup ``WG``: rows ``m0 + 64 WG ..`` of the program (see the module docstring)."""
         NS: gl.constexpr = k_smem.shape[0]
         BN: gl.constexpr = k_smem.shape[2]
@@ -158,10 +159,15 @@ if GLUON_AVAILABLE:
         full_keys = gl.minimum(gl.where(causal != 0, L - S + r0 + 1, L), L)
         s_zero = gl.zeros([HM, BN], gl.float32, s_layout)
 
+        my_turn = turn.index(WG)
+        other_turn = turn.index(1 - WG)
+        alternate = pingpong != 0
         mbarrier.wait(q_bar, 0)
         # block 0: scores and softmax; its P . V is issued in the next iteration
         mbarrier.wait(k_ready.index(0), 0)
+        mbarrier.wait(my_turn, 0, pred=alternate)
         tok = _scores(q_tile, qr_tile, k_smem, kr_smem, 0, s_zero)
+        mbarrier.arrive(other_turn, count=1, pred=alternate)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
         m_i = gl.full([HM], float("-inf"), gl.float32, s_rows)
@@ -173,10 +179,12 @@ if GLUON_AVAILABLE:
             st = j % NS
             pst = (j - 1) % NS
             mbarrier.wait(k_ready.index(st), (j // NS) & 1)
-            s_tok = _scores(q_tile, qr_tile, k_smem, kr_smem, st, s_zero)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NS) & 1)
+            mbarrier.wait(my_turn, j & 1, pred=alternate)
+            s_tok = _scores(q_tile, qr_tile, k_smem, kr_smem, st, s_zero)
             v_tile = v_smem.index(pst).reshape([BN, D])
             o_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            mbarrier.arrive(other_turn, count=1, pred=alternate)
             raw = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(st), count=1)
             p, m_i, alpha = _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN)
@@ -187,7 +195,9 @@ if GLUON_AVAILABLE:
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         last = (n_blocks - 1) % NS
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NS) & 1)
+        mbarrier.wait(my_turn, n_blocks & 1, pred=alternate)
         o_tok = warpgroup_mma(p_op, v_smem.index(last).reshape([BN, D]), acc, is_async=True)
+        mbarrier.arrive(other_turn, count=1, pred=alternate)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
 
@@ -205,15 +215,19 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer0(q_smem, qr_smem, k_smem, kr_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal):
+                   turn, o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal,
+                   pingpong):
         _consumer(0, q_smem, qr_smem, k_smem, kr_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal)
+                  turn, o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal,
+                  pingpong)
 
     @gluon.jit
     def _consumer1(q_smem, qr_smem, k_smem, kr_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal):
+                   turn, o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal,
+                   pingpong):
         _consumer(1, q_smem, qr_smem, k_smem, kr_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal)
+                  turn, o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal,
+                  pingpong)
 
     @gluon.jit
     def _flash_attention_ws(
@@ -222,7 +236,7 @@ if GLUON_AVAILABLE:
         kr_desc,                    # TMA: [B, T, P], boxes [1, BLOCK_N, P]
         o_desc,                     # TMA: [B*H, S, D], boxes of 64 rows
         lse_ptr, H, S, T, qk_scale_log2, stride_lbh, stride_ls,
-        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         """Grid ``(cdiv(S, 128), B * H)``: one program per 128 query rows of one (sequence, head)."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -258,10 +272,17 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
+        # with PINGPONG the consumers take turns issuing their MMAs, consumer 0 first
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+        mbarrier.arrive(turn.index(0), count=1, pred=PINGPONG)
 
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
+        pingpong = gl.to_tensor(PINGPONG).to(gl.int32)
         c_args = (q_smem, qr_smem, k_smem, kr_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal)
+                  turn, o_desc, lse_ptr, bh, m0, n_blocks, S, L, qk_scale_log2, stride_lbh, stride_ls, causal,
+                  pingpong)
         p_args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, kr_smem, v_smem,
                   q_bar, k_ready, v_ready, k_empty, v_empty, bh, b, h, m0, n_blocks, causal)
         gl.warp_specialize([(_consumer0, c_args), (_consumer1, c_args), (_producer, p_args)], [4, 1],
@@ -293,7 +314,7 @@ def gluon_applies(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.
 def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor,
                           *, scale: float, causal: bool = True, out: torch.Tensor | None = None,
                           block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          pingpong: bool = DEFAULT_PINGPONG) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention with a shared RoPE key, warp-specialised Gluon kernel (sm_90).
 
     Parameters
@@ -306,6 +327,8 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     causal : bool                 query i sees keys j <= T - S + i
     out : [B, H, S, D], optional  output buffer in q's dtype (any strides)
     block_n, stages : int         keys per block and key-ring depth
+    pingpong : bool               the consumers take turns issuing their MMAs (FA3's inter-
+                                  warpgroup schedule); without it they run freely
 
     Inputs must satisfy :func:`gluon_applies` (checked; ValueError otherwise).
 
@@ -345,7 +368,7 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     grid = (cdiv(s, BLOCK_M), b * h)
     _flash_attention_ws[grid](
         *descs, lse, h, s, t, scale * _base._LOG2E, lse.stride(1), lse.stride(2),
-        NUM_STAGES=stages, CAUSAL=bool(causal), num_warps=4,
+        NUM_STAGES=stages, CAUSAL=bool(causal), PINGPONG=bool(pingpong), num_warps=4,
     )
     if out is not None and not direct:
         out.copy_(o)
@@ -354,7 +377,8 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
 
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                     dtype: str = "bf16", causal: bool = True, capability: int = 90):
+                     dtype: str = "bf16", causal: bool = True, pingpong: bool = DEFAULT_PINGPONG,
+                     capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     if not GLUON_AVAILABLE:
@@ -374,7 +398,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_desc": desc([1, HALF_M, d]),
         "lse_ptr": "*fp32", "H": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32",
         "stride_lbh": "i32", "stride_ls": "i32", "NUM_STAGES": "constexpr", "CAUSAL": "constexpr",
+        "PINGPONG": "constexpr",
     }
     src = GluonASTSource(fn=_flash_attention_ws, signature=signature,
-                         constexprs={"NUM_STAGES": stages, "CAUSAL": causal})
+                         constexprs={"NUM_STAGES": stages, "CAUSAL": causal, "PINGPONG": pingpong})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
