@@ -195,7 +195,9 @@ def output_names(name: str) -> tuple[str, ...]:
 
 def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
     """The backend a default call of launcher ``name`` selects on ``device`` ("gluon" on sm_90
-    for the absorbed design, else "triton"); "triton" when a tuned portable config is passed."""
+    for the absorbed and expanded designs — which itself runs the portable kernel on calls its
+    Gluon kernel does not take, e.g. the expanded design at s <= 64 — else "triton"); "triton"
+    when a tuned portable config is passed."""
     from mla_var3.kernel import backends
 
     names = backends.available(name, device) if backends.backends(name) else []
