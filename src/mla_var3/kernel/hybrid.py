@@ -623,7 +623,8 @@ def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int,
 
 def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
                          out=None, out_latent=None, overlap: bool = True, streams=None,
-                         expanded_programs: int | None = None):
+                         expanded_programs: int | None = None, window_kernel: str = "gluon",
+                         window_block: tuple[int, int] | None = None):
     """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
     ``out_latent`` may be None).
 
@@ -637,7 +638,11 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     the merge, so the compute-bound and memory-bound parts may run at the same time. With
     ``expanded_programs`` the expanded part is :func:`expanded_persistent` on that many programs,
     issued *before* the latent part: it holds that many SMs and the latent part (one
-    shared-memory-filling program per SM) takes the others — an SM partition. Otherwise the
+    shared-memory-filling program per SM) takes the others — an SM partition. The persistent
+    expanded part is the Gluon window kernel (:func:`mla_var3.kernel.hopper.window_gluon.
+    expanded_window_gluon`, built to pull the window's bytes from few SMs; ``window_block`` =
+    (keys per block, ring depth), default the module's) where it applies and
+    ``window_kernel == "gluon"``, else the portable :func:`expanded_persistent`. Otherwise the
     portable backend runs.
 
     The Gluon kernel returns its latent partial in the input dtype (one extra rounding of
@@ -672,7 +677,15 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
 
     def expanded():
         if expanded_programs:
-            return expanded_persistent(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal,
+            from mla_var3.kernel.hopper import window_gluon as wg
+
+            kpe_new = kpe[:, o_len:]
+            bn, stages = window_block or (wg.DEFAULT_BLOCK_N, wg.DEFAULT_STAGES)
+            if window_kernel == "gluon" and wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=bn,
+                                                             stages=stages):
+                return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
+                                                programs=expanded_programs, block_n=bn, stages=stages)
+            return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
                                        programs=expanded_programs)
         if n_len >= s:      # the public launcher: whichever expanded backend is best on this device
             return _fa.flash_attention(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal)
