@@ -29,16 +29,16 @@ import traceback
 import torch
 
 H, D, P, K = 128, 128, 64, 512
-CHECKS = [  # (b, h, s, n, causal, programs, block_n, stages, prefetch)
-    (2, 8, 16, 1344, True, 3, 128, 1, 0), (2, 8, 1, 130, True, 5, 128, 1, 0), (1, 8, 5, 77, True, 2, 128, 1, 0),
-    (2, 8, 16, 16, True, 4, 128, 1, 0), (2, 8, 4, 300, False, 16, 128, 1, 0), (2, 8, 32, 1000, True, 3, 128, 1, 0),
-    (1, 8, 64, 500, True, 3, 64, 1, 0), (2, 8, 16, 1344, True, 7, 64, 2, 0), (2, 8, 3, 1000, True, 5, 64, 2, 0),
-    (1, 8, 16, 70, False, 2, 64, 2, 0), (2, 8, 16, 1344, True, 3, 64, 2, 4), (2, 8, 16, 100, True, 5, 64, 2, 8),
+CHECKS = [  # (b, h, s, n, causal, programs, block_n, stages)
+    (2, 8, 16, 1344, True, 3, 128, 1), (2, 8, 1, 130, True, 5, 128, 1), (1, 8, 5, 77, True, 2, 128, 1),
+    (2, 8, 16, 16, True, 4, 128, 1), (2, 8, 4, 300, False, 16, 128, 1), (2, 8, 32, 1000, True, 3, 128, 1),
+    (1, 8, 64, 500, True, 3, 64, 1), (2, 8, 16, 1344, True, 7, 64, 2), (2, 8, 3, 1000, True, 5, 64, 2),
+    (1, 8, 16, 70, False, 2, 64, 2),
 ]
 HYBRID_CHECKS = [(2, 16, 1024, 300, 8), (2, 4, 777, 200, 20)]   # (b, s, t, n, programs)
 BW_PROGRAMS = (16, 33, 44, 66, 132)
-WINDOW_BLOCKS = ((64, 2, 0), (64, 2, 4), (64, 2, 8))   # (keys per block, ring depth per consumer, L2 prefetch)
-E2E_N = (768, 1024, 1280, 1536, 1792)
+WINDOW_BLOCKS = ((128, 1), (64, 2))      # (keys per block, ring depth per consumer)
+E2E_N = (512, 768, 1024, 1280, 1536)
 E2E_M = (33, 44, 56, 66)
 
 
@@ -74,13 +74,13 @@ def main() -> int:
 
     # 1. correctness
     checks, all_ok = [], True
-    for b, h, s, n, causal, m, bn, st, pf in CHECKS:
-        row = dict(kind="window", b=b, h=h, s=s, n=n, causal=causal, programs=m, block_n=bn, stages=st, prefetch=pf)
+    for b, h, s, n, causal, m, bn, st in CHECKS:
+        row = dict(kind="window", b=b, h=h, s=s, n=n, causal=causal, programs=m, block_n=bn, stages=st)
         try:
             q, qpe, k, v, kpe = randn(b, h, s, D), randn(b, h, s, P), randn(b, n, h, D), randn(b, n, h, D), randn(b, n, P)
             out = torch.full((b, h, s, D), float("nan"), dtype=dtype, device="cuda")
             o, lse = expanded_window_gluon(q, qpe, k, v, kpe, scale=(D + P) ** -0.5, causal=causal, programs=m,
-                                           block_n=bn, stages=st, prefetch=pf, out=out)
+                                           block_n=bn, stages=st, out=out)
             ro, rl = R.flash_attention(q, qpe, k, v, kpe, (D + P) ** -0.5, causal, None)
             eo, el = rel_err(o, ro), rel_err(lse, rl)
             row.update(err_o=eo, err_lse=el, ok=bool(eo <= TOLERANCE[dtype] and el <= LSE_TOLERANCE[dtype]))
@@ -89,7 +89,7 @@ def main() -> int:
             row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
         all_ok &= row["ok"]
         checks.append(row)
-        print(f"check window b={b} h={h} s={s} n={n} causal={causal:d} m={m} bn={bn} st={st} pf={pf}: "
+        print(f"check window b={b} h={h} s={s} n={n} causal={causal:d} m={m} bn={bn} st={st}: "
               f"{'ok' if row['ok'] else 'FAIL'} {row.get('err_o', float('nan')):.2e} {row.get('err_lse', float('nan')):.2e}",
               flush=True)
     dims = get_preset("deepseek-v3")
@@ -135,20 +135,19 @@ def main() -> int:
         q, qpe, k, v, kpe = randn(b, H, s, D), randn(b, H, s, P), randn(b, n, H, D), randn(b, n, H, D), randn(b, n, P)
         nbytes = 2 * (b * n * H * 2 * D + b * n * P + 2 * b * H * s * D + b * H * s * P)
         at44 = {}
-        for bn, st, pf in WINDOW_BLOCKS:
+        for bn, st in WINDOW_BLOCKS:
             for m in BW_PROGRAMS:
-                us = timed(f"window gluon n{bn}s{st}p{pf} b=32 s=16 n=1344, {m} programs",
-                           lambda m=m, bn=bn, st=st, pf=pf: expanded_window_gluon(
-                               q, qpe, k, v, kpe, scale=(D + P) ** -0.5, programs=m, block_n=bn, stages=st, prefetch=pf),
-                           part="window", impl=f"gluon_n{bn}s{st}p{pf}", programs=m, n=n, block_n=bn, stages=st,
-                           prefetch=pf)
+                us = timed(f"window gluon n{bn}s{st} b=32 s=16 n=1344, {m} programs",
+                           lambda m=m, bn=bn, st=st: expanded_window_gluon(q, qpe, k, v, kpe, scale=(D + P) ** -0.5,
+                                                                           programs=m, block_n=bn, stages=st),
+                           part="window", impl=f"gluon_n{bn}s{st}", programs=m, n=n, block_n=bn, stages=st)
                 if us:
                     rows[-1].update(gbps=nbytes / us / 1e3, gbps_per_program=nbytes / us / 1e3 / m)
                     if m == 44:
-                        at44[(bn, st, pf)] = us
+                        at44[(bn, st)] = us
         block = min(at44, key=at44.get) if at44 else None
         print(f"window block for the end-to-end grid: {block}", flush=True)
-        for m in (66,):
+        for m in (33, 66, 132):
             us = timed(f"window portable persistent, {m} programs",
                        lambda m=m: expanded_persistent(q, qpe, k, v, kpe, scale=(D + P) ** -0.5, programs=m),
                        part="window", impl="portable", programs=m, n=n)

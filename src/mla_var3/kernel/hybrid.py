@@ -624,7 +624,7 @@ def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int,
 def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
                          out=None, out_latent=None, overlap: bool = True, streams=None,
                          expanded_programs: int | None = None, window_kernel: str = "gluon",
-                         window_block: tuple[int, ...] | None = None):
+                         window_block: tuple[int, int] | None = None):
     """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
     ``out_latent`` may be None).
 
@@ -641,8 +641,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     shared-memory-filling program per SM) takes the others — an SM partition. The persistent
     expanded part is the Gluon window kernel (:func:`mla_var3.kernel.hopper.window_gluon.
     expanded_window_gluon`, built to pull the window's bytes from few SMs; ``window_block`` =
-    (keys per block, ring depth[, L2 prefetch distance]), default its ``choose_block``) where it
-    applies and
+    (keys per block, ring depth), default its ``choose_block``) where it applies and
     ``window_kernel == "gluon"``, else the portable :func:`expanded_persistent`. Otherwise the
     portable backend runs.
 
@@ -685,8 +684,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
             if window_kernel == "gluon" and block is not None and wg.window_applies(
                     q, qpe, k_new, v_new, kpe_new, causal, block_n=block[0], stages=block[1]):
                 return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
-                                                programs=expanded_programs, block_n=block[0], stages=block[1],
-                                                prefetch=block[2] if len(block) > 2 else wg.DEFAULT_PREFETCH)
+                                                programs=expanded_programs, block_n=block[0], stages=block[1])
             return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
                                        programs=expanded_programs)
         if n_len >= s:      # the public launcher: whichever expanded backend is best on this device

@@ -53,13 +53,12 @@ __all__ = ["BLOCKS", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "choose_block
 DEFAULT_BLOCK_N = 64    # keys per block (the M side of the score MMA)
 DEFAULT_STAGES = 2      # ring depth per consumer: 4 blocks of 40 KiB per program
 #: (keys per block, ring depth) tried in order by :func:`choose_block`; measured on an H200 at
-#: b = 32, s = 16, N = 1,344: 64 x 2 pulls 51-55 GB/s per program, 128 x 1 only 43-44
+#: b = 32, s = 16, N = 1,344: 64 x 2 pulls 51-57 GB/s per program, 128 x 1 only 43-44
 BLOCKS = ((64, 2), (64, 1), (128, 1))
-DEFAULT_PREFETCH = 0    # L2 prefetch distance in key blocks (0: off)
 MAX_S = 64              # query tokens per (sequence, head)
 _SMEM_LIMIT = 232_448
-_CONSUMER_REGS = gl.constexpr(192) if GLUON_AVAILABLE else 192
-_PRODUCER_REGS = gl.constexpr(48) if GLUON_AVAILABLE else 48
+_CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
+_PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 
 
 def _pad_s(s: int) -> int:
@@ -78,35 +77,9 @@ def smem_bytes(s: int, d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: i
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _prefetch_block(kv_ptrs, item, H, j, N, BN: gl.constexpr, D: gl.constexpr, P: gl.constexpr):
-        """L2 prefetch (``prefetch.global.L2``, one 128-byte line per lane) of key block ``j`` of
-        ``item``: its k and v rows (D elements each) and its kpe rows; 2-byte elements."""
-        k_ptr, v_ptr, kr_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_eb, \
-            stride_et = kv_ptrs
-        LPK: gl.constexpr = D // 64               # 128-byte lines per k / v row
-        LPE: gl.constexpr = (P + 63) // 64        # per kpe row
-        b = (item // H).to(gl.int64)
-        h = (item % H).to(gl.int64)
-        lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        i = gl.arange(0, BN * LPK, layout=lay)
-        key = gl.minimum(j * BN + i // LPK, N - 1).to(gl.int64)
-        col = (i % LPK) * 64
-        kp = k_ptr + b * stride_kb + key * stride_kt + h * stride_kh + col
-        vp = v_ptr + b * stride_vb + key * stride_vt + h * stride_vh + col
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [kp], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [vp], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-        e = gl.arange(0, BN * LPE, layout=lay)
-        ekey = gl.minimum(j * BN + e // LPE, N - 1).to(gl.int64)
-        ep = kr_ptr + b * stride_eb + ekey * stride_et + (e % LPE) * 64
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ep], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
     def _win_producer(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch):
+                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """The TMA warp: for each item, both consumers' Q / Qpe, then block j into consumer
         j % 2's ring."""
         NS: gl.constexpr = k_smem.shape[0] // 2
@@ -114,13 +87,9 @@ if GLUON_AVAILABLE:
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         nb = gl.cdiv(N, BN)
-        D: gl.constexpr = k_smem.shape[4]
-        P: gl.constexpr = kr_smem.shape[3]
         it = 0
         c0 = 0
         c1 = 0
-        for j0 in range(gl.minimum(prefetch, nb)):      # the first item's first blocks
-            _prefetch_block(kv_ptrs, pid, H, j0, N, BN, D, P)
         for item in range(pid, n_items, G):
             b = item // H
             h = item % H
@@ -145,18 +114,12 @@ if GLUON_AVAILABLE:
                 tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
                 c0 += gl.where(w == 0, 1, 0)
                 c1 += gl.where(w == 1, 1, 0)
-                if prefetch > 0:                          # L2 prefetch `prefetch` blocks ahead, across items
-                    jt = j + prefetch
-                    t_item = gl.where(jt < nb, item, item + G)
-                    t_j = gl.where(jt < nb, jt, jt - nb)
-                    if (t_item < n_items) & (t_j < nb):
-                        _prefetch_block(kv_ptrs, t_item, H, t_j, N, BN, D, P)
             it += 1
 
     @gluon.jit
     def _win_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch):
+                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """Consumer ``W``: blocks ``W, W + 2, ...`` of each item; consumer 0 merges and stores."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
@@ -262,18 +225,18 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _win_consumer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                        q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch):
+                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         _win_consumer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch)
+                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
 
     @gluon.jit
     def _win_consumer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                        q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch):
+                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         _win_consumer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch)
+                      o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
 
     @gluon.jit
     def _expanded_window(
@@ -282,9 +245,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
-        k_ptr, v_ptr, kr_ptr,   # the same k, v, kpe for the L2 prefetch
-        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_eb, stride_et,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -315,12 +276,9 @@ if GLUON_AVAILABLE:
             mbarrier.init(kv_empty.index(i), count=1)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls)
-        kv_ptrs = (k_ptr, v_ptr, kr_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_eb,
-                   stride_et)
-        prefetch = gl.to_tensor(PREFETCH).to(gl.int32)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
-                o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, kv_ptrs, prefetch)
+                o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
         gl.warp_specialize([(_win_consumer0, args), (_win_consumer1, args), (_win_producer, args)], [4, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS])
 
@@ -355,7 +313,6 @@ def choose_block(q, qpe, k_new, v_new, kpe_new, causal: bool) -> tuple[int, int]
 def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                           kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                           block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                          prefetch: int = DEFAULT_PREFETCH,
                           out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens, on ``programs``
     persistent programs (sm_90).
@@ -369,7 +326,6 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     causal : bool                             query i sees window key j <= N - S + i
     programs : int                            persistent programs (at most one per SM runs)
     block_n, stages : int                     keys per block (64 or 128), ring depth per consumer
-    prefetch : int                            L2 prefetch distance in key blocks (0: none)
     out : [B, H, S, D], optional              output buffer (any strides, any float dtype)
 
     Returns ``(o [B, H, S, D] in q's dtype or ``out``, lse [B, H, S] float32)``; inputs must
@@ -379,9 +335,8 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
         raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
-    if block_n not in (64, 128) or stages < 1 or programs < 1 or prefetch < 0:
-        raise ValueError(f"block_n must be 64 or 128, stages and programs >= 1, prefetch >= 0; got {block_n}, "
-                         f"{stages}, {programs}, {prefetch}")
+    if block_n not in (64, 128) or stages < 1 or programs < 1:
+        raise ValueError(f"block_n must be 64 or 128, stages and programs >= 1; got {block_n}, {stages}, {programs}")
     b, h, s, d = q.shape
     n, p = k_new.shape[1], kpe_new.shape[-1]
     if qpe.shape != (b, h, s, p) or k_new.shape != (b, n, h, d) or v_new.shape != (b, n, h, d) \
@@ -403,16 +358,13 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
              _base._descriptor(kpe_new, [1, block_n, p]))
     _expanded_window[(min(programs, b * h),)](
         *descs, o, lse, h, s, n, b * h, scale * _base._LOG2E, *o.stride(), *lse.stride(),
-        k_new, v_new, kpe_new, k_new.stride(0), k_new.stride(1), k_new.stride(2), v_new.stride(0), v_new.stride(1),
-        v_new.stride(2), kpe_new.stride(0), kpe_new.stride(1),
-        STAGES=stages, CAUSAL=bool(causal), PREFETCH=int(prefetch), num_warps=4,
+        STAGES=stages, CAUSAL=bool(causal), num_warps=4,
     )
     return o, lse
 
 
 def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N,
-                     stages: int = DEFAULT_STAGES, prefetch: int = DEFAULT_PREFETCH, dtype: str = "bf16",
-                     causal: bool = True, capability: int = 90):
+                     stages: int = DEFAULT_STAGES, dtype: str = "bf16", causal: bool = True, capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     if not GLUON_AVAILABLE:
@@ -432,11 +384,7 @@ def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = D
         "k_desc": desc([1, block_n, 1, d]), "v_desc": desc([1, block_n, 1, d]), "kr_desc": desc([1, block_n, p]),
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32", "stride_od": "i32",
-        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32",
-        "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "kr_ptr": f"*{dtype}",
-        **{f"stride_{x}": "i32" for x in ("kb", "kt", "kh", "vb", "vt", "vh", "eb", "et")},
-        "STAGES": "constexpr", "CAUSAL": "constexpr", "PREFETCH": "constexpr",
+        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
     }
-    src = GluonASTSource(fn=_expanded_window, signature=signature,
-                         constexprs={"STAGES": stages, "CAUSAL": causal, "PREFETCH": prefetch})
+    src = GluonASTSource(fn=_expanded_window, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
