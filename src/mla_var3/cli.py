@@ -115,12 +115,15 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degree: each rank holds h/tp heads of the window (default 1)")
 
 
-def int_list(text: str) -> list[int]:
-    return [positive_int(part.strip()) for part in text.split(",") if part.strip()] or _raise_empty(text)
+def int_list(text: str, *, allow_zero: bool = False) -> list[int]:
+    """A comma-separated list of positive integers (non-negative with ``allow_zero``)."""
+    parse = nonneg_int if allow_zero else positive_int
+    return [parse(part.strip()) for part in text.split(",") if part.strip()] or _raise_empty(text, allow_zero)
 
 
-def _raise_empty(text: str):
-    raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got {text!r}")
+def _raise_empty(text: str, allow_zero: bool = False):
+    kind = "non-negative" if allow_zero else "positive"
+    raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind} integers, got {text!r}")
 
 
 # --- shared options -------------------------------------------------------------------------

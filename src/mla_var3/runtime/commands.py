@@ -18,8 +18,8 @@ from mla_var3.analysis.cost import DESIGNS
 _CEILING_CHOICES = ("measure", "measured", "datasheet")
 
 
-def _csv_ints(text: str) -> tuple[int, ...]:
-    return tuple(cli.int_list(text))
+def _csv_ints(text: str, *, allow_zero: bool = False) -> tuple[int, ...]:
+    return tuple(cli.int_list(text, allow_zero=allow_zero))
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def _cmd_bench(args) -> int:
     if args.n == "auto":
         n = "auto"
     else:
-        n = _csv_ints(args.n)
+        n = _csv_ints(args.n, allow_zero=True)     # n = 0 is the absorbed design run as the hybrid
     spec = BenchSpec(
         dims=dims, designs=tuple(parse_designs(args.designs)), bs=_csv_ints(args.b), ss=_csv_ints(args.s), t=args.t,
         n=n, sweep_s=None if args.no_n_sweep else args.sweep_s, dtype=args.dtype,
