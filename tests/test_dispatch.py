@@ -150,7 +150,7 @@ def test_cache_info_rejects_bad_caches():
 # ------------------------------------------------------------------------- measured override
 
 
-def _write_autotune(path, entries: dict[str, float]):
+def _write_autotune(path, entries: dict[str, float], **info):
     import triton
 
     from mla_var3.runtime.autotune import AutotuneCache, cache_key
@@ -158,7 +158,24 @@ def _write_autotune(path, entries: dict[str, float]):
     cache = AutotuneCache(path)
     for (device, kernel, n, b, s), time_us in entries.items():
         key = cache_key(device, kernel, V3, Problem(b, s, 4096, n=n), "bf16", triton.__version__)
-        cache.put(key, {"BLOCK_N": 64}, time_us=time_us)
+        cache.put(key, {"BLOCK_N": 64}, time_us=time_us, **info.get(kernel, {}))
+
+
+def test_cached_times_of_another_backend_than_the_default_call_are_ignored(tmp_path):
+    # measured on an H200: tuned portable configs, absorbed 3,164 us and the hybrid 2,636 us at
+    # n = 2048, while a default absorbed call runs the Gluon kernel at ~995 us; the cache alone
+    # made the dispatcher pick the hybrid
+    path = tmp_path / "autotune.json"
+    _write_autotune(path, {("NVIDIA H200", "flash_mla", None, 32, 16): 3164.2,
+                           ("NVIDIA H200", "mla_var6_plus", 2048, 32, 16): 2636.3},
+                    flash_mla=dict(backend="triton", default_backend="gluon"),
+                    mla_var6_plus=dict(backend="triton", default_backend="triton"))
+    from mla_var3.dispatch.measured import from_autotune
+
+    found = from_autotune("h200", V3, Problem(32, 16, 4096), "bf16", path)
+    assert [(m.kernel, m.n) for m in found] == [("mla_var6_plus", 2048)]
+    dec = Dispatcher("h200", autotune_path=path).decide(V3, Problem(32, 16, 4096), CacheInfo("hybrid", 4096))
+    assert "absorbed" not in dec.measured_s and "hybrid" in dec.measured_s
 
 
 def test_measured_times_override_the_model(tmp_path):

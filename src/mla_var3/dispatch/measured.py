@@ -98,6 +98,12 @@ def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
 
     For the hybrid every cached split whose bucket matches the problem's (b, s, t) is returned
     with the split's bucket value as ``n`` (a power of two: the cache rounds n up).
+
+    Entries whose tuned configs ran another backend than a default call selects there
+    (``backend`` != ``default_backend``, both recorded at tuning time: e.g. a portable config
+    of the absorbed design on sm_90, where the default call runs the Gluon kernel) are skipped:
+    their time is not the time of the call the dispatcher makes. Entries without these fields
+    (older caches) are kept.
     """
     want_triton = _triton_version()
     base = _bucket(Problem(problem.b, problem.s, problem.t, causal=problem.causal))
@@ -112,6 +118,8 @@ def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
         if want_triton is not None and triton_tok != f"triton-{want_triton}":
             continue
         if _device_key_of(dev_name) != device_key or not isinstance(entry.get("time_us"), (int, float)):
+            continue
+        if entry.get("default_backend") not in (None, entry.get("backend", "triton")):
             continue
         n = None
         if kernel == "mla_var6_plus":

@@ -199,7 +199,8 @@ def restore_config(stored: dict, candidates: Sequence):
 def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Callable[[], object]], *,
              key: str, cache: AutotuneCache | None = None, retune: bool = False,
              timer: Callable[[Callable[[], object]], Timing] | None = None,
-             log: Callable[[str], None] | None = _stderr, budget_s: float | None = None) -> TuneResult:
+             log: Callable[[str], None] | None = _stderr, budget_s: float | None = None,
+             info: dict | None = None) -> TuneResult:
     """Pick the fastest of ``candidates`` for one problem, using and filling the cache.
 
     Parameters
@@ -223,6 +224,9 @@ def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Ca
     budget_s : float or None
         Stop trying further candidates once this many seconds have passed (compilation
         included); the best so far wins (the enumerators list their default first).
+    info : dict or None
+        Extra fields stored with the winner (e.g. ``backend``, the backend the tuned configs
+        run, and ``default_backend``, the one a default call selects on this device).
 
     Raises
     ------
@@ -266,6 +270,6 @@ def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Ca
         raise RuntimeError(f"autotune {design}: every candidate failed:\n{lines}")
     if cache is not None:
         cache.put(key, config_to_dict(best), design=design, time_us=best_us, tried=len(trials), candidates=total,
-                  failed=sum(1 for _, r in trials if isinstance(r, str)))
+                  failed=sum(1 for _, r in trials if isinstance(r, str)), **(info or {}))
     say(f"autotune {design}: chose {_describe(config_to_dict(best))} ({best_us:,.1f} µs)")
     return TuneResult(best, best_us, False, key, trials)

@@ -145,8 +145,11 @@ def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, 
                 return cfg, "autotuned (cached)"
     if tune or retune:
         inputs = D.design_inputs(name, dims, problem, dtype=dtype, device=device)
+        # a tuned config runs the portable backend; the dispatcher must know when a default call
+        # would run another one (the Gluon kernels on sm_90), whose time this is not
+        info = dict(backend=D.backend_name(name, device, tuned=True), default_backend=D.backend_name(name, device))
         res = at.autotune(name, cands, lambda cfg: (lambda: D.run(name, inputs, cfg)), key=key, cache=cache,
-                          retune=retune, log=log, budget_s=budget_s)
+                          retune=retune, log=log, budget_s=budget_s, info=info)
         return res.config, "autotuned"
     return None, "default"
 
