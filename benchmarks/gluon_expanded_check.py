@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 import traceback
 
 import torch
 
-H, D, P = 128, 128, 64
+import expanded_check  # the shared problem set-up and the cuDNN SDPA call (this folder)
+from expanded_check import H, D, P, flops
 VARIANTS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
             dict(block_n=64, stages=4)]
 # (b, h, s, t, causal, strided out)
@@ -43,34 +42,12 @@ def label(v: dict) -> str:
     return f"gluon_n{v['block_n']}s{v['stages']}" + ("p" if v.get("pingpong") else "")
 
 
-def flops(b, s, t, h=H, d=D, p=P) -> float:
-    return 2.0 * b * h * s * t * (2 * d + p)
-
-
 def make_inputs(b, h, s, t, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
-
-    return randn(b, h, s, D), randn(b, h, s, P), randn(b, t, h, D), randn(b, t, h, D), randn(b, t, P)
+    return expanded_check.make_inputs(b, s, t, h, D, P, dtype, "cuda", seed)
 
 
-def sdpa_call(q, qpe, k, v, kpe, causal=True):
-    import torch.nn.functional as F
-
-    b, h, s, d = q.shape
-    t, p = k.shape[1], kpe.shape[-1]
-    qf = torch.cat([q, qpe], dim=-1)
-    kf = torch.cat([k, kpe[:, :, None, :].expand(b, t, h, p)], dim=-1).transpose(1, 2).contiguous()
-    vf = v.transpose(1, 2).contiguous()
-    scale = (d + p) ** -0.5
-    if causal and s == t:
-        return lambda: F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale)
-    i = torch.arange(s, device=q.device)[:, None]
-    j = torch.arange(t, device=q.device)[None, :]
-    mask = j <= t - s + i
-    return lambda: F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+def sdpa_call(q, qpe, k, v, kpe):
+    return expanded_check.sdpa_call(q, qpe, k, v, kpe, True)[0]
 
 
 def matmul_tflops(time_fn) -> float:
@@ -89,18 +66,16 @@ def main() -> int:
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    import triton
-
     from mla_var3 import reference as R
     from mla_var3.kernel.expanded import default_config, flash_attention
     from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon
+    from mla_var3.runtime.environment import environment
     from mla_var3.runtime.timing import time_fn
     from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
 
-    commit = os.environ.get("MLA_VAR3_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                commit=commit, dims=dict(h=H, d=D, p=P), dtype="bfloat16")
+    info = {k: env[k] for k in ("device", "torch", "triton", "cuda", "commit", "dirty", "timestamp")
+            if k in (env := environment())}
+    info.update(dims=dict(h=H, d=D, p=P), dtype="bfloat16")
     dtype = torch.bfloat16
 
     # 1. correctness

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 import traceback
@@ -51,22 +49,19 @@ def main() -> int:
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    import triton
-
     from mla_var3 import reference as R
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.gemm import decompress
     from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
     from mla_var3.kernel.hybrid import expanded_persistent, mla_var6_plus_hopper
+    from mla_var3.runtime.environment import environment
     from mla_var3.runtime.timing import time_fn
     from mla_var3.shapes import Problem, get_preset
     from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
 
     dtype = torch.bfloat16
-    commit = os.environ.get("MLA_VAR3_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                commit=commit, sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    info = {k: env[k] for k in ("device", "sm_count", "torch", "triton", "cuda", "commit", "dirty", "timestamp")
+            if k in (env := environment())}
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape):

@@ -10,11 +10,6 @@ output NaN-poisoned so an unwritten element fails.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +23,7 @@ import triton  # noqa: E402
 
 from mla_var3 import reference as R  # noqa: E402
 from mla_var3.kernel import backends, expanded  # noqa: E402,F401  (expanded registers its backends)
+from mla_var3.kernel.sass import compile_gluon_in_subprocess  # noqa: E402
 from mla_var3.testing import LSE_TOLERANCE, assert_close  # noqa: E402
 
 D, P = 128, 64
@@ -37,46 +33,26 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 RINGS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
          dict(block_n=64, stages=4)]
 
-_SCRIPT = r"""
-import json, sys
-from mla_var3.kernel.hopper.expanded_gluon import compile_for_sm90
-v = json.loads(sys.argv[2])
-c = compile_for_sm90(**v)
-path = sys.argv[1] + "/k.cubin"
-open(path, "wb").write(c.asm["cubin"])
-print(json.dumps(dict(cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"])))
-"""
-
 COMPILE_VARIANTS = [dict(block_n=128, stages=2, dtype="bf16", causal=True, pingpong=False),
                     dict(block_n=64, stages=3, dtype="fp16", causal=False, pingpong=True)]
 
 
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
-def test_compiles_warp_specialised_without_spills(tmp_path, variant):
+def test_compiles_warp_specialised_without_spills(variant):
     if not _CUOBJDUMP.exists():
         pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path), json.dumps(variant)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
-    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
-                           check=True).stdout
+    build = compile_gluon_in_subprocess("mla_var3.kernel.hopper.expanded_gluon", **variant)
     bn = variant["block_n"]
-    hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
-    counts = {shape: hgmma.count(shape) for shape in set(hgmma)}
     # per consumer warpgroup, in the code twice (block 0 / the loop; the loop / the last block):
     # the score chain 64 x BN over D + P (k16 steps) and P . V 64 x D over BN keys
     want: dict[str, int] = {}
     for shape, n in ((f"64x{bn}x16", 2 * 2 * (D + P) // 16), (f"64x{D}x16", 2 * 2 * bn // 16)):
         want[shape] = want.get(shape, 0) + n
-    assert counts == want, counts
-    assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
-    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
-    assert mem.get("STACK", 0) + mem.get("LOCAL", 0) == 0, f"spills: {mem} B per thread"
-    assert r["shared"] <= SMEM_LIMIT
-    assert 0 <= r["shared"] - eg.smem_bytes(D, P, bn, variant["stages"]) <= 1024, r["shared"]
+    assert build.hgmma == want, build.hgmma
+    assert "setmaxnreg.dec" in build.ptx and "setmaxnreg.inc" in build.ptx
+    assert build.stack_bytes == 0, f"spills: {build.stack_bytes} B per thread"
+    assert build.shared_bytes <= SMEM_LIMIT
+    assert 0 <= build.shared_bytes - eg.smem_bytes(D, P, bn, variant["stages"]) <= 1024, build.shared_bytes
 
 
 def _inputs(b, h, s, t, dtype=torch.bfloat16, device="cpu", seed=0):

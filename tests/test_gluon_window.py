@@ -11,11 +11,6 @@ persistent expanded part against the hybrid's reference.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +23,7 @@ if not wg.GLUON_AVAILABLE:
 import triton  # noqa: E402
 
 from mla_var3 import reference as R  # noqa: E402
+from mla_var3.kernel.sass import compile_gluon_in_subprocess  # noqa: E402
 from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, assert_close, rel_err  # noqa: E402
 
 D, P = 128, 64
@@ -35,43 +31,24 @@ _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuo
 SMEM_LIMIT = 232_448
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
-_SCRIPT = r"""
-import json, sys
-from mla_var3.kernel.hopper.window_gluon import compile_for_sm90
-v = json.loads(sys.argv[2])
-c = compile_for_sm90(**v)
-path = sys.argv[1] + "/k.cubin"
-open(path, "wb").write(c.asm["cubin"])
-print(json.dumps(dict(cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"])))
-"""
-
 COMPILE_VARIANTS = [dict(s=16, block_n=64, stages=2, dtype="bf16", causal=True),
                     dict(s=5, block_n=128, stages=1, dtype="fp16", causal=False)]
 
 
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
-def test_compiles_swap_ab_without_spills(tmp_path, variant):
+def test_compiles_swap_ab_without_spills(variant):
     if not _CUOBJDUMP.exists():
         pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path), json.dumps(variant)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
-    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
-                           check=True).stdout
+    build = compile_gluon_in_subprocess("mla_var3.kernel.hopper.window_gluon", **variant)
     bn, sp = variant["block_n"], max(16, variant["s"])
-    hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
     # per consumer: S^T = K . Q^T, BLOCK_N / 64 tiles over D + P (k16 steps); O^T = V^T . P^T,
     # D / 64 tiles over BLOCK_N keys -- all with the query tokens (padded to 16) as N
     per_consumer = (bn // 64) * (D + P) // 16 + (D // 64) * bn // 16
-    assert {shape: hgmma.count(shape) for shape in set(hgmma)} == {f"64x{sp}x16": 2 * per_consumer}
-    assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
-    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
-    assert mem.get("STACK", 0) + mem.get("LOCAL", 0) == 0, f"spills: {mem} B per thread"
-    assert r["shared"] <= SMEM_LIMIT
-    assert 0 <= r["shared"] - wg.smem_bytes(variant["s"], D, P, bn, variant["stages"]) <= 1024, r["shared"]
+    assert build.hgmma == {f"64x{sp}x16": 2 * per_consumer}, build.hgmma
+    assert "setmaxnreg.dec" in build.ptx and "setmaxnreg.inc" in build.ptx
+    assert build.stack_bytes == 0, f"spills: {build.stack_bytes} B per thread"
+    assert build.shared_bytes <= SMEM_LIMIT
+    assert 0 <= build.shared_bytes - wg.smem_bytes(variant["s"], D, P, bn, variant["stages"]) <= 1024, build.shared_bytes
 
 
 def _inputs(b, h, s, n, dtype=torch.bfloat16, device="cpu", seed=0):

@@ -185,6 +185,57 @@ def compile_in_subprocess(module: str, kernel: str, signature: dict[str, str], c
                            num_warps=num_warps, num_stages=num_stages, arch=arch), timeout)
 
 
+@dataclass(frozen=True)
+class GluonBuild:
+    """What a Gluon module's ``compile_for_sm90(**options)`` produced.
+
+    shared_bytes : shared memory per program (Triton's ``metadata.shared``).
+    stack_bytes : stack frame plus local memory per thread (spills; 0 is the goal).
+    hgmma : HGMMA instruction shape (``"64x128x16"``) -> count in the SASS.
+    ptx, sass : the PTX (``setmaxnreg`` shows the warp-specialised register split) and SASS.
+    """
+
+    shared_bytes: int
+    stack_bytes: int
+    hgmma: dict
+    ptx: str
+    sass: str
+
+
+_GLUON_CHILD = r"""
+import json, sys
+import importlib
+module, options, cubin = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+c = importlib.import_module(module).compile_for_sm90(**options)
+open(cubin, "wb").write(c.asm["cubin"])
+print(json.dumps(dict(shared=c.metadata.shared, ptx=c.asm["ptx"])))
+"""
+
+
+def compile_gluon_in_subprocess(module: str, *, timeout: float = 600, **options) -> GluonBuild:
+    """Run ``module.compile_for_sm90(**options)`` (the Gluon kernels' compile hook) in a fresh
+    process with ``TRITON_INTERPRET=0`` and read its cubin with cuobjdump. Raises RuntimeError
+    with the child's stderr when compilation fails."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        env["TRITON_CACHE_DIR"] = str(Path(tmp) / "cache")
+        proc = subprocess.run([sys.executable, "-c", _GLUON_CHILD, module, json.dumps(options), str(cubin)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling {module} {options} for sm_90 failed:\n{proc.stderr[-4000:]}")
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
+                               text=True, check=True).stdout
+    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
+    return GluonBuild(out["shared"], mem.get("STACK", 0) + mem.get("LOCAL", 0),
+                      {shape: shapes.count(shape) for shape in set(shapes)}, out["ptx"], sass)
+
+
 def _run_child(request: dict, timeout: float) -> CompileReport:
     payload = json.dumps(request)
     module, kernel, arch = request["module"], request["kernel"], request["arch"]
