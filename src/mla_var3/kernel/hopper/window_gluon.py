@@ -127,10 +127,10 @@ if GLUON_AVAILABLE:
         P: gl.constexpr = kr_smem.shape[3]
         SP: gl.constexpr = q_smem.shape[2]
         dtype: gl.constexpr = q_smem.dtype
+        # S^T [BN, SP] and O^T [D, SP]: the same wgmma accumulator layout (N = SP)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, SP, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, SP, 16])
+        o_layout: gl.constexpr = s_layout
         s_keys: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_toks: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_toks: gl.constexpr = gl.SliceLayout(0, o_layout)
