@@ -64,7 +64,8 @@ _LAST_INPUTS: dict = {}
 def check_one(b, s, t, n, causal, overlap, *, small, device, dtype, programs=None):
     from mla_var3 import reference as R
     from mla_var3.kernel import backends
-    from mla_var3.kernel.hybrid import gluon_latent_applies, mla_var6_plus
+    from mla_var3.kernel.hopper.hybrid_hopper import gluon_latent_applies
+    from mla_var3.kernel.hybrid import mla_var6_plus
     from mla_var3.shapes import Problem
     from mla_var3.testing import TOLERANCE, rel_err
 
@@ -77,7 +78,7 @@ def check_one(b, s, t, n, causal, overlap, *, small, device, dtype, programs=Non
     if device == "cuda":
         torch.full((1 << 28,), float("nan"), device=device)  # leave NaN in the allocator's free blocks
     if programs:                                      # the persistent expanded part (an SM partition)
-        from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+        from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
         o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
                                           causal=causal, overlap=overlap, expanded_programs=programs)
     else:
@@ -175,7 +176,7 @@ class Inputs:
                                      scale=self.scale, causal=causal, **kw)
 
     def hybrid_streams(self, n, causal, streams, **kw):
-        from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+        from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
         o = self.t - n
         return lambda: mla_var6_plus_hopper(self.q, self.qpe, self.qc, self.z_old(o), self.kpe, self.k[:, o:],
                                             self.v[:, o:], scale=self.scale, causal=causal, streams=streams, **kw)

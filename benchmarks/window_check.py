@@ -53,7 +53,8 @@ def main() -> int:
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.gemm import decompress
     from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
-    from mla_var3.kernel.hybrid import expanded_persistent, mla_var6_plus_hopper
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
+    from mla_var3.kernel.hybrid import expanded_persistent
     from mla_var3.runtime.environment import environment
     from mla_var3.runtime.timing import time_fn
     from mla_var3.shapes import Problem, get_preset

@@ -123,7 +123,7 @@ def test_matches_reference(shape):
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
 @pytest.mark.parametrize("case", [(2, 16, 1024, 300, 8), (2, 4, 777, 200, 20)], ids=lambda c: "b{}-s{}-t{}-n{}-m{}".format(*c))
 def test_hybrid_with_the_window_kernel_matches_reference(case):
-    from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
     from mla_var3.shapes import Problem, get_preset
 
     b, s, t, n, programs = case

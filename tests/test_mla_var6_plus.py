@@ -11,9 +11,9 @@ import torch
 
 from mla_var3 import reference as R
 from mla_var3.kernel.expanded import FlashAttentionConfig
+from mla_var3.kernel.hopper.hybrid_hopper import gluon_latent_applies
 from mla_var3.kernel.hybrid import (
-    LatentPartConfig, MLAVar6PlusConfig, candidate_configs, default_config, gluon_latent_applies, merge_partials,
-    mla_var6_plus,
+    LatentPartConfig, MLAVar6PlusConfig, candidate_configs, default_config, merge_partials, mla_var6_plus,
 )
 from mla_var3.shapes import MLADims, Problem
 from mla_var3.testing import LSE_TOLERANCE, assert_close, nan_padded, poisoned
@@ -214,7 +214,7 @@ def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
     replaced by the fp32 reference absorbed attention (rounded to the input dtype as the Gluon
     kernel returns it). Runs anywhere: the parts are issued one after the other."""
     from mla_var3.kernel.hopper import absorbed_gluon
-    from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
     calls = []
 
@@ -269,7 +269,7 @@ def test_expanded_persistent(b, h, s, n, causal, programs):
 def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
     """The sm_90 path with the persistent expanded part (one after the other: runs anywhere)."""
     from mla_var3.kernel.hopper import absorbed_gluon
-    from mla_var3.kernel.hybrid import mla_var6_plus_hopper
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
     def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, **_):
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)

@@ -1,0 +1,161 @@
+"""The hybrid MLAvar6+ on Hopper (sm_90): the latent part on the Gluon absorbed kernel, the
+expanded part on the device's best expanded kernel or, on an SM partition, the Gluon window
+kernel; the parts on two streams, merged by :mod:`mla_var3.kernel.hybrid`'s merge kernel.
+
+The ``"gluon"`` backend of ``mla_var6_plus`` (opt-in: measured on an H200 no split beat the
+absorbed kernel alone; docs/kernels/mla-var6-plus.md §5–8).
+
+Example
+-------
+>>> o, o_latent, lse = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=192 ** -0.5,
+...                                         expanded_programs=44)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mla_var3.kernel import expanded as _fa
+from mla_var3.kernel.hybrid import _merge, _mla_var6_plus_triton, expanded_persistent
+
+__all__ = ["gluon_latent_applies", "mla_var6_plus_hopper"]
+
+
+_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One long-lived side stream per device for the latent part (created once, so a CUDA graph
+    capture and its replays see the same stream)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int, n_len: int, causal: bool,
+                         config) -> bool:
+    """Whether the Hopper path takes the call: the Gluon kernel's limits (bf16/fp16, K a
+    multiple of 64 in [64, 512], P a multiple of 16 up to 256), no portable ``config`` asked
+    for, at least one old token, and a latent part the Gluon kernel can express:
+
+    * N = 0: the whole call is the absorbed kernel over T = O keys (its own causal rule);
+    * N >= S (or not causal): query i sees old key j iff j <= O + N - S + i, which holds for
+      every j < O — the latent part is *non-causal* over the O old keys (and the Gluon
+      kernel needs S <= O for that);
+    * 0 < N < S and causal: the mask reaches into the old keys with an offset the absorbed
+      kernel cannot express (its rule is j <= O - S + i); the portable path takes it.
+    """
+    if dtype not in (torch.bfloat16, torch.float16) or config is not None or o_len == 0:
+        return False
+    if k % 64 or not 64 <= k <= 512 or p % 16 or not 0 < p <= 256:
+        return False
+    if n_len == 0:
+        return True
+    return o_len >= s and (n_len >= s or not causal)
+
+
+def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
+                         out=None, out_latent=None, overlap: bool = True, streams=None,
+                         expanded_programs: int | None = None, window_kernel: str = "gluon",
+                         window_block: tuple[int, int] | None = None):
+    """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
+    ``out_latent`` may be None).
+
+    Where :func:`gluon_latent_applies` holds, the latent part runs on the Gluon absorbed kernel
+    (TMA + wgmma; ``flash_mla_gluon`` over the O old keys, non-causal) and the expanded part on
+    the expanded attention over the N newest keys (the public
+    :func:`mla_var3.kernel.expanded.flash_attention`, so the device's best expanded backend; its
+    output in the input dtype); :func:`merge_partials`' kernel merges them.
+    With ``overlap`` the two parts are issued on two streams (latent on a side stream, expanded
+    on the current one, or on ``streams = (latent_stream, expanded_stream)``), joined before
+    the merge, so the compute-bound and memory-bound parts may run at the same time. With
+    ``expanded_programs`` the expanded part is :func:`expanded_persistent` on that many programs,
+    issued *before* the latent part: it holds that many SMs and the latent part (one
+    shared-memory-filling program per SM) takes the others — an SM partition. The persistent
+    expanded part is the Gluon window kernel (:func:`mla_var3.kernel.hopper.window_gluon.
+    expanded_window_gluon`, built to pull the window's bytes from few SMs; ``window_block`` =
+    (keys per block, ring depth), default its ``choose_block``) where it applies and
+    ``window_kernel == "gluon"``, else the portable :func:`expanded_persistent`. Otherwise the
+    portable backend runs.
+
+    The Gluon kernel returns its latent partial in the input dtype (one extra rounding of
+    ``o_l`` before the merge, within the dtype's tolerance) and copies ``kpe[:, :O]`` (and a
+    non-contiguous ``z_old``) to contiguous TMA operands.
+    """
+    b, h, s, d = q.shape
+    k, p, o_len, n_len = qc.shape[-1], qpe.shape[-1], z_old.shape[1], k_new.shape[1]
+    if b * h * s == 0 or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
+        return _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
+                                     config=config, out=out, out_latent=out_latent)
+    from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
+
+    dev = q.device
+    kpe_old = kpe[:, :o_len]
+    if n_len == 0:                                   # the absorbed design itself
+        o_l, lse = flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
+        if out_latent is None:
+            out_latent = o_l
+        else:
+            out_latent.copy_(o_l)
+        out = torch.zeros((b, h, s, d), dtype=q.dtype, device=dev) if out is None else out.zero_()
+        return out, out_latent, lse
+    if out is None:
+        out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
+    if out_latent is None:
+        out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+
+    def latent():
+        return flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
+
+    def expanded():
+        if expanded_programs:
+            from mla_var3.kernel.hopper import window_gluon as wg
+
+            kpe_new = kpe[:, o_len:]
+            block = window_block or wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
+            if window_kernel == "gluon" and block is not None and wg.window_applies(
+                    q, qpe, k_new, v_new, kpe_new, causal, block_n=block[0], stages=block[1]):
+                return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
+                                                programs=expanded_programs, block_n=block[0], stages=block[1])
+            return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
+                                       programs=expanded_programs)
+        if n_len >= s:      # the public launcher: whichever expanded backend is best on this device
+            return _fa.flash_attention(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal)
+        # N < S (not causal): L = N < S, which the public launcher refuses; the portable kernel takes it
+        o_e = torch.empty((b, h, s, d), dtype=torch.float32, device=dev)
+        lse_e = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+        _fa._launch(q, qpe, k_new, v_new, kpe[:, o_len:], o_e, lse_e, None, scale, causal,
+                    _fa.default_config(b, h, s, n_len, d, p))
+        return o_e, lse_e
+
+    if not overlap:
+        o_l, lse_l = latent()
+        o_e, lse_e = expanded()
+    else:
+        main = torch.cuda.current_stream(dev)
+        lat_stream, exp_stream = streams if streams is not None else (_side_stream(dev), main)
+        forked = [st for st in (lat_stream, exp_stream) if st != main]
+        for st in forked:                            # inputs written on main are ready
+            st.wait_stream(main)
+        if expanded_programs:                        # the persistent expanded part first: an SM partition
+            with torch.cuda.stream(exp_stream):
+                o_e, lse_e = expanded()
+            with torch.cuda.stream(lat_stream):
+                o_l, lse_l = latent()
+        else:
+            with torch.cuda.stream(lat_stream):      # compute-bound: issued first, fills the SMs
+                o_l, lse_l = latent()
+            with torch.cuda.stream(exp_stream):      # memory-bound: takes SMs as they come free
+                o_e, lse_e = expanded()
+        for st in forked:                            # join before the merge
+            main.wait_stream(st)
+        if not torch.cuda.is_current_stream_capturing():
+            for st, outs in ((lat_stream, (o_l, lse_l)), (exp_stream, (o_e, lse_e))):
+                if st != main:                       # allocated on a forked stream, read on main
+                    for x in outs:
+                        x.record_stream(main)
+    _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
+    return out, out_latent, lse
