@@ -125,3 +125,37 @@ def test_matches_reference(shape, ring):
     assert o is out and lse.dtype == torch.float32
     assert_close(o, ref_o, dtype, name="o")
     assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="emulates the routing with CPU tensors under the interpreter; "
+                                                     "on a GPU the kernel tests above run the real paths")
+def test_hopper_backend_routes_long_queries_to_the_gluon_kernel(monkeypatch):
+    """The sm_90 backend's routing, run anywhere: the Gluon launcher replaced by a recorder and
+    ``gluon_applies`` made to accept float32; s <= GLUON_MIN_S, a portable config and seqlens
+    must reach the portable kernel (the interpreter here), which then writes every element."""
+    calls = []
+
+    def fake(q, qpe, k, v, kpe, *, scale, causal, out):
+        calls.append(q.shape[2])
+        return out, torch.zeros(q.shape[:3])
+
+    monkeypatch.setattr(eg, "flash_attention_gluon", fake)
+    # true for the float32 test tensors; keeps the real rule's "no seqlens" (tested above)
+    monkeypatch.setattr(eg, "gluon_applies", lambda q, qpe, k, v, kpe, seqlens=None, **kw: seqlens is None)
+    b, h, t = 1, 2, 80
+    for s, config, seqlens, gluon in [(expanded.GLUON_MIN_S + 1, None, None, True),
+                                      (expanded.GLUON_MIN_S, None, None, False),       # short: portable
+                                      (70, expanded.default_config(b, h, 70, t, 16, 16), None, False),  # a config
+                                      (70, None, torch.full((b,), t), False)]:           # seqlens
+        g = torch.Generator().manual_seed(s)
+        q, qpe = torch.randn(b, h, s, 16, generator=g), torch.randn(b, h, s, 16, generator=g)
+        k, v, kpe = (torch.randn(b, t, h, 16, generator=g), torch.randn(b, t, h, 16, generator=g),
+                     torch.randn(b, t, 16, generator=g))
+        out = torch.full((b, h, s, 16), float("nan"))
+        calls.clear()
+        o, _ = expanded._flash_attention_hopper(q, qpe, k, v, kpe, scale=0.125, causal=True, seqlens=seqlens,
+                                                config=config, out=out)
+        assert calls == ([s] if gluon else []), (s, config, seqlens)
+        if not gluon:                                  # the portable kernel wrote every element
+            ref, _ = R.flash_attention(q, qpe, k, v, kpe, 0.125, True, seqlens)
+            assert_close(o, ref, torch.float32, name="o")
