@@ -46,6 +46,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import cdiv, check_scale
+from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import absorbed_gluon as _base
 from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
@@ -293,12 +294,6 @@ if GLUON_AVAILABLE:
 # host side
 
 
-def _tma_ok(x: torch.Tensor) -> bool:
-    """Unit last stride, 16-byte aligned base and strides: what a TMA descriptor needs."""
-    size = x.element_size()
-    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in x.stride()[:-1])
-
-
 def gluon_applies(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor,
                   seqlens=None, *, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES) -> bool:
     """Whether :func:`flash_attention_gluon` can take this call: Gluon present, bf16/fp16, ``D``
@@ -308,7 +303,7 @@ def gluon_applies(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.
     return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and seqlens is None
             and d % 16 == 0 and 16 <= d <= 256 and p % 16 == 0 and 16 <= p <= 256
             and smem_bytes(d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
-            and all(_tma_ok(x) for x in (k, v, kpe)))
+            and tma_compatible(k, v, kpe))
 
 
 def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor,
@@ -353,7 +348,7 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
         raise ValueError("this call does not satisfy gluon_applies (dtype, D/P, shared memory or TMA strides)")
     scale = check_scale(scale)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
-    direct = out is not None and out.is_contiguous() and _tma_ok(out)
+    direct = out is not None and out.is_contiguous() and tma_compatible(out)
     o = out if direct else torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
     if b * h * s == 0:
         return (o if out is None else out), lse

@@ -37,6 +37,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import check_scale, next_pow2
+from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import absorbed_gluon as _base
 from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
@@ -291,14 +292,12 @@ def window_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_ne
                    kpe_new: torch.Tensor, causal: bool, *, block_n: int = DEFAULT_BLOCK_N,
                    stages: int = DEFAULT_STAGES) -> bool:
     """Whether :func:`expanded_window_gluon` takes this call (see the module's limits)."""
-    from mla_var3.kernel.hopper.expanded_gluon import _tma_ok
-
     b, h, s, d = q.shape
     n, p = k_new.shape[1], qpe.shape[-1]
     return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and 0 < s <= MAX_S and n > 0
             and (n >= s or not causal) and d % 64 == 0 and d <= 256 and p % 16 == 0 and 0 < p <= d
             and smem_bytes(s, d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
-            and all(_tma_ok(x) for x in (k_new, v_new, kpe_new)))
+            and tma_compatible(k_new, v_new, kpe_new))
 
 
 def choose_block(q, qpe, k_new, v_new, kpe_new, causal: bool) -> tuple[int, int] | None:
