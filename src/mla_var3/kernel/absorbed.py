@@ -463,16 +463,8 @@ def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out):
     return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal)
 
 
-def _gluon_available(device: torch.device) -> bool:
-    if not backends.is_hopper(device):
-        return False
-    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
-
-    return GLUON_AVAILABLE
-
-
 backends.register("flash_mla", "triton", _flash_mla_triton)
-backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=_gluon_available, priority=10)
+backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=backends.gluon_hopper, priority=10)
 backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
 
 

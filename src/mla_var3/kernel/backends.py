@@ -100,3 +100,13 @@ def cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
 def is_hopper(device: torch.device | str) -> bool:
     """True on sm_90 (H100/H200): the predicate for Hopper-specific backends."""
     return cuda_capability(device) == (9, 0)
+
+
+def gluon_hopper(device: torch.device | str) -> bool:
+    """True on sm_90 when ``triton.experimental.gluon`` imports: the ``supports`` predicate of
+    the Gluon backends (:mod:`mla_var3.kernel.hopper`, imported only on a Hopper device)."""
+    if not is_hopper(device):
+        return False
+    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
+
+    return GLUON_AVAILABLE

@@ -561,16 +561,8 @@ def _flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config
                                    out=out)
 
 
-def _gluon_available(device: torch.device) -> bool:
-    if not backends.is_hopper(device):
-        return False
-    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
-
-    return GLUON_AVAILABLE
-
-
 backends.register("flash_attention", "triton", _flash_attention_triton)
-backends.register("flash_attention", "gluon", _flash_attention_hopper, supports=_gluon_available, priority=10)
+backends.register("flash_attention", "gluon", _flash_attention_hopper, supports=backends.gluon_hopper, priority=10)
 
 
 def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor, *,

@@ -594,20 +594,12 @@ def _mla_var6_plus_gluon(*args, **kwargs):
     return mla_var6_plus_hopper(*args, **kwargs)
 
 
-def _hopper_available(device: torch.device) -> bool:
-    if not backends.is_hopper(device):
-        return False
-    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
-
-    return GLUON_AVAILABLE
-
-
 # Opt-in (backend="gluon"), below the portable kernel in "auto": on an H200 it was no faster
 # than the Gluon absorbed kernel alone (best n at b=32, s=16 was 0; overlapped ~ sequential),
 # and 2 of the GPU tests at small widths failed on it (a TMA stride-alignment assertion with
 # NaN-padded views, and an lse error of 2.1e-4 against the 1e-4 bound); the DeepSeek-size
 # checks of benchmarks/hybrid_check.py passed. See docs/kernels/mla-var6-plus.md.
-backends.register("mla_var6_plus", "gluon", _mla_var6_plus_gluon, supports=_hopper_available, priority=-10)
+backends.register("mla_var6_plus", "gluon", _mla_var6_plus_gluon, supports=backends.gluon_hopper, priority=-10)
 
 
 def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,
