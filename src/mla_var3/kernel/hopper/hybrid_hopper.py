@@ -115,9 +115,14 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
             from mla_var3.kernel.hopper import window_gluon as wg
 
             kpe_new = kpe[:, o_len:]
-            block = window_block or wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
-            if window_kernel == "gluon" and block is not None and wg.window_applies(
-                    q, qpe, k_new, v_new, kpe_new, causal, block_n=block[0], stages=block[1]):
+            if window_block is None:                 # the first ring shape that applies, or None
+                block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
+            elif wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=window_block[0],
+                                   stages=window_block[1]):
+                block = window_block
+            else:
+                block = None
+            if window_kernel == "gluon" and block is not None:
                 return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
                                                 programs=expanded_programs, block_n=block[0], stages=block[1])
             return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
