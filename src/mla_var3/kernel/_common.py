@@ -10,6 +10,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+#: shared memory one program (CTA) may use on sm_90, in bytes, as Triton reports the limit.
+SMEM_LIMIT = 232_448
+
 #: dtypes the kernels accept on a GPU.
 GPU_DTYPES = (torch.bfloat16, torch.float16)
 #: dtypes accepted under the Triton interpreter (CPU): the GPU ones plus float32 for debugging.

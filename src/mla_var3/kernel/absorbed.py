@@ -39,7 +39,7 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
 from mla_var3.kernel.combine import combine
@@ -53,8 +53,6 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # launch configuration
 
-#: shared memory per program on the H200 (bytes, as Triton reports the limit).
-_SMEM_LIMIT = 232_448
 
 
 @dataclass(frozen=True)
@@ -160,7 +158,7 @@ def candidate_configs(b: int, rows: int, t: int, k: int = 512, p: int = 64, *, d
                     continue
                 for num_stages in (1, 2, 3):
                     base = FlashMLAConfig(block_m, block_n, num_warps, num_stages, 1)
-                    if smem_estimate(base, k, p) > _SMEM_LIMIT:
+                    if smem_estimate(base, k, p) > SMEM_LIMIT:
                         continue
                     ns = choose_num_splits(b, rows, t, block_m=block_m, block_n=block_n, sms=sms)
                     for n in sorted({ns, max(1, ns // 2), min(64, 2 * ns)}):

@@ -107,6 +107,6 @@ def gluon_hopper(device: torch.device | str) -> bool:
     the Gluon backends (:mod:`mla_var3.kernel.hopper`, imported only on a Hopper device)."""
     if not is_hopper(device):
         return False
-    from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE
+    from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
     return GLUON_AVAILABLE

@@ -7,7 +7,8 @@ numerically on a Hopper GPU (``benchmarks/gluon_flash_mla_check.py``,
 when Gluon is missing, :data:`GLUON_AVAILABLE` is False and :data:`GLUON_IMPORT_ERROR` says why.
 """
 
-from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR, flash_mla_gluon
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
 from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon
 
 __all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "flash_attention_gluon", "flash_mla_gluon"]

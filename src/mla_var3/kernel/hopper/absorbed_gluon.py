@@ -48,27 +48,23 @@ Example
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
-from mla_var3.kernel._common import bind_shape, cdiv, check_scale, check_seqlens, num_sms
+from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, bind_shape, cdiv, check_scale, check_seqlens, num_sms
 from mla_var3.kernel.combine import combine
 
-try:  # Gluon ships with triton >= 3.5; absent elsewhere
+from mla_var3.kernel.hopper._gluon import (
+    GLUON_AVAILABLE, GLUON_IMPORT_ERROR, LOG2E as _LOG2E, TORCH_TO_GL as _TORCH_TO_GL, descriptor as _descriptor,
+    layout as _layout, tma_operand as _tma_operand,
+)
+
+if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    GLUON_AVAILABLE = True
-    GLUON_IMPORT_ERROR = ""
-except Exception as exc:  # pragma: no cover - depends on the installed triton
-    GLUON_AVAILABLE = False
-    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 __all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "SCHEDULES", "DEFAULT_SCHEDULE",
            "ZERO_TAIL_DEFAULT", "choose_num_splits", "compile_for_sm90", "flash_mla_gluon"]
@@ -85,15 +81,9 @@ ZERO_TAIL_DEFAULT = True  # with seqlens: zero keys past seqlens[b] in the last 
 #: 0.68-0.79x, sequential 0.64-0.70x; the seesaw is also the fastest at every small-batch point.
 SCHEDULES = ("sequential", "pipelined", "seesaw")
 DEFAULT_SCHEDULE = "seesaw"
-_SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
-_LOG2E = 1.4426950408889634
-
-_TORCH_TO_GL = {}
 
 
 if GLUON_AVAILABLE:
-    _TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
-
     @gluon.jit
     def _zero_rows_from(z_tile, n_valid, BN: gl.constexpr, K: gl.constexpr, NW: gl.constexpr):
         """Zero rows ``n_valid ..`` of a ``[BN, K]`` key tile in shared memory (64 columns at a time,
@@ -342,22 +332,6 @@ def choose_num_splits(b: int, rows: int, t: int, *, sms: int, min_blocks_per_spl
         return 1
     n_blocks = max(1, cdiv(t, BLOCK_N))
     return max(1, min((waves * sms) // programs, n_blocks // min_blocks_per_split, max_splits))
-
-
-@functools.lru_cache(maxsize=64)
-def _layout(block: tuple[int, ...], dtype):
-    """The NVMMA shared layout of a TMA box (cached: it is the same for every call of a shape)."""
-    return gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[dtype])
-
-
-def _tma_operand(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as TMA needs it: contiguous with a 16-byte aligned base (copied otherwise)."""
-    x = x.contiguous()
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def _descriptor(x: torch.Tensor, block: list[int]):
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _layout(tuple(block), x.dtype))
 
 
 def _operand_descriptors(qc, qpe, z, kpe, key_box: int) -> tuple:

@@ -58,7 +58,7 @@ import triton
 
 from mla_var3.kernel._common import cdiv, check_scale
 from mla_var3.kernel.hopper import absorbed_gluon as _base
-from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon

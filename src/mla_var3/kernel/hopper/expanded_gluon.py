@@ -45,10 +45,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from mla_var3.kernel._common import cdiv, check_scale
+from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
 from mla_var3.kernel.expanded import tma_compatible
-from mla_var3.kernel.hopper import absorbed_gluon as _base
-from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper import _gluon as _base
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -67,7 +67,6 @@ DEFAULT_STAGES = 2     # key-ring depth
 DEFAULT_PINGPONG = False  # consumers alternate their MMA issue (see flash_attention_gluon)
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224  # setmaxnreg of the worker consumer warpgroup
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24     # setmaxnreg of the producer warp
-_SMEM_LIMIT = 232_448  # bytes per CTA on sm_90 (as Triton reports it)
 
 
 def smem_bytes(d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
@@ -353,16 +352,16 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     if b * h * s == 0:
         return (o if out is None else out), lse
 
-    q3 = _base._tma_operand(q).view(b * h, s, d)
-    qr3 = _base._tma_operand(qpe).view(b * h, s, p)
+    q3 = _base.tma_operand(q).view(b * h, s, d)
+    qr3 = _base.tma_operand(qpe).view(b * h, s, p)
     descs = (
-        _base._descriptor(q3, [1, HALF_M, d]), _base._descriptor(qr3, [1, HALF_M, p]),
-        _base._descriptor(k, [1, block_n, 1, d]), _base._descriptor(v, [1, block_n, 1, d]),
-        _base._descriptor(kpe, [1, block_n, p]), _base._descriptor(o.view(b * h, s, d), [1, HALF_M, d]),
+        _base.descriptor(q3, [1, HALF_M, d]), _base.descriptor(qr3, [1, HALF_M, p]),
+        _base.descriptor(k, [1, block_n, 1, d]), _base.descriptor(v, [1, block_n, 1, d]),
+        _base.descriptor(kpe, [1, block_n, p]), _base.descriptor(o.view(b * h, s, d), [1, HALF_M, d]),
     )
     grid = (cdiv(s, BLOCK_M), b * h)
     _flash_attention_ws[grid](
-        *descs, lse, h, s, t, scale * _base._LOG2E, lse.stride(1), lse.stride(2),
+        *descs, lse, h, s, t, scale * _base.LOG2E, lse.stride(1), lse.stride(2),
         NUM_STAGES=stages, CAUSAL=bool(causal), PINGPONG=bool(pingpong), num_warps=4,
     )
     if out is not None and not direct:

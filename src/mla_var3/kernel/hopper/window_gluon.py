@@ -36,10 +36,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from mla_var3.kernel._common import check_scale, next_pow2
+from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
 from mla_var3.kernel.expanded import tma_compatible
-from mla_var3.kernel.hopper import absorbed_gluon as _base
-from mla_var3.kernel.hopper.absorbed_gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper import _gluon as _base
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -57,7 +57,6 @@ DEFAULT_STAGES = 2      # ring depth per consumer: 4 blocks of 40 KiB per progra
 #: b = 32, s = 16, N = 1,344: 64 x 2 pulls 51-57 GB/s per program, 128 x 1 only 43-44
 BLOCKS = ((64, 2), (64, 1), (128, 1))
 MAX_S = 64              # query tokens per (sequence, head)
-_SMEM_LIMIT = 232_448
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 
@@ -350,13 +349,13 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     if b * h * s == 0:
         return o, lse
     sp = _pad_s(s)
-    q3 = _base._tma_operand(q).view(b * h, s, d)
-    qr3 = _base._tma_operand(qpe).view(b * h, s, p)
-    descs = (_base._descriptor(q3, [1, sp, d]), _base._descriptor(qr3, [1, sp, p]),
-             _base._descriptor(k_new, [1, block_n, 1, d]), _base._descriptor(v_new, [1, block_n, 1, d]),
-             _base._descriptor(kpe_new, [1, block_n, p]))
+    q3 = _base.tma_operand(q).view(b * h, s, d)
+    qr3 = _base.tma_operand(qpe).view(b * h, s, p)
+    descs = (_base.descriptor(q3, [1, sp, d]), _base.descriptor(qr3, [1, sp, p]),
+             _base.descriptor(k_new, [1, block_n, 1, d]), _base.descriptor(v_new, [1, block_n, 1, d]),
+             _base.descriptor(kpe_new, [1, block_n, p]))
     _expanded_window[(min(programs, b * h),)](
-        *descs, o, lse, h, s, n, b * h, scale * _base._LOG2E, *o.stride(), *lse.stride(),
+        *descs, o, lse, h, s, n, b * h, scale * _base.LOG2E, *o.stride(), *lse.stride(),
         STAGES=stages, CAUSAL=bool(causal), num_warps=4,
     )
     return o, lse

@@ -1,0 +1,55 @@
+"""What every Gluon (sm_90) module of this package shares: the import guard, the torch -> Gluon
+dtype map, and the host-side TMA descriptor helpers.
+
+Importing this module never fails: when ``triton.experimental.gluon`` is missing,
+:data:`GLUON_AVAILABLE` is False and :data:`GLUON_IMPORT_ERROR` says why, and the kernel modules
+define no kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # Gluon ships with triton >= 3.5; absent elsewhere
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_AVAILABLE = True
+    GLUON_IMPORT_ERROR = ""
+except Exception as exc:  # pragma: no cover - depends on the installed triton
+    GLUON_AVAILABLE = False
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["GLUON_AVAILABLE", "GLUON_IMPORT_ERROR", "LOG2E", "TORCH_TO_GL", "descriptor", "layout", "require_gluon",
+           "tma_operand"]
+
+LOG2E = 1.4426950408889634
+
+#: torch dtype -> Gluon dtype of the kernels' operands
+TORCH_TO_GL = ({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+               if GLUON_AVAILABLE else {})
+
+
+def require_gluon() -> None:
+    """Raise RuntimeError (saying why) when Gluon is unavailable."""
+    if not GLUON_AVAILABLE:
+        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+
+
+@functools.lru_cache(maxsize=128)
+def layout(block: tuple[int, ...], dtype: torch.dtype):
+    """The NVMMA shared layout of a TMA box (cached: it is the same for every call of a shape)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), TORCH_TO_GL[dtype])
+
+
+def tma_operand(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as TMA needs it: contiguous with a 16-byte aligned base (copied otherwise)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def descriptor(x: torch.Tensor, block: list[int]):
+    """A host TMA descriptor of ``x`` (its own shape and strides) in boxes of ``block``."""
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout(tuple(block), x.dtype))
