@@ -12,13 +12,19 @@ Mirrors the dense bf16/fp16 mode of FlashMLA's public interface
 * ``softmax_scale`` defaults to ``1/sqrt(K + P)`` (q's last dim); with ``causal`` query i of the
   s_q sees keys ``j <= cache_seqlens[b] - s_q + i`` (the mask is aligned bottom-right).
 
-The scheduling metadata is an empty object filled on first use, as in FlashMLA's current
-interface; our kernel computes its own split-KV plan, so the metadata only records the call's
-configuration, and reusing it with different shapes raises ValueError as FlashMLA refuses it.
+The scheduling metadata holds this package's decode plan (:mod:`mla_var3.kernel.decode_plan`):
+the split of the batch's key blocks over the SMs, computed on the GPU without a host
+synchronisation. ``get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)`` builds it at once
+(FlashMLA's older interface); ``get_mla_metadata()`` returns an empty object that the first
+call fills (FlashMLA's current interface). Either way it is built once per decode step and
+reused by every layer; reusing it with other shapes raises ValueError, as FlashMLA refuses it.
 
 Not supported (raise NotImplementedError): fp8 KV cache, sparse attention (``indices``,
-``topk_length``), attention sinks, extra KV caches. Also required here: ``head_dim_v`` and
-``K + P - head_dim_v`` powers of two >= 16, ``cache_seqlens[b] >= s_q``.
+``topk_length``), attention sinks, extra KV caches. The fast path (the sm_90 Gluon kernel) takes
+``head_dim_v = 512``, a 576-wide cache and 64-token pages, like FlashMLA; other power-of-two
+widths (``head_dim_v`` and ``K + P - head_dim_v`` >= 16) and page sizes run the portable kernel.
+Lengths may be 0 (an empty sequence) or lie in ``[s_q, capacity]``; their values, and the block
+table's, are checked only with ``MLA_VAR3_CHECK=1`` on CUDA (each check synchronises).
 
 Example
 -------
@@ -35,13 +41,15 @@ import torch
 
 from mla_var3.kernel._common import bind_shape
 from mla_var3.kernel.absorbed import flash_mla_paged
+from mla_var3.kernel.decode_plan import DecodePlan, plan_decode
 
 __all__ = ["MLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 
 
 @dataclass
 class MLASchedMeta:
-    """Scheduling metadata, filled by the first :func:`flash_mla_with_kvcache` call that uses it.
+    """Scheduling metadata: the decode plan of one step, built by :func:`get_mla_metadata` or by
+    the first :func:`flash_mla_with_kvcache` call that uses it.
 
     ``config`` records (b, s_q, h_q, page_block_size, h_k, causal); later calls with the same
     object must match it (FlashMLA's rule: reuse only for the same shapes and lengths).
@@ -49,13 +57,26 @@ class MLASchedMeta:
 
     have_initialized: bool = False
     config: tuple | None = None
+    plan: DecodePlan | None = None
 
 
-def get_mla_metadata(*args, **kwargs) -> tuple[MLASchedMeta, None]:
-    """An empty :class:`MLASchedMeta` and ``None``, like FlashMLA's current interface. Arguments
-    (those of FlashMLA's older interface: cache_seqlens, s_q * h_q // h_k, h_k) are accepted and
-    ignored."""
-    return MLASchedMeta(), None
+def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
+                     num_heads_k: int | None = None, *args, **kwargs) -> tuple[MLASchedMeta, None]:
+    """The scheduling metadata of a decode step, and ``None`` (FlashMLA's second value).
+
+    With ``cache_seqlens`` [b] int32 and ``num_q_tokens_per_head_k`` (``s_q * h_q // h_k``), the
+    plan is built now, on the GPU, with no host synchronisation (capturable in a CUDA graph);
+    without them it is built by the first :func:`flash_mla_with_kvcache` call. Further
+    arguments of FlashMLA's interfaces are accepted and ignored.
+    """
+    meta = MLASchedMeta()
+    if cache_seqlens is not None:
+        if num_q_tokens_per_head_k is None:
+            raise ValueError("get_mla_metadata: num_q_tokens_per_head_k (s_q * h_q // h_k) is required with "
+                             "cache_seqlens")
+        rows = int(num_q_tokens_per_head_k) * int(num_heads_k or 1)
+        meta.plan = plan_decode(cache_seqlens, rows)
+    return meta, None
 
 
 def flash_mla_with_kvcache(
@@ -117,21 +138,29 @@ def flash_mla_with_kvcache(
     bind_shape("k_cache", k_cache, "num_blocks page_block_size h_k D", sizes)
     if sizes["h_k"] != 1:
         raise ValueError(f"k_cache must have num_heads_k = 1 (MLA shares one latent per token), got {sizes['h_k']}")
-    dv = int(head_dim_v)
-    if not 0 < dv < sizes["D"]:
-        raise ValueError(f"head_dim_v must lie in (0, {sizes['D']}) (q's last dim holds the latent and RoPE parts), "
-                         f"got {head_dim_v}")
+    dv = head_dim_v
+    if isinstance(dv, bool) or not isinstance(dv, int) or not 0 < dv < sizes["D"]:
+        raise ValueError(f"head_dim_v must lie in (0, {sizes['D']}) as an int (q's last dim holds the latent and RoPE "
+                         f"parts), got {head_dim_v!r}")
+    for width, what in ((dv, "head_dim_v (the latent width)"), (sizes["D"] - dv, "q.shape[-1] - head_dim_v (the "
+                                                                                  "RoPE width)")):
+        if width < 16 or width & (width - 1):
+            raise ValueError(f"{what} must be a power of two >= 16 (DeepSeek: head_dim_v = 512 of 576), got {width} "
+                             f"with head_dim_v={dv} and q.shape[-1]={sizes['D']}")
     config = (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], bool(causal))
     meta = tile_scheduler_metadata
+    plan = None
     if meta is not None:
         if meta.have_initialized and meta.config != config:
             raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
                              f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
-        meta.have_initialized, meta.config = True, config
+        if meta.plan is None:
+            meta.plan = plan_decode(cache_seqlens, sizes["s_q"] * sizes["h_q"], k=dv)
+        meta.have_initialized, meta.config, plan = True, config, meta.plan
     scale = sizes["D"] ** -0.5 if softmax_scale is None else softmax_scale
-    # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies)
+    # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies): rows token * h_q + head
     qt = q.transpose(1, 2)
     out = torch.empty(sizes["b"], sizes["s_q"], sizes["h_q"], dv, dtype=q.dtype, device=q.device)
     _, lse = flash_mla_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
-                             causal=causal, out=out.transpose(1, 2))
+                             causal=causal, out=out.transpose(1, 2), plan=plan)
     return out, lse

@@ -116,18 +116,49 @@ def check_scale(scale) -> float:
     return value
 
 
-def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torch.Tensor | None:
-    """Validate per-sequence valid lengths: [B] int32/int64 with s <= seqlens[i] <= T.
+#: environment variable that turns on the checks of tensor *values* on CUDA inputs (lengths in
+#: range, block-table entries in range): each costs a host synchronisation, which an eager decode
+#: call cannot afford and a CUDA graph capture forbids. CPU tensors are always checked.
+CHECK_ENV = "MLA_VAR3_CHECK"
 
-    Returns an int32 tensor on ``device`` or None. Each value counts the sequence's keys,
-    including its s new tokens (so seqlens >= s).
+
+def values_checked(device: torch.device) -> bool:
+    """Whether value checks run for inputs on ``device``: always on the CPU (free there); on CUDA
+    only with ``MLA_VAR3_CHECK=1`` (each check synchronises with the GPU)."""
+    return device.type != "cuda" or os.environ.get(CHECK_ENV, "0") not in ("", "0")
+
+
+def check_no_overlap(name: str, x: torch.Tensor) -> None:
+    """Raise ValueError when two elements of ``x`` share memory (a stride-0 ``expand`` view, say):
+    a kernel writing such an output would race with itself. Layouts whose strides interleave
+    without overlapping are refused too (no kernel output here needs one)."""
+    extent = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz > 1):
+        if stride < extent:
+            raise ValueError(f"{name} has overlapping elements (shape {_fmt_shape(x.shape)}, strides "
+                             f"{_fmt_shape(x.stride())}): pass a buffer whose elements are distinct, e.g. "
+                             f"torch.empty(...) or .contiguous()")
+        extent += stride * (size - 1)
+
+
+def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torch.Tensor | None:
+    """Validate per-sequence valid lengths: [B] int32/int64 on ``device``, each 0 (an empty
+    sequence) or in [s, T] (each length counts the sequence's s new tokens).
+
+    Shape, dtype and device are always checked; the values only where :func:`values_checked`
+    (they need a host synchronisation on CUDA). Returns an int32 contiguous tensor or None.
     """
     if seqlens is None:
         return None
     bind_shape("seqlens", seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
     if seqlens.device != device:
         raise ValueError(f"seqlens is on {seqlens.device} but the other inputs are on {device}")
-    lo, hi = int(seqlens.min()), int(seqlens.max())
-    if lo < s or hi > t:
-        raise ValueError(f"seqlens must lie in [s={s}, T={t}] (each length counts the s new tokens), got min {lo}, max {hi}")
+    if b and values_checked(device):
+        bad = (seqlens > t) | (seqlens < 0) | ((seqlens > 0) & (seqlens < s))
+        if bool(bad.any()):
+            lo, hi = int(seqlens.min()), int(seqlens.max())
+            raise ValueError(f"seqlens must lie in [s={s}, T={t}] (each length counts the s new tokens) or be 0 "
+                             f"(an empty sequence), got min {lo}, max {hi}")
+    if seqlens.dtype == torch.int32 and seqlens.is_contiguous():
+        return seqlens
     return seqlens.to(torch.int32).contiguous()

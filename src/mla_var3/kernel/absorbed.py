@@ -39,10 +39,12 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_no_overlap, check_scale, check_seqlens,
+    interpreting, next_pow2, num_sms, values_checked,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
-from mla_var3.kernel.combine import combine
+from mla_var3.kernel.combine import combine_planned
+from mla_var3.kernel.decode_plan import PLAN_BLOCK, DecodePlan, plan_decode, uniform_plan
 
 __all__ = [
     "FlashMLAConfig", "candidate_configs", "choose_num_splits", "default_config", "flash_mla", "flash_mla_paged",
@@ -172,31 +174,41 @@ def candidate_configs(b: int, rows: int, t: int, k: int = 512, p: int = 64, *, d
 
 @triton.jit
 def _flash_mla_kernel(
-    qc_ptr, qpe_ptr, z_ptr, kpe_ptr, block_table_ptr, seqlens_ptr,
+    qc_ptr, qpe_ptr, z_ptr, kpe_ptr, block_table_ptr, seqlens_ptr, items_ptr,
     out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
-    scale_log2, S, T, ROWS, NUM_SPLITS,
+    scale_log2, S, T, ROWS, MAX_BLOCKS,
     stride_qb, stride_qh, stride_qs, stride_qk,
     stride_pb, stride_ph, stride_ps, stride_pp,
     stride_zb, stride_zt, stride_zk,
     stride_kb, stride_kt, stride_kp,
-    stride_bt,
+    stride_btb, stride_btc,
     stride_ob, stride_oh, stride_os, stride_ok,
     stride_lb, stride_lh, stride_ls,
-    stride_xb, stride_xr, stride_xs,
-    K: tl.constexpr, P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    K: tl.constexpr, P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ITEM_BLOCK: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """Grid (row blocks, B, NUM_SPLITS). Dense: z/kpe strides are (batch, token, dim). Paged:
-    z_ptr/kpe_ptr point into kv_cache (kpe_ptr = z_ptr + K), the "batch" stride is the page
-    stride and the token stride is the in-page stride.
+    """Grid (row blocks, plan items). Item ``program_id(1)`` of the decode plan is
+    ``(b, blk_lo, blk_hi, slot)``: keys ``[blk_lo, blk_hi) * ITEM_BLOCK`` of sequence b; ``b < 0``:
+    nothing to do; ``slot < 0``: the item covers the sequence and writes the output, else fp32
+    partials ``o_part [slot, ROWS, K]``, ``lse_part [slot, ROWS]`` for the combine.
+    Dense: z/kpe strides are (batch, token, dim). Paged: z_ptr/kpe_ptr point into kv_cache
+    (kpe_ptr = z_ptr + K), the "batch" stride is the page stride, the token stride the in-page
+    stride; the page of key j is ``block_table[b, j // PAGE_SIZE]`` (both table strides honoured;
+    entries past the sequence's last page are never read).
 
     Per program: reads BLOCK_M*(K+P) query elements once, then (K+P) per key of its range;
-    2*BLOCK_M*(2K+P) FLOPs per key; writes BLOCK_M*K outputs (fp32 partials when SPLIT).
+    2*BLOCK_M*(2K+P) FLOPs per key; writes BLOCK_M*K outputs (fp32 partials for a split item).
     """
     pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
+    item = tl.program_id(1)
+    b32 = tl.load(items_ptr + item * 4)
+    if b32 < 0:
+        return
+    b = b32.to(tl.int64)
+    blk_lo = tl.load(items_ptr + item * 4 + 1)
+    blk_hi = tl.load(items_ptr + item * 4 + 2)
+    slot = tl.load(items_ptr + item * 4 + 3)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < ROWS
@@ -206,7 +218,7 @@ def _flash_mla_kernel(
     offs_p = tl.arange(0, P)
 
     if HAS_SEQLENS:
-        L = tl.load(seqlens_ptr + b)
+        L = tl.minimum(tl.load(seqlens_ptr + b), T)
     else:
         L = T
     # keys visible to this block: [0, kv_end); per row [0, row_end)
@@ -216,9 +228,8 @@ def _flash_mla_kernel(
     else:
         row_end = tl.zeros([BLOCK_M], tl.int32) + L
         kv_end = L
-    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_lo = split * chunk
-    kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+    kv_lo = blk_lo * ITEM_BLOCK
+    kv_hi = tl.minimum(blk_hi * ITEM_BLOCK, kv_end)
 
     # the query block stays on chip for the whole key loop: BLOCK_M * (K + P) elements
     q_rows = b * stride_qb + head * stride_qh + tok * stride_qs
@@ -236,7 +247,9 @@ def _flash_mla_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < kv_hi
         if PAGED:
-            page = tl.load(block_table_ptr + b * stride_bt + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+            col = offs_n // PAGE_SIZE
+            page = tl.load(block_table_ptr + b * stride_btb + col.to(tl.int64) * stride_btc,
+                           mask=n_ok & (col < MAX_BLOCKS), other=0)
             z_tok = page.to(tl.int64) * stride_zb + (offs_n % PAGE_SIZE) * stride_zt
             k_tok = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE) * stride_kt
         else:
@@ -262,9 +275,9 @@ def _flash_mla_kernel(
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     o = acc * inv_l[:, None]
     lse = finalize_lse(m_i, l_i)
-    if SPLIT:
-        # fp32 partials: o_part [B, ROWS, NUM_SPLITS, K], lse_part [B, ROWS, NUM_SPLITS]
-        x_rows = b * stride_xb + rows * stride_xr + split * stride_xs
+    if slot >= 0:
+        # fp32 partials: o_part [slots, ROWS, K], lse_part [slots, ROWS] (rows head-major)
+        x_rows = slot.to(tl.int64) * ROWS + rows
         tl.store(o_part_ptr + x_rows[:, None] * K + offs_k[None, :], o, mask=row_ok[:, None])
         tl.store(lse_part_ptr + x_rows, lse, mask=row_ok)
     else:
@@ -297,6 +310,7 @@ def _check_queries(qc, qpe, out):
     _check_pow2("qpe", sizes["P"], "the RoPE width P (last dim)")
     if out is not None:
         bind_shape("out", out, "B H S K", sizes, dtypes=(qc.dtype,), device=device)
+        check_no_overlap("out", out)
     return sizes, device
 
 
@@ -315,6 +329,8 @@ def _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out):
     sizes, device = _check_queries(qc, qpe, out)
     width = sizes["K"] + sizes["P"]
     bind_shape("kv_cache", kv_cache, f"NB PAGE 1 {width}", sizes, dtypes=(qc.dtype,), device=device)
+    if kv_cache.stride(3) != 1:
+        raise ValueError(f"kv_cache must have a unit stride in its last dim, got strides {list(kv_cache.stride())}")
     bind_shape("block_table", block_table, "B MAXB", sizes, dtypes=(torch.int32,), device=device)
     if seqlens is None:
         raise ValueError("seqlens [B] int32 is required with a paged cache")
@@ -323,12 +339,13 @@ def _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out):
         raise ValueError(f"qc has S={sizes['S']} query tokens but the block table covers only "
                          f"T={t} keys (max_blocks {sizes['MAXB']} x page_block_size {sizes['PAGE']})")
     seqlens = check_seqlens(seqlens, sizes["B"], t, sizes["S"], device)
-    # every block a sequence uses must be a valid page (one small reduction on the device)
-    used = torch.arange(sizes["MAXB"], device=device)[None, :] < (seqlens.long()[:, None] + sizes["PAGE"] - 1) // sizes["PAGE"]
-    pages = block_table[used]
-    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= sizes["NB"]):
-        raise ValueError(f"block_table entries for the blocks within seqlens must lie in [0, num_blocks={sizes['NB']}), "
-                         f"got min {int(pages.min())}, max {int(pages.max())}")
+    if sizes["B"] and values_checked(device):
+        # every block a sequence uses must be a valid page
+        used = torch.arange(sizes["MAXB"], device=device)[None, :] < (seqlens.long()[:, None] + sizes["PAGE"] - 1) // sizes["PAGE"]
+        pages = block_table[used]
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= sizes["NB"]):
+            raise ValueError(f"block_table entries for the blocks within seqlens must lie in [0, num_blocks="
+                             f"{sizes['NB']}), got min {int(pages.min())}, max {int(pages.max())}")
     sizes["T"] = t
     return sizes, seqlens
 
@@ -338,57 +355,57 @@ def _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out):
 
 
 def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seqlens, out, sizes, *, scale,
-             causal, config, page_size, paged, upcast):
+             causal, config, plan, page_size, paged, upcast):
     """Allocate outputs and build the kernel's arguments: (grid, kwargs, config, out, lse,
-    partials). Works on meta tensors too (for compiling without data)."""
+    plan, partials). Works on meta tensors too (for compiling without data)."""
     b, h, s, k, p, t = sizes["B"], sizes["H"], sizes["S"], sizes["K"], sizes["P"], sizes["T"]
     device = qc.device
     rows = h * s
     if config is None:
         config = default_config(b, rows, t, k, p, device=device)
     config.validate()
+    if plan is None:
+        if seqlens is not None and device.type != "meta":
+            plan = plan_decode(seqlens, rows, k=k)
+        else:
+            plan = uniform_plan(b, rows, t, k=k, device=device, num_splits=config.num_splits)
+    else:
+        plan.check_for(b, rows, device)
     if out is None:
         out = torch.empty((b, h, s, k), dtype=qc.dtype, device=device)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=device)
-    ns = config.num_splits
-    split = ns > 1
-    if split:
-        o_part = torch.empty((b, rows, ns, k), dtype=torch.float32, device=device)
-        lse_part = torch.empty((b, rows, ns), dtype=torch.float32, device=device)
-    else:
-        o_part = lse_part = lse  # unused placeholders
-    dummy_i32 = seqlens if seqlens is not None else torch.zeros(1, dtype=torch.int32, device=device)
+    o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=device)
+    lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=device)
+    dummy_i32 = seqlens if seqlens is not None else plan.seqs
     bt = block_table if block_table is not None else dummy_i32
     names = ("b", "h", "s", "k")
     kwargs = dict(
         qc_ptr=qc, qpe_ptr=qpe, z_ptr=z_view, kpe_ptr=kpe_view, block_table_ptr=bt, seqlens_ptr=dummy_i32,
-        out_ptr=out, lse_ptr=lse, o_part_ptr=o_part, lse_part_ptr=lse_part,
-        scale_log2=float(scale * LOG2E), S=s, T=t, ROWS=rows, NUM_SPLITS=ns,
+        items_ptr=plan.items, out_ptr=out, lse_ptr=lse, o_part_ptr=o_part, lse_part_ptr=lse_part,
+        scale_log2=float(scale * LOG2E), S=s, T=t, ROWS=rows,
+        MAX_BLOCKS=block_table.shape[1] if block_table is not None else cdiv(t, PLAN_BLOCK),
         **{f"stride_q{n}": v for n, v in zip(names, qc.stride())},
         **{f"stride_p{n}": v for n, v in zip(("b", "h", "s", "p"), qpe.stride())},
         **{f"stride_z{n}": v for n, v in zip(("b", "t", "k"), z_strides)},
         **{f"stride_k{n}": v for n, v in zip(("b", "t", "p"), kpe_strides)},
-        stride_bt=bt.stride(0) if block_table is not None else 0,
+        **dict(zip(("stride_btb", "stride_btc"), block_table.stride() if block_table is not None else (0, 0))),
         **{f"stride_o{n}": v for n, v in zip(names, out.stride())},
         **{f"stride_l{n}": v for n, v in zip(("b", "h", "s"), lse.stride())},
-        **dict(zip(("stride_xb", "stride_xr", "stride_xs"), (rows * ns, ns, 1) if split else (0, 0, 0))),
-        K=k, P=p, BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE_SIZE=page_size, PAGED=paged,
-        HAS_SEQLENS=seqlens is not None, CAUSAL=bool(causal), SPLIT=split, UPCAST=upcast,
+        K=k, P=p, BLOCK_M=config.block_m, BLOCK_N=config.block_n, ITEM_BLOCK=PLAN_BLOCK, PAGE_SIZE=page_size,
+        PAGED=paged, HAS_SEQLENS=seqlens is not None, CAUSAL=bool(causal), UPCAST=upcast,
     )
-    grid = (cdiv(rows, config.block_m), b, ns)
-    return grid, kwargs, config, out, lse, (o_part, lse_part)
+    grid = (cdiv(rows, config.block_m), plan.max_items)
+    return grid, kwargs, config, out, lse, plan, (o_part, lse_part)
 
 
 def _launch(*args, **kw):
-    grid, kwargs, config, out, lse, (o_part, lse_part) = _prepare(*args, **kw, upcast=interpreting())
+    grid, kwargs, config, out, lse, plan, (o_part, lse_part) = _prepare(*args, **kw, upcast=interpreting())
     b, h, s, k = out.shape
     if b == 0 or h * s == 0:
         return out, lse
     _flash_mla_kernel[grid](**kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.num_splits > 1:
-        # rows are ordered head * S + token, so [B, ROWS, ...] is [B, H, S, ...] flattened
-        ns = config.num_splits
-        combine(o_part.view(b, h, s, ns, k), lse_part.view(b, h, s, ns), out, lse)
+    if plan.may_split:
+        combine_planned(o_part, lse_part, plan.seqs, out, lse, head_major=True)
     return out, lse
 
 
@@ -417,58 +434,79 @@ def example_launch(b: int, h: int, s: int, t: int, k: int = 512, p: int = 64, *,
         kpe = torch.empty(b, t, p, dtype=dtype, **meta)
         views = (z, kpe, z.stride(), kpe.stride(), None)
     _, kwargs, config, *_ = _prepare(qc, qpe, *views, seqlens, None, sizes, scale=0.07, causal=causal, config=config,
-                                     page_size=page_size if paged else 1, paged=paged, upcast=False)
+                                     plan=None, page_size=page_size if paged else 1, paged=paged, upcast=False)
     type_names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
     args = {name: f"*{type_names[v.dtype]}" if isinstance(v, torch.Tensor) else v for name, v in kwargs.items()}
     return args, config
 
 
-def _flash_mla_triton(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out):
+def _flash_mla_triton(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
     """The portable Triton backend of :func:`flash_mla` (inputs already validated)."""
     b, h, s, k = qc.shape
     sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=z.shape[1])
     return _launch(qc, qpe, z, kpe, (z.stride(0), z.stride(1), z.stride(2)), kpe.stride(), None, seqlens, out,
-                   sizes, scale=scale, causal=causal, config=config, page_size=1, paged=False)
+                   sizes, scale=scale, causal=causal, config=config, plan=plan, page_size=1, paged=False)
 
 
-def _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out):
+def _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
     """The portable Triton backend of :func:`flash_mla_paged` (inputs already validated)."""
     b, h, s, k = qc.shape
     nb, page, _, width = kv_cache.shape
     sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=block_table.shape[1] * page)
     strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(3))
     return _launch(qc, qpe, kv_cache, kv_cache[..., k:], strides, strides, block_table, seqlens, out, sizes,
-                   scale=scale, causal=causal, config=config, page_size=page, paged=True)
+                   scale=scale, causal=causal, config=config, plan=plan, page_size=page, paged=True)
 
 
 def gluon_applies(qc: torch.Tensor, qpe: torch.Tensor, seqlens, config, out) -> bool:
-    """Whether the Hopper Gluon kernel can take this call: bf16/fp16, K a multiple of 64 up to
-    512, P a multiple of 16 up to 256, no per-sequence lengths (its TMA loads read the keys
-    between seqlens[b] and T, which may hold NaN in a real cache), and no portable ``config`` or
-    ``out`` buffer asked for. Everything else runs the portable kernel."""
+    """Whether the pipelined Gluon kernel (:mod:`mla_var3.kernel.hopper.absorbed_gluon`, for the
+    widths the seesaw kernel does not take) can run this call: bf16/fp16, K a multiple of 64 up
+    to 512, P a multiple of 16 up to 256, no per-sequence lengths, no portable ``config`` and no
+    ``out`` buffer. Everything else runs the portable kernel."""
     k, p = qc.shape[-1], qpe.shape[-1]
     return (qc.dtype in (torch.bfloat16, torch.float16) and k % 64 == 0 and 64 <= k <= 512
             and p % 16 == 0 and p <= 256 and seqlens is None and config is None and out is None)
 
 
-def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out):
-    """The sm_90 backend of :func:`flash_mla`: the Gluon kernel (TMA + async wgmma) where
-    :func:`gluon_applies`, else the portable kernel."""
-    if not gluon_applies(qc, qpe, seqlens, config, out):
-        return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out)
-    from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
+def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
+    """The sm_90 backend of :func:`flash_mla`: the warp-specialised seesaw kernel where it
+    applies (K = 512, P = 64, no portable ``config``; dense or ragged), the pipelined Gluon
+    kernel for other widths without ``seqlens``, else the portable kernel."""
+    from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
 
-    return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal)
+    if config is None and seesaw.seesaw_applies(qc, qc.shape[-1], qpe.shape[-1]):
+        return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
+                                       out=out)
+    if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
+        from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
+
+        return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal, schedule="pipelined")
+    return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out,
+                             plan=plan)
+
+
+def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
+    """The sm_90 backend of :func:`flash_mla_paged`: the seesaw kernel over FlashMLA's layout
+    (64-token pages, K = 512, P = 64), else the portable kernel."""
+    from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
+
+    if config is None and seesaw.seesaw_applies(qc, qc.shape[-1], qpe.shape[-1], page_size=kv_cache.shape[1]):
+        return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
+                                       plan=plan, block_table=block_table, out=out)
+    return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
+                                   config=config, out=out, plan=plan)
 
 
 backends.register("flash_mla", "triton", _flash_mla_triton)
 backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=backends.gluon_hopper, priority=10)
 backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
+backends.register("flash_mla_paged", "gluon", _flash_mla_paged_hopper, supports=backends.gluon_hopper, priority=10)
 
 
 def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
               causal: bool = True, seqlens: torch.Tensor | None = None, config: FlashMLAConfig | None = None,
-              out: torch.Tensor | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+              out: torch.Tensor | None = None, backend: str = "auto",
+              plan: DecodePlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a dense latent cache.
 
     Parameters
@@ -479,42 +517,55 @@ def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.T
     kpe : [B, T, P]     RoPE key, one per token, shared by all heads
     scale : float       softmax scale (DeepSeek: 1/sqrt(d + p), times mscale^2 with YaRN)
     causal : bool       query i of S sees keys j <= L - S + i (L = T or seqlens[b])
-    seqlens : [B] int32, optional   valid keys per sequence, S <= seqlens[b] <= T
-    config : FlashMLAConfig, optional   launch config (default: :func:`default_config`)
-    out : [B, H, S, K], optional        output buffer (any strides) in qc's dtype
+    seqlens : [B] int32, optional   valid keys per sequence: 0 (empty) or S <= seqlens[b] <= T
+    config : FlashMLAConfig, optional   portable launch config (default: :func:`default_config`;
+                        passing one selects the portable kernel)
+    out : [B, H, S, K], optional        output buffer (any strides, no overlapping elements), qc's dtype
     backend : str       ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
+    plan : DecodePlan, optional     the split of the batch's key blocks over the SMs
+                        (:func:`mla_var3.kernel.decode_plan.plan_decode`): build it once per decode
+                        step and pass it to every layer; default: built for this call (on the GPU
+                        with ``seqlens``, once per shape on the host without)
 
     Returns
     -------
     o_latent : [B, H, S, K] in qc's dtype (decompress with W_UV to get [B, H, S, D])
     lse : [B, H, S] float32, natural-log LSE of the scaled scores
 
-    K and P must be powers of two >= 16. Raises ValueError on any invalid input.
+    K and P must be powers of two >= 16. Raises ValueError on any invalid input; the values of
+    ``seqlens`` are checked on CPU tensors, and on CUDA only with ``MLA_VAR3_CHECK=1`` (a check
+    needs a host synchronisation, which an eager decode call cannot afford and a CUDA graph
+    forbids). No host synchronisation otherwise: the call can be captured in a CUDA graph.
+    Inference only: the outputs carry no gradient.
     """
     sizes, seqlens = _validate_dense(qc, qpe, z, kpe, seqlens, out)
     scale = check_scale(scale)
     run = backends.select("flash_mla", qc.device, backend)
-    return run(qc, qpe, z, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out)
+    return run(qc, qpe, z, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out,
+               plan=plan)
 
 
 def flash_mla_paged(qc: torch.Tensor, qpe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                     seqlens: torch.Tensor, *, scale: float, causal: bool = True,
                     config: FlashMLAConfig | None = None, out: torch.Tensor | None = None,
-                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                    backend: str = "auto", plan: DecodePlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a paged latent cache (FlashMLA's layout).
 
     Parameters
     ----------
     qc : [B, H, S, K], qpe : [B, H, S, P]   as in :func:`flash_mla`
     kv_cache : [num_blocks, page_block_size, 1, K + P]   first K = latent z, last P = RoPE key
-    block_table : [B, max_blocks] int32   page of each block of each sequence; entries past a
-        sequence's last block are never read (may be -1)
-    seqlens : [B] int32   valid keys per sequence, S <= seqlens[b] <= max_blocks * page_block_size
-    scale, causal, config, out, backend : as in :func:`flash_mla`
+    block_table : [B, max_blocks] int32 (any strides)   page of each block of each sequence;
+        entries past a sequence's last block are never read (may be -1 or garbage)
+    seqlens : [B] int32   valid keys per sequence: 0 (empty) or S <= seqlens[b] <= max_blocks * page_block_size
+    scale, causal, config, out, backend, plan : as in :func:`flash_mla`
 
-    Returns (o_latent [B, H, S, K] in qc's dtype, lse [B, H, S] float32).
+    Returns (o_latent [B, H, S, K] in qc's dtype, lse [B, H, S] float32). On sm_90 with 64-token
+    pages, K = 512 and P = 64 the warp-specialised Gluon kernel runs; other shapes the portable
+    one. The values of ``seqlens`` and ``block_table`` are checked as in :func:`flash_mla`.
     """
     sizes, seqlens = _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out)
     scale = check_scale(scale)
     run = backends.select("flash_mla_paged", qc.device, backend)
-    return run(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=bool(causal), config=config, out=out)
+    return run(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=bool(causal), config=config, out=out,
+               plan=plan)

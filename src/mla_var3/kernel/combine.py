@@ -148,3 +148,85 @@ def _flat_view(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
         return x.view(shape)
     except RuntimeError:
         return None
+
+
+
+@triton.jit
+def _combine_planned_kernel(
+    o_part_ptr, lse_part_ptr, seqs_ptr, out_ptr, lse_ptr,
+    ROWS, S, H, V,
+    stride_ob, stride_oh, stride_os, stride_ov,
+    stride_lb, stride_lh, stride_ls,
+    HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Grid (B, row blocks, value blocks). Sequence b's partials sit in slots
+    ``seqs[b, 0] .. + seqs[b, 1]`` of ``o_part [slots, ROWS, V]`` / ``lse_part [slots, ROWS]``
+    (contiguous, rows in the kernel's order); a sequence of one item was written directly and is
+    skipped.
+
+    Reads n * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ LSE).
+    """
+    b = tl.program_id(0)
+    first = tl.load(seqs_ptr + b * 2)
+    n = tl.load(seqs_ptr + b * 2 + 1)
+    if n > 1:
+        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+        row_ok = rows < ROWS
+        col_ok = cols < V
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        for i in range(n):
+            lse_i = tl.load(lse_part_ptr + (first + i).to(tl.int64) * ROWS + rows, mask=row_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_i)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        denom = tl.zeros([BLOCK_R], tl.float32)
+        for i in range(n):
+            slot = (first + i).to(tl.int64)
+            lse_i = tl.load(lse_part_ptr + slot * ROWS + rows, mask=row_ok, other=float("-inf"))
+            w = tl.exp2((lse_i - m_safe) * LOG2E)
+            o_i = tl.load(o_part_ptr + (slot * ROWS + rows[:, None]) * V + cols[None, :],
+                          mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
+            denom += w
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        if HEAD_MAJOR:
+            head = rows // S
+            tok = rows % S
+        else:
+            head = rows % H
+            tok = rows // H
+        o_rows = b.to(tl.int64) * stride_ob + head * stride_oh + tok * stride_os
+        tl.store(out_ptr + o_rows[:, None] + cols[None, :] * stride_ov, out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+        if tl.program_id(2) == 0:
+            lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
+            tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
+
+
+def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, *, head_major: bool = True) -> None:
+    """Merge the split-KV partials of a decode plan into ``out`` and ``lse`` (in place).
+
+    Parameters
+    ----------
+    o_part : [slots, H*S, V] float32 contiguous   partial outputs, one slot per split item
+    lse_part : [slots, H*S] float32 contiguous     their natural-log LSE (-inf: no key)
+    seqs : [B, 2] int32                            ``(first_slot, n_items)`` per sequence
+        (:class:`mla_var3.kernel.decode_plan.DecodePlan`); sequences of one item are skipped
+    out : [B, H, S, V] (any strides)               final output
+    lse : [B, H, S] float32 (any strides)          final LSE
+    head_major : the partials' row order: ``row = head * S + token`` (else ``token * H + head``)
+
+    One launch whatever the lengths (no host read of ``seqs``: CUDA-graph safe).
+    """
+    b, h, s, v = out.shape
+    if b == 0 or h * s == 0:
+        return
+    block_r = 32 if interpreting() else 16
+    block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
+    grid = (b, triton.cdiv(h * s, block_r), triton.cdiv(v, block_v))
+    _combine_planned_kernel[grid](
+        o_part, lse_part, seqs, out, lse, h * s, s, h, v, *out.stride(), *lse.stride(),
+        HEAD_MAJOR=bool(head_major), BLOCK_R=block_r, BLOCK_V=block_v, num_warps=4,
+    )

@@ -56,9 +56,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from mla_var3.kernel._common import cdiv, check_scale
-from mla_var3.kernel.hopper import absorbed_gluon as _base
-from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel._common import cdiv
+from mla_var3.kernel._launch import CachedLaunch
+from mla_var3.kernel.combine import combine_planned
+from mla_var3.kernel.decode_plan import DecodePlan, plan_decode, uniform_plan
+from mla_var3.kernel.hopper import _gluon
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -66,32 +69,66 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm90", "flash_mla_seesaw"]
+__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm90", "seesaw_attention"]
 
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
 NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one worker)
+#: paged caches: read the pages of a pair's refills before its MMAs (their latency hidden, more
+#: live registers) rather than at each refill
+PREFETCH_PAGES = True
 _WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
 
 
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _load_half(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, b, key0, pred,
+    def _load_half(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, c0, c1, pred,
                    HALF: gl.constexpr, ROPE: gl.constexpr, NZ: gl.constexpr):
-        """TMA: half ``HALF`` (0: Z columns ``0 .. K/2``, 1: ``K/2 .. K``) of the key block at ``key0``
-        into buffer ``buf`` (one box of K/2 columns) signalling ``ready[buf * 3 + HALF]``; with
-        ``ROPE`` also its RoPE piece (``ready[buf * 3 + 2]``)."""
+        """TMA: half ``HALF`` (0: Z columns ``0 .. K/2``, 1: ``K/2 .. K``) of the key block at
+        coordinates ``(c0, c1)`` (dense: sequence, first key; paged: page, 0) into buffer ``buf``
+        (one box of K/2 columns) signalling ``ready[buf * 3 + HALF]``; with ``ROPE`` also its RoPE
+        piece (``ready[buf * 3 + 2]``)."""
         KH: gl.constexpr = NZ * 32
         bar = ready.index(buf * 3 + HALF)
         mbarrier.expect(bar, z_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(z_desc, [b, key0, HALF * KH], bar, z_buf.slice(HALF * KH, KH, dim=2),
+        tma.async_copy_global_to_shared(z_desc, [c0, c1, HALF * KH], bar, z_buf.slice(HALF * KH, KH, dim=2),
                                         pred=pred)
         if ROPE:
             bar_r = ready.index(buf * 3 + 2)
             mbarrier.expect(bar_r, kr_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(kr_desc, [b, key0, 0], bar_r, kr_buf, pred=pred)
+            tma.async_copy_global_to_shared(kr_desc, [c0, c1, 0], bar_r, kr_buf, pred=pred)
+
+    @gluon.jit
+    def _page_of(table_ptr, stride_tb, stride_tc, b, blk, n_blk, PAGED: gl.constexpr):
+        """The page holding key block ``blk`` of sequence ``b`` (``block_table[b, blk]``, read only
+        for ``blk < n_blk``: entries past a sequence's last page may hold -1 or garbage); 0 for a
+        dense cache."""
+        if PAGED:
+            return gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
+                           mask=blk < n_blk, other=0)
+        else:
+            return 0
+
+    @gluon.jit
+    def _tail_shift(blk, n_blk, L):
+        """Rows the TMA box of key block ``blk`` starts before the block: the last block of a
+        sequence whose length is not a multiple of 64 is read as the 64 rows *ending* at key L,
+        so no key past L is ever loaded (paged: the rows before the page are out of bounds and
+        read as zeros; dense: they are the previous block's keys, finite, and masked)."""
+        return gl.where((blk == n_blk - 1) & (L % 64 != 0), 64 - L % 64, 0)
+
+    @gluon.jit
+    def _coords(b, blk, page, n_blk, L, PAGED: gl.constexpr):
+        """TMA coordinates ``(c0, c1)`` of key block ``blk``: paged ``(page, -shift)``, dense
+        ``(b, 64 * blk - shift)`` (see :func:`_tail_shift`)."""
+        shift = _tail_shift(blk, n_blk, L)
+        if PAGED:
+            return page, -shift
+        else:
+            return b, blk * 64 - shift
 
     @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
@@ -121,9 +158,10 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr,
                    q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
-                   z_desc, kr_desc, o_desc, lse_ptr,
-                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2,
-                   stride_lb, stride_lr, stride_ls, causal):
+                   z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, table_ptr,
+                   b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
+                   stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
+                   causal, PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
         """One warpgroup of the seesaw (``ROLE`` 0: even blocks, output columns ``0 .. K/2``;
         ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE)."""
         BM: gl.constexpr = 64
@@ -156,7 +194,11 @@ if GLUON_AVAILABLE:
         bar_e = xbar.index(2)   # WG1 -> WG0: final row sum
 
         rows = row0 + gl.arange(0, BM, layout=s_rows)
-        limit = gl.where(causal != 0, L - S + rows % S, L - 1)
+        if HEAD_MAJOR:
+            token = rows % S
+        else:
+            token = rows // H
+        limit = gl.where(causal != 0, L - S + token, L - 1)
         cols = gl.arange(0, BN, layout=s_cols)
         m_i = gl.full([BM], float("-inf"), gl.float32, s_rows)
         l_o = gl.full([BM], 0.0, gl.float32, o_rows)
@@ -170,13 +212,24 @@ if GLUON_AVAILABLE:
             j = 2 * i + ROLE
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
+            # pages of the blocks this warpgroup refills in this pair: read now, used after the
+            # MMAs, so the table read's latency hides under them (PREFETCH), or read at the refill
+            # (fewer live registers)
+            if PREFETCH:
+                page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
+                page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
+            else:
+                page_x = 0
+                page_y = 0
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
             raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
-            keys = (blk_lo + j) * BN + cols
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
                 sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
             else:
-                visible = (keys[None, :] <= limit[:, None]) & has_own
+                # column c holds key first + c; a shifted tail block's leading rows are not its own
+                first = (blk_lo + j) * BN - _tail_shift(blk_lo + j, n_blk, L)
+                keys = first + cols
+                visible = (keys[None, :] <= limit[:, None]) & (keys[None, :] >= (blk_lo + j) * BN) & has_own
                 sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
             if ROLE == 0:
                 m_a = gl.maximum(m_i, gl.max(sc, axis=1))
@@ -191,8 +244,11 @@ if GLUON_AVAILABLE:
                 m_b = xrow.index(1).load(s_rows)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # X_L is free: its pieces of block 2i + 2
-                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
-                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 0, False, NZ)
+                if not PREFETCH:
+                    page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
+                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, page_x, n_blk, L, PAGED)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, cx0, cx1,
+                           2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
                 acc = acc * beta[:, None]
@@ -200,8 +256,11 @@ if GLUON_AVAILABLE:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                     # Y_L and Y's RoPE piece (p1) are free: block 2i + 3
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
-                                 (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 0, True, NZ)
+                    if not PREFETCH:
+                        page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
+                    cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, page_y, n_blk, L, PAGED)
+                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                               2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
@@ -224,79 +283,117 @@ if GLUON_AVAILABLE:
                 tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
                 acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
                 # X_R and X's RoPE piece (p0) are free: block 2i + 2
-                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b,
-                             (blk_lo + 2 * i + 2) * BN, 2 * i + 2 < n_iter, 1, True, NZ)
+                if not PREFETCH:
+                    page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
+                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, page_x, n_blk, L, PAGED)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, cx0, cx1,
+                           2 * i + 2 < n_iter, 1, True, NZ)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # Y_R is free: block 2i + 3
-                _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b,
-                             (blk_lo + 2 * i + 3) * BN, 2 * i + 3 < n_iter, 1, False, NZ)
+                if not PREFETCH:
+                    page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
+                cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, page_y, n_blk, L, PAGED)
+                _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                           2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
 
-        # ---- epilogue
+        # ---- epilogue: normalise, stage in a free buffer, TMA store (rows >= ROWS are clipped)
         o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
         if ROLE == 1:
             l_ok = l_o > 0
             m_o = gl.convert_layout(m_i, o_rows)
             lse = gl.where(l_ok, (m_o + gl.log2(gl.where(l_ok, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
-            gl.store(lse_ptr + pid_b * stride_lb + o_rows_idx * stride_lr + pid_s * stride_ls, lse,
-                     mask=o_rows_idx < HS)
+            if slot < 0:
+                if HEAD_MAJOR:
+                    l_off = (o_rows_idx // S) * stride_lh + (o_rows_idx % S) * stride_ls
+                else:
+                    l_off = (o_rows_idx % H) * stride_lh + (o_rows_idx // H) * stride_ls
+                gl.store(lse_ptr + b.to(gl.int64) * stride_lb + l_off, lse, mask=o_rows_idx < ROWS)
+            else:
+                gl.store(lse_part_ptr + slot.to(gl.int64) * ROWS + o_rows_idx, lse, mask=o_rows_idx < ROWS)
             xrow.index(2).store(gl.convert_layout(l_o, s_rows))
             gl.thread_barrier()
             mbarrier.arrive(bar_e, count=1)
             l_fin = l_o
-            # every MMA reading Q is done (WG0's last scores precede mA): stage the output there
-            o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
         else:
             mbarrier.wait(bar_e, 0)
             l_fin = xrow.index(2).load(o_rows)
-            # WG1 is done with X: stage the output in it
-            o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
-        inv_l = 1.0 / gl.where(l_fin > 0, l_fin, 1.0)
-        o_smem.reshape([BM, KH]).store((acc * inv_l[:, None]).to(o_desc.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(o_desc, [pid_b, row0, pid_s * K + ROLE * KH], o_smem)
+        out = acc * (1.0 / gl.where(l_fin > 0, l_fin, 1.0))[:, None]
+        # every MMA reading Q is done (WG0's last scores precede mA): WG1 stages its half there;
+        # WG1 is done with X: WG0 stages in X
+        if slot < 0:
+            if ROLE == 1:
+                o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+            else:
+                o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+            o_smem.reshape([BM, KH]).store(out.to(o_desc.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [b, row0, ROLE * KH], o_smem)
+        else:
+            if ROLE == 1:
+                x_smem = q_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
+            else:
+                x_smem = z_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
+            x_smem.reshape([BM, KH]).store(out)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(op_desc, [slot, row0, ROLE * KH], x_smem)
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
-                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
-                    causal):
-        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
-                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
-                   causal)
+    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
+                    lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
+        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
+                   lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                   PAGED, HEAD_MAJOR, PREFETCH)
 
     @gluon.jit
-    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
-                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
-                    causal):
-        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
-                   pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
-                   causal)
+    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
+                    lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
+        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
+                   lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                   PAGED, HEAD_MAJOR, PREFETCH)
 
     @gluon.jit
     def _flash_mla_seesaw(
-        q_desc, qr_desc, z_desc, kr_desc,        # TMA: [B, H*S, K], [B, H*S, P], [B, T, K] (64-column boxes), [B, T, P]
-        o_desc,                                   # TMA: [B, H*S, NS*K], boxes of K/2 columns
-        lse_ptr,
-        HS, S, T, qk_scale_log2, blocks_per_split,
-        stride_lb, stride_lr, stride_ls,
-        K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr,
+        q_desc, qr_desc,          # TMA: queries [B, ROWS, K] / [B, ROWS, P], boxes [1, 64, K/2] / [1, 64, P]
+        z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
+        o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
+        op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
+        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr,
+        ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
+        stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
+        K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr,
     ):
-        """One program: 64 rows of sequence ``program_id(2)``, the key blocks of split
-        ``program_id(1)``; the default partition is WG0, the worker WG1 (see the module docstring)."""
+        """One program: the 64 rows ``program_id(0)`` of plan item ``program_id(1)`` =
+        ``(b, blk_lo, blk_hi, slot)`` (:mod:`mla_var3.kernel.decode_plan`); the default partition
+        is WG0, the worker WG1 (see the module docstring). Rows are ``head * S + token``
+        (``HEAD_MAJOR``) or ``token * H + head``, as in the query and output tensors."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         NZ: gl.constexpr = K // 64
         dtype: gl.constexpr = q_desc.dtype
-        pid_m = gl.program_id(0)
-        pid_s = gl.program_id(1)
-        pid_b = gl.program_id(2)
-        row0 = pid_m * BM
-        L = T
-        blk_lo = pid_s * blocks_per_split
-        blk_hi = gl.minimum(blk_lo + blocks_per_split, gl.cdiv(L, BN))
-        n_iter = gl.maximum(blk_hi - blk_lo, 0)
+        item = gl.program_id(1)
+        b = gl.load(items_ptr + item * 4)
+        if b < 0:
+            return
+        blk_lo = gl.load(items_ptr + item * 4 + 1)
+        n_iter = gl.load(items_ptr + item * 4 + 2) - blk_lo
+        slot = gl.load(items_ptr + item * 4 + 3)
+        row0 = gl.program_id(0) * BM
+        if HAS_SEQLENS:
+            L = gl.minimum(gl.load(seqlens_ptr + b), T)
+        else:
+            L = T
+        n_blk = gl.minimum(gl.cdiv(L, BN), MAX_BLOCKS)
 
         zl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BN, K], dtype)
         q_smem = gl.allocate_shared_memory(dtype, [1, BM, K], zl)
@@ -316,86 +413,173 @@ if GLUON_AVAILABLE:
         # Q, then block 0 into X and block 1 (block 0 again when there is no block 1) into Y
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
         for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(q_desc, [pid_b, row0, c * (K // 2)], q_bar,
+            tma.async_copy_global_to_shared(q_desc, [b, row0, c * (K // 2)], q_bar,
                                             q_smem.slice(c * (K // 2), K // 2, dim=2))
-        tma.async_copy_global_to_shared(qr_desc, [pid_b, row0, 0], q_bar, qr_smem)
+        tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
         has0 = n_iter > 0
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, pid_b, blk_lo * BN, has0, 1, True, NZ)
-        key_y = (blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))) * BN
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, pid_b, key_y, has0, 1, True, NZ)
+        blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
+        x0, x1 = _coords(b, blk_lo, _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo, n_blk, PAGED), n_blk, L, PAGED)
+        y0, y1 = _coords(b, blk_y, _page_of(table_ptr, stride_tb, stride_tc, b, blk_y, n_blk, PAGED), n_blk, L, PAGED)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
 
-        args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, lse_ptr,
-                    pid_b, row0, pid_s, blk_lo, n_iter, S, HS, L, qk_scale_log2, stride_lb, stride_lr, stride_ls,
-                gl.to_tensor(CAUSAL).to(gl.int32))
+        args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
+                lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
+                gl.to_tensor(CAUSAL).to(gl.int32), PAGED, HEAD_MAJOR, PREFETCH)
         gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args)], [4], [_WORKER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
 # host side
 
+if GLUON_AVAILABLE:
+    _launch = CachedLaunch(_flash_mla_seesaw)
 
-def seesaw_applies(k: int, p: int, seqlens=None) -> bool:
+
+def seesaw_applies(qc: torch.Tensor, k: int, p: int, *, page_size: int | None = None) -> bool:
     """Whether the default path runs the seesaw kernel: DeepSeek's widths ``K == 512, P == 64``
-    (the only ones checked on a GPU so far; the kernel compiles for any ``K`` a multiple of 128
-    up to 512 with ``P == 64``, which :func:`flash_mla_seesaw` accepts when called directly)
-    and no ``seqlens``."""
-    return GLUON_AVAILABLE and p == 64 and k == 512 and seqlens is None
+    (the only ones checked on a GPU; the kernel compiles for any ``K`` a multiple of 128 up to
+    512 with ``P == 64``), bf16/fp16 queries whose rows (``head * S + token`` or ``token * H +
+    head``) are evenly strided with a unit last stride, and 64-token pages for a paged cache."""
+    return (GLUON_AVAILABLE and p == 64 and k == 512 and qc.dtype in (torch.bfloat16, torch.float16)
+            and page_size in (None, BLOCK_N) and _row_order(qc) is not None)
 
 
-def flash_mla_seesaw(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
-                     causal: bool = True, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA attention over a dense latent cache, warp-specialised seesaw kernel (sm_90).
+def _row_order(x: torch.Tensor) -> tuple[bool, int] | None:
+    """How ``x [B, H, S, W]`` lays out its rows: ``(head_major, row_stride)`` when row
+    ``head * S + token`` (head-major) or ``token * H + head`` sits at ``row * row_stride`` with a
+    unit last stride and 16-byte aligned strides (TMA); None otherwise."""
+    _, h, s, _ = x.shape
+    sb, sh, ss, sw = x.stride()
+    if sw != 1 or (x.data_ptr() % 16) or (sb * x.element_size()) % 16:
+        return None
+    if s == 1 or h == 1 or sh == s * ss:
+        order = (True, sh if s == 1 else ss)
+    elif ss == h * sh:
+        order = (False, sh)
+    else:
+        return None
+    return order if (order[1] * x.element_size()) % 16 == 0 else None
 
-    Parameters
-    ----------
-    qc : [B, H, S, K] bf16/fp16   absorbed no-RoPE query (K a multiple of 128, <= 512)
-    qpe : [B, H, S, P]            RoPE query (P = 64)
-    z : [B, T, K]                 latent cache (key and value), T includes the S new tokens
-    kpe : [B, T, P]               RoPE key, shared by all heads
-    scale : float                 softmax scale
-    causal : bool                 query i of S sees keys j <= T - S + i
-    num_splits : int, optional    split-KV count (default: ``choose_num_splits`` of the Gluon module)
 
-    Returns
-    -------
-    o_latent : [B, H, S, K] in qc's dtype;  lse : [B, H, S] float32 (natural log)
+_DESCRIPTORS: dict = {}
+
+
+def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple):
+    """A TMA descriptor of ``x``'s memory seen as ``shape`` / ``strides``, cached by pointer,
+    shape, strides, dtype and box (a decode step re-uses the same buffers layer after layer)."""
+    key = (x.data_ptr(), shape, strides, x.dtype, block)
+    d = _DESCRIPTORS.get(key)
+    if d is None:
+        if len(_DESCRIPTORS) > 512:
+            _DESCRIPTORS.clear()
+        d = _DESCRIPTORS[key] = TensorDescriptor(x, list(shape), list(strides), list(block),
+                                                  _gluon.layout(block, x.dtype))
+    return d
+
+
+def _rows_desc(x: torch.Tensor, order: tuple[bool, int], box_w: int):
+    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows in ``order``."""
+    b, h, s, w = x.shape
+    return _desc(x, (b, h * s, w), (x.stride(0), order[1], 1), (1, BLOCK_M, box_w))
+
+
+def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
+                     scale: float, causal: bool, seqlens: torch.Tensor | None, plan: DecodePlan | None,
+                     block_table: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                     num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the seesaw kernel on validated inputs (the backend behind ``flash_mla`` and
+    ``flash_mla_paged`` on sm_90; see :func:`seesaw_applies`).
+
+    qc [B, H, S, K], qpe [B, H, S, P]: bf16/fp16 with the same row order.
+    keys: dense ``(z [B, T, K], kpe [B, T, P])``; paged ``(cache [pages, 64, 1, K + P], None)``
+        with ``block_table [B, max_blocks]`` (any strides).
+    seqlens [B] int32 or None (every sequence T keys); plan: a :class:`DecodePlan` for (B, H*S), or
+        None to build one (on the GPU with ``seqlens``, on the host once per shape without).
+    out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
+        follow the queries' order). num_splits: without seqlens and plan, force that many items per
+        sequence.
+
+    Returns ``(o_latent [B, H, S, K], lse [B, H, S] float32)``; no host synchronisation.
     """
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
-    sizes, _ = _base._validate(qc, qpe, z, kpe, None)
-    scale = check_scale(scale)
-    b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
-    if p != 64 or k % 128 or not 128 <= k <= 512:
-        raise ValueError(f"the seesaw kernel needs P == 64 and K a multiple of 128 in [128, 512]; got K={k}, P={p}")
-    hs = h * s
+    b, h, s, k = qc.shape
+    p = qpe.shape[-1]
+    rows = h * s
     dev = qc.device
-    o_latent = torch.empty((b, h, s, k), dtype=qc.dtype, device=dev)
+    order = _row_order(qc)
+    if order is None or _row_order(qpe) != order:
+        raise ValueError("qc and qpe must lay out their rows alike (head * S + token or token * H + head) with "
+                         "16-byte aligned strides and a unit last stride")
+    head_major = order[0]
+
+    def rows_buffer() -> torch.Tensor:
+        x = torch.empty((b, h, s, k) if head_major else (b, s, h, k), dtype=qc.dtype, device=dev)
+        return x if head_major else x.transpose(1, 2)
+
+    if out is None:
+        out = o_run = rows_buffer()
+    else:
+        o_order = _row_order(out)
+        o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-    if b == 0 or hs == 0:
-        return o_latent, lse
+    if b == 0 or rows == 0:
+        return out, lse
+    paged = block_table is not None
+    if paged:
+        cache = keys[0]
+        nb, page, _, width = cache.shape
+        t = block_table.shape[1] * page
+        cs = cache.stride()
+        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2))
+        kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p))
+        table, max_blocks, tstrides = block_table, block_table.shape[1], block_table.stride()
+    else:
+        z, kpe = keys
+        t = z.shape[1]
+        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2))
+        kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p))
+        table, max_blocks, tstrides = lse, cdiv(t, BLOCK_N), (0, 0)
+    if plan is None:
+        if seqlens is not None:
+            plan = plan_decode(seqlens, rows, k=k)
+        else:
+            plan = uniform_plan(b, rows, t, k=k, device=dev, num_splits=num_splits)
+    else:
+        plan.check_for(b, rows, dev)
+    o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=dev)
+    lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=dev)
+    q_desc = _rows_desc(qc, order, k // 2)
+    qr_desc = _rows_desc(qpe, order, p)
+    o_desc = _rows_desc(o_run, order, k // 2)
+    op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2))
+    seq_arg = seqlens if seqlens is not None else lse
+    ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
+    key = (qc.dtype, bool(causal), paged, PREFETCH_PAGES, seqlens is not None, head_major, ints, table.data_ptr() % 16,
+           seq_arg.data_ptr() % 16)
+    grid = (cdiv(rows, BLOCK_M), plan.max_items, 1)
+    _launch(key, grid,
+            (q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse, lse_part, seq_arg, table, plan.items,
+             rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides),
+            dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None, HEAD_MAJOR=head_major,
+                 PREFETCH=PREFETCH_PAGES),
+            num_warps=4)
+    if plan.may_split:
+        combine_planned(o_part, lse_part, plan.seqs, o_run, lse, head_major=head_major)
+    if o_run is not out:
+        out.copy_(o_run)
+    return out, lse
 
-    num_splits, per_split, o_buf, lse_buf = _base._split_plan(o_latent, lse, t, num_splits)
-    descs = _base._operand_descriptors(qc, qpe, z, kpe, k // 2)
-    o_desc = _base._descriptor(o_buf.view(b, hs, num_splits * k), [1, BLOCK_M, k // 2])
-    l_strides = (lse_buf.stride(0), lse_buf.stride(1), lse_buf.stride(2))
-
-    grid = (cdiv(hs, BLOCK_M), num_splits, b)
-    _flash_mla_seesaw[grid](
-        *descs, o_desc, lse_buf, hs, s, t, scale * _base._LOG2E, per_split, *l_strides,
-        K=k, P=p, CAUSAL=bool(causal), num_warps=4,
-    )
-    _base._finish(o_buf, lse_buf, o_latent, lse)
-    return o_latent, lse
 
 
-def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, split: bool = False,
+def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
+                     has_seqlens: bool = False, head_major: bool = True, prefetch_pages: bool | None = None,
                      capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _gluon.require_gluon()
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -407,10 +591,14 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
-        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M, "fp32" if split else dtype),
-        "lse_ptr": "*fp32", "HS": "i32", "S": "i32", "T": "i32", "qk_scale_log2": "fp32", "blocks_per_split": "i32",
-        "stride_lb": "i32", "stride_lr": "i32", "stride_ls": "i32",
-        "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr",
+        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
+        "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
+        "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
+        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
+        "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "PAGED": "constexpr", "HAS_SEQLENS": "constexpr",
+        "HEAD_MAJOR": "constexpr", "PREFETCH": "constexpr",
     }
-    src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs={"K": k, "P": p, "CAUSAL": causal})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
+                  "HEAD_MAJOR": head_major, "PREFETCH": PREFETCH_PAGES if prefetch_pages is None else prefetch_pages}
+    src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
