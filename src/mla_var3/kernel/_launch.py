@@ -37,12 +37,17 @@ class CachedLaunch:
 
     def __init__(self, fn) -> None:
         self.fn = fn
-        params = fn.params
-        n_const = sum(1 for p in params if p.is_constexpr)
-        if any(p.is_constexpr for p in params[: len(params) - n_const]):
-            raise ValueError(f"{fn.__name__}: constexpr parameters must come last for CachedLaunch")
-        self._const_names = [p.name for p in params[len(params) - n_const:]]
+        self._const_names: list[str] | None = None
         self._compiled: dict[Hashable, tuple] = {}
+
+    def _constexpr_names(self) -> list[str]:
+        if self._const_names is None:
+            params = self.fn.params
+            n_const = sum(1 for p in params if p.is_constexpr)
+            if any(p.is_constexpr for p in params[: len(params) - n_const]):
+                raise ValueError(f"{self.fn.__name__}: constexpr parameters must come last for CachedLaunch")
+            self._const_names = [p.name for p in params[len(params) - n_const:]]
+        return self._const_names
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                  *, num_warps: int) -> None:
@@ -53,7 +58,7 @@ class CachedLaunch:
         hit = self._compiled.get((device, key))
         if hit is None:
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps)
-            self._compiled[(device, key)] = (compiled, tuple(constexprs[n] for n in self._const_names))
+            self._compiled[(device, key)] = (compiled, tuple(constexprs[n] for n in self._constexpr_names()))
             return
         compiled, const_vals = hit
         stream = driver.active.get_current_stream(device)

@@ -474,7 +474,7 @@ def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, p
     kernel for other widths without ``seqlens``, else the portable kernel."""
     from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
 
-    if config is None and seesaw.seesaw_applies(qc, qc.shape[-1], qpe.shape[-1]):
+    if config is None and seesaw.seesaw_applies(qc, qpe, (z, kpe)):
         return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
                                        out=out)
     if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
@@ -490,7 +490,7 @@ def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, c
     (64-token pages, K = 512, P = 64), else the portable kernel."""
     from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
 
-    if config is None and seesaw.seesaw_applies(qc, qc.shape[-1], qpe.shape[-1], page_size=kv_cache.shape[1]):
+    if config is None and seesaw.seesaw_applies(qc, qpe, (kv_cache, None), paged=True):
         return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
                                        plan=plan, block_table=block_table, out=out)
     return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,

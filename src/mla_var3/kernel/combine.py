@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel._common import check_device, interpreting, next_pow2
+from mla_var3.kernel._launch import CachedLaunch
 from mla_var3.kernel._jit import LOG2E_C as LOG2E
 
 
@@ -204,6 +205,9 @@ def _combine_planned_kernel(
             tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
 
 
+_combine_launch = CachedLaunch(_combine_planned_kernel)
+
+
 def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, *, head_major: bool = True) -> None:
     """Merge the split-KV partials of a decode plan into ``out`` and ``lse`` (in place).
@@ -226,7 +230,8 @@ def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Te
     block_r = 32 if interpreting() else 16
     block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
     grid = (b, triton.cdiv(h * s, block_r), triton.cdiv(v, block_v))
-    _combine_planned_kernel[grid](
-        o_part, lse_part, seqs, out, lse, h * s, s, h, v, *out.stride(), *lse.stride(),
-        HEAD_MAJOR=bool(head_major), BLOCK_R=block_r, BLOCK_V=block_v, num_warps=4,
-    )
+    ints = (h * s, s, h, v, *out.stride(), *lse.stride())
+    key = (out.dtype, bool(head_major), ints, out.data_ptr() % 16, lse.data_ptr() % 16, o_part.data_ptr() % 16,
+           lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
+    _combine_launch(key, grid, (o_part, lse_part, seqs, out, lse, *ints),
+                    dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r, BLOCK_V=block_v), num_warps=4)

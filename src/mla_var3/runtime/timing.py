@@ -233,3 +233,27 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
     if not on_gpu:
         return _time_cpu(fn, warmup, reps, min_reps, max_seconds)
     return _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device)
+
+
+def host_time_us(fn: Callable[[], object], *, calls: int = 300, warmup: int = 10) -> float:
+    """Host time per call of ``fn`` in microseconds: the wall time of ``calls`` calls issued
+    back to back without a synchronisation, divided by ``calls``.
+
+    This is the launch cost an eager caller pays on the CPU (argument checks, planning, kernel
+    launches); when it exceeds the GPU time of a call, the eager call is host-bound. On a GPU
+    the device is synchronised before and after the loop (outside the timed window).
+    """
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    sync()
+    return elapsed / calls * 1e6

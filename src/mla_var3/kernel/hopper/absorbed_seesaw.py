@@ -439,13 +439,28 @@ if GLUON_AVAILABLE:
     _launch = CachedLaunch(_flash_mla_seesaw)
 
 
-def seesaw_applies(qc: torch.Tensor, k: int, p: int, *, page_size: int | None = None) -> bool:
+def seesaw_applies(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, paged: bool = False) -> bool:
     """Whether the default path runs the seesaw kernel: DeepSeek's widths ``K == 512, P == 64``
     (the only ones checked on a GPU; the kernel compiles for any ``K`` a multiple of 128 up to
     512 with ``P == 64``), bf16/fp16 queries whose rows (``head * S + token`` or ``token * H +
-    head``) are evenly strided with a unit last stride, and 64-token pages for a paged cache."""
-    return (GLUON_AVAILABLE and p == 64 and k == 512 and qc.dtype in (torch.bfloat16, torch.float16)
-            and page_size in (None, BLOCK_N) and _row_order(qc) is not None)
+    head``) are evenly strided alike in ``qc`` and ``qpe``, keys that TMA can address (unit last
+    stride, 16-byte aligned base and strides), and 64-token pages for a paged cache."""
+    k, p = qc.shape[-1], qpe.shape[-1]
+    if not (GLUON_AVAILABLE and p == 64 and k == 512 and qc.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    order = _row_order(qc)
+    if order is None or _row_order(qpe) != order:
+        return False
+    if paged:
+        cache = keys[0]
+        return cache.shape[1] == BLOCK_N and _tma_ok(cache) and _tma_ok(cache[..., k:])
+    return _tma_ok(keys[0]) and _tma_ok(keys[1])
+
+
+def _tma_ok(x: torch.Tensor) -> bool:
+    """A unit last stride, a 16-byte aligned base and 16-byte multiples for the other strides."""
+    e = x.element_size()
+    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((st * e) % 16 == 0 for st in x.stride()[:-1])
 
 
 def _row_order(x: torch.Tensor) -> tuple[bool, int] | None:
@@ -510,9 +525,9 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     rows = h * s
     dev = qc.device
     order = _row_order(qc)
-    if order is None or _row_order(qpe) != order:
-        raise ValueError("qc and qpe must lay out their rows alike (head * S + token or token * H + head) with "
-                         "16-byte aligned strides and a unit last stride")
+    if not seesaw_applies(qc, qpe, keys, paged=block_table is not None):
+        raise ValueError("the seesaw kernel needs K = 512, P = 64, bf16/fp16, qc and qpe with rows laid out alike "
+                         "(head * S + token or token * H + head) and TMA-addressable keys (see seesaw_applies)")
     head_major = order[0]
 
     def rows_buffer() -> torch.Tensor:
