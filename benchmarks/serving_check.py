@@ -319,6 +319,43 @@ def timing(r: Runner, quick: bool) -> None:
         point("ragged", b, s, lengths, tmax, False)
 
 
+def host_profile(r: Runner) -> None:
+    """Where the host time of one eager call goes: cProfile over 200 calls (top functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+    from mla_var3 import flash_mla
+    from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+
+    q, cache, table, seqlens = make_paged([4096] * 32, 1, capacity=4096, seed=1, poison=False)
+    meta, _ = get_mla_metadata()
+    qt = q.transpose(1, 2).contiguous()
+    qc, qpe = qt[..., :K].contiguous(), qt[..., K:].contiguous()
+    z = torch.randn(32, 4096, K, device="cuda").to(torch.bfloat16)
+    kpe = torch.randn(32, 4096, P, device="cuda").to(torch.bfloat16)
+    for name, fn in (("compat", lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=False)),
+                     ("dense", lambda: flash_mla(qc, qpe, z, kpe, scale=0.05, causal=False))):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+        print(f"---- host profile: {name}, 200 calls\n" + buf.getvalue()[-3500:])
+        from mla_var3.kernel import _launch
+        from mla_var3.runtime.timing import host_time_us
+        for direct in (True, False):
+            _launch.DIRECT = direct
+            r.checks.append({"name": f"host {name} direct={direct}", "host_us": host_time_us(fn)})
+            print(f"host time {name} direct={direct}: {r.checks[-1]['host_us']:.1f} us", flush=True)
+        _launch.DIRECT = True
+
+
 def table(r: Runner) -> None:
     print("\n| kind | b | s | t | FlashMLA eager / graph / host | compat eager / graph / host | FM÷compat eager | FM÷compat graph | dense eager / graph / host |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -357,7 +394,7 @@ def main() -> None:
             print("official FlashMLA not importable:", exc)
     r = Runner(fm)
     record = {"env": environment(), "flashmla": fm is not None}
-    for step in (correctness, graphs):
+    for step in (host_profile, correctness, graphs):
         try:
             step(r)
         except Exception:

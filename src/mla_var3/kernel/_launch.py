@@ -1,10 +1,13 @@
 """Launching a compiled Triton/Gluon kernel with little host work.
 
 ``kernel[grid](...)`` binds every argument, computes a specialisation key and looks the
-compiled kernel up on every call: tens of microseconds of Python for a kernel with many
+compiled kernel up on every call, and a host TMA descriptor argument is encoded into a
+``CUtensorMap`` on every launch: tens of microseconds of Python for a kernel with many
 arguments, which an eager decode call (a few tens of microseconds of GPU time at small batch)
 cannot afford. :class:`CachedLaunch` goes through that path once per caller-chosen key and then
-calls the compiled kernel's launcher directly.
+calls the compiled kernel's launcher directly, re-using each descriptor's encoding while the
+descriptor object lives (the launchers of this package cache their descriptors by pointer,
+shape and strides).
 
 The caller's key must determine everything Triton specialises on: the constexprs, the dtypes,
 and (unless the parameter is marked ``do_not_specialize``) each integer argument's value class
@@ -12,7 +15,8 @@ and (unless the parameter is marked ``do_not_specialize``) each integer argument
 the integer arguments themselves and the pointers' alignment in the key.
 
 Under Triton's interpreter, or with a launch hook installed (profilers), every call takes the
-ordinary path.
+ordinary path. Where the installed Triton's launcher does not have the expected shape, the
+descriptors are encoded per launch by Triton's own launcher (``direct`` is then False).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from triton.runtime import driver
 from mla_var3.kernel._common import interpreting
 
 __all__ = ["CachedLaunch"]
+
+#: turn the direct launcher path off (for A/B timing of the host cost)
+DIRECT = True
 
 
 class CachedLaunch:
@@ -39,6 +46,7 @@ class CachedLaunch:
         self.fn = fn
         self._const_names: list[str] | None = None
         self._compiled: dict[Hashable, tuple] = {}
+        self._encoded: dict[int, tuple] = {}
 
     def _constexpr_names(self) -> list[str]:
         if self._const_names is None:
@@ -58,14 +66,67 @@ class CachedLaunch:
         hit = self._compiled.get((device, key))
         if hit is None:
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps)
-            self._compiled[(device, key)] = (compiled, tuple(constexprs[n] for n in self._constexpr_names()))
+            const_vals = tuple(constexprs[n] for n in self._constexpr_names())
+            self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
             return
-        compiled, const_vals = hit
+        compiled, const_vals, direct = hit
         stream = driver.active.get_current_stream(device)
-        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *args, *const_vals)
+        if direct is None or not DIRECT:
+            compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
+                         None, *args, *const_vals)
+            return
+        raw, base, desc_meta = direct
+        flat = []
+        for i, a in enumerate(args):
+            meta = desc_meta.get(i, False)
+            if meta is False:
+                flat.append(a)
+            else:
+                flat.extend(self._encode(a, meta))
+        raw(grid[0], grid[1], grid[2], stream, compiled.function, *base, *flat, *const_vals)
+
+    def _encode(self, desc, meta) -> tuple:
+        """A host descriptor's launch arguments (the CUtensorMap, shape, strides), encoded once
+        per descriptor object."""
+        hit = self._encoded.get(id(desc))
+        if hit is not None and hit[0] is desc:
+            return hit[1]
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        if len(self._encoded) > 1024:
+            self._encoded.clear()
+        enc = tuple(make_tensordesc_arg(desc, meta))
+        self._encoded[id(desc)] = (desc, enc)
+        return enc
 
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
         return len(self._compiled)
 
+
+def _direct_launcher(compiled):
+    """``(raw_launch, base_args, {arg index: descriptor metadata})`` for calling the compiled
+    kernel's C launcher without its per-launch Python wrapper, or None when the launcher is not
+    of the expected shape (other Triton versions) or needs scratch memory."""
+    try:
+        launcher = compiled.run
+        inner = launcher.launch
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            return None
+        cells = [c.cell_contents for c in (getattr(inner, "__closure__", None) or ())]
+        raw = [c for c in cells if type(c).__name__ == "builtin_function_or_method"]
+        if len(raw) != 1:
+            return None
+        sig = [v for v in compiled.src.signature.values()]
+        consts = compiled.src.constants if hasattr(compiled.src, "constants") else {}
+        n_runtime = sum(1 for v in sig if v != "constexpr")
+        if len(consts) and n_runtime != len(sig) - len(consts):
+            return None
+        metas = getattr(compiled.metadata, "tensordesc_meta", None) or []
+        positions = [i for i, v in enumerate(sig) if isinstance(v, str) and v.startswith("tensordesc")]
+        desc_meta = {pos: (metas[j] if j < len(metas) else None) for j, pos in enumerate(positions)}
+        base = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, compiled.packed_metadata, None,
+                None, None)
+        return raw[0], base, desc_meta
+    except Exception:  # pragma: no cover - depends on the installed Triton
+        return None

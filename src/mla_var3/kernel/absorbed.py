@@ -275,6 +275,8 @@ def _flash_mla_kernel(
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     o = acc * inv_l[:, None]
     lse = finalize_lse(m_i, l_i)
+    if L == 0:  # an empty sequence: +inf, as FlashMLA reports it
+        lse = tl.full([BLOCK_M], float("inf"), tl.float32)
     if slot >= 0:
         # fp32 partials: o_part [slots, ROWS, K], lse_part [slots, ROWS] (rows head-major)
         x_rows = slot.to(tl.int64) * ROWS + rows

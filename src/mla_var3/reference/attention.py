@@ -77,6 +77,8 @@ def flash_mla(qc, qpe, z, kpe, scale: float, causal: bool = True, seqlens=None):
     """Absorbed attention (design 2) over the latent cache; all heads share one read of Z.
 
     qc [B,H,S,K], qpe [B,H,S,P], z [B,T,K], kpe [B,T,P] -> (o_latent [B,H,S,K], lse [B,H,S]).
+    Rows with no visible key get o = 0 and lse = -inf; a sequence of length 0 (``seqlens[b] = 0``)
+    gets lse = +inf, as official FlashMLA reports it.
     """
     cd = _compute_dtype(qc, qpe, z, kpe)
     z, kpe = _zero_past(z, seqlens), _zero_past(kpe, seqlens)
@@ -88,6 +90,8 @@ def flash_mla(qc, qpe, z, kpe, scale: float, causal: bool = True, seqlens=None):
     p, lse = _softmax_with_lse(scores * scale, key_mask(b, s, t, causal, seqlens, qc.device))
     # z is the value too; write o_latent (bhsk); 2k FLOPs per score
     o_latent = torch.einsum("bhst,btk->bhsk", p, _up(z, cd))
+    if seqlens is not None:  # an empty sequence: LSE +inf (FlashMLA's convention), output 0
+        lse = lse.masked_fill((seqlens.to(lse.device) == 0).view(b, 1, 1), float("inf"))
     return o_latent, lse
 
 

@@ -302,7 +302,9 @@ if GLUON_AVAILABLE:
         if ROLE == 1:
             l_ok = l_o > 0
             m_o = gl.convert_layout(m_i, o_rows)
-            lse = gl.where(l_ok, (m_o + gl.log2(gl.where(l_ok, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+            # no visible key: -inf; an empty sequence: +inf, as FlashMLA reports it
+            lse = gl.where(l_ok, (m_o + gl.log2(gl.where(l_ok, l_o, 1.0))) * 0.6931471805599453,
+                           gl.where(L == 0, float("inf"), float("-inf")))
             if slot < 0:
                 if HEAD_MAJOR:
                     l_off = (o_rows_idx // S) * stride_lh + (o_rows_idx % S) * stride_ls
@@ -448,8 +450,8 @@ def seesaw_applies(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, paged: b
     k, p = qc.shape[-1], qpe.shape[-1]
     if not (GLUON_AVAILABLE and p == 64 and k == 512 and qc.dtype in (torch.bfloat16, torch.float16)):
         return False
-    order = _row_order(qc)
-    if order is None or _row_order(qpe) != order:
+    order, order_pe = _row_order(qc), _row_order(qpe)
+    if order is None or order_pe is None or order_pe[0] != order[0]:
         return False
     if paged:
         cache = keys[0]
@@ -496,10 +498,11 @@ def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple):
     return d
 
 
-def _rows_desc(x: torch.Tensor, order: tuple[bool, int], box_w: int):
-    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows in ``order``."""
+def _rows_desc(x: torch.Tensor, box_w: int):
+    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows in its own order (see
+    :func:`_row_order`; the caller has checked that it has one)."""
     b, h, s, w = x.shape
-    return _desc(x, (b, h * s, w), (x.stride(0), order[1], 1), (1, BLOCK_M, box_w))
+    return _desc(x, (b, h * s, w), (x.stride(0), _row_order(x)[1], 1), (1, BLOCK_M, box_w))
 
 
 def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
@@ -566,9 +569,9 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         plan.check_for(b, rows, dev)
     o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=dev)
     lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=dev)
-    q_desc = _rows_desc(qc, order, k // 2)
-    qr_desc = _rows_desc(qpe, order, p)
-    o_desc = _rows_desc(o_run, order, k // 2)
+    q_desc = _rows_desc(qc, k // 2)
+    qr_desc = _rows_desc(qpe, p)
+    o_desc = _rows_desc(o_run, k // 2)
     op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2))
     seq_arg = seqlens if seqlens is not None else lse
     ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
