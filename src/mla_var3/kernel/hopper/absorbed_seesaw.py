@@ -559,7 +559,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         t = z.shape[1]
         z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2))
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p))
-        table, max_blocks, tstrides = lse, cdiv(t, BLOCK_N), (0, 0)
+        table, max_blocks, tstrides = None, cdiv(t, BLOCK_N), (0, 0)
     if plan is None:
         if seqlens is not None:
             plan = plan_decode(seqlens, rows, k=k)
@@ -573,7 +573,9 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     qr_desc = _rows_desc(qpe, p)
     o_desc = _rows_desc(o_run, k // 2)
     op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2))
-    seq_arg = seqlens if seqlens is not None else lse
+    # int32 placeholders where there is no table / no lengths (never read)
+    seq_arg = seqlens if seqlens is not None else plan.items
+    table = table if table is not None else plan.items
     ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
     key = (qc.dtype, bool(causal), paged, PREFETCH_PAGES, seqlens is not None, head_major, ints, table.data_ptr() % 16,
            seq_arg.data_ptr() % 16)
