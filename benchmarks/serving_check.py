@@ -147,7 +147,6 @@ def correctness(r: Runner) -> None:
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.kernel.absorbed import flash_mla_paged
-    from mla_var3.kernel.hopper import absorbed_seesaw
 
     scale = (K + P) ** -0.5
     cases = [
@@ -156,9 +155,7 @@ def correctness(r: Runner) -> None:
         ("b8 s1 with empty", [0, 5, 64, 0, 1000, 2, 65, 4096], 1, 4096), ("b32 s1 uniform", [4096] * 32, 1, 4096),
         ("b16 s32 ragged", [32 + 97 * i for i in range(16)], 32, 2048),
     ]
-    for prefetch in (True, False):
-        absorbed_seesaw.PREFETCH_PAGES = prefetch
-        tag = "prefetch" if prefetch else "at-use"
+    for tag in ("",):
         for name, lengths, s, cap in cases:
             for causal in ((True, False) if s > 1 else (False,)):
                 q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=hash(name) % 1000)
@@ -173,7 +170,6 @@ def correctness(r: Runner) -> None:
                            ("every-other-col", torch.stack([table, table], 2).reshape(table.shape[0], -1)[:, ::2])):
             got = flash_mla_paged(qt[..., :K], qt[..., K:], cache, tab, seqlens, scale=scale, causal=True)
             r.check(f"paged {tag} table {tname}", (got[0].transpose(1, 2), got[1]), ref)
-    absorbed_seesaw.PREFETCH_PAGES = True
     # dense, with NaN past the lengths, and out=
     g = torch.Generator(device="cuda").manual_seed(3)
     for b, s, t, lens in ((4, 1, 1000, [1000, 1, 64, 999]), (3, 4, 4096, [4096, 65, 4]), (32, 1, 4096, None),

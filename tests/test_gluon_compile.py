@@ -131,10 +131,11 @@ for i, v in enumerate(json.loads(sys.argv[2])):
     res.append(dict(variant=v, cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"]))
 print(json.dumps(res))
 """
-SEESAW_VARIANTS = [dict(dtype="bf16", causal=True, split=False), dict(dtype="fp16", causal=False, split=True)]
-#: measured with triton 3.6: the default partition (WG0) keeps ~17 scalars (TMA addresses) on
-#: the stack (48 B frame, 68 B of STL, L1-resident); a larger frame means the register budget
-#: changed.
+SEESAW_VARIANTS = [dict(dtype="bf16", causal=True), dict(dtype="fp16", causal=False, has_seqlens=True, head_major=False),
+                   dict(dtype="bf16", causal=True, paged=True)]
+#: measured with triton 3.6: the default partition (WG0) keeps ~20 scalars (TMA addresses) on
+#: the stack: 80-88 B dense, 128 B paged (the page list lives in shared memory; reading the
+#: block table in the loop took 168-248 B); a larger frame means the register budget changed.
 SEESAW_STACK_LIMIT = 128
 
 
@@ -166,10 +167,27 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
 def test_seesaw_applies_only_where_checked_on_a_gpu():
     from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_applies
 
-    assert seesaw_applies(512, 64)
-    assert not seesaw_applies(512, 64, seqlens=torch.tensor([3]))   # ragged: the pipelined kernel's tail zeroing
-    assert not seesaw_applies(256, 64)                              # compiles, never run on a GPU
-    assert not seesaw_applies(512, 32)                              # p is stored over the 64-wide RoPE piece
+    def dense(b=2, h=4, s=3, k=512, p=64, t=100, dtype=torch.bfloat16):
+        return (torch.zeros(b, h, s, k, dtype=dtype), torch.zeros(b, h, s, p, dtype=dtype),
+                (torch.zeros(b, t, k, dtype=dtype), torch.zeros(b, t, p, dtype=dtype)))
+
+    assert seesaw_applies(*dense())
+    assert not seesaw_applies(*dense(k=256))                        # compiles, never run on a GPU
+    assert not seesaw_applies(*dense(p=32))                         # p is stored over the 64-wide RoPE piece
+    assert not seesaw_applies(*dense(dtype=torch.float32))
+    qc, qpe, keys = dense()
+    assert not seesaw_applies(qc[:, :, ::2], qpe[:, :, ::2], keys)  # rows not evenly strided
+    assert not seesaw_applies(qc, qpe.transpose(1, 2).contiguous().transpose(1, 2), keys)  # row orders differ
+    z_odd = torch.zeros(2, 100, 520, dtype=torch.bfloat16)[..., 4:516]  # base not 16-byte aligned: no TMA
+    assert not seesaw_applies(qc, qpe, (z_odd, keys[1]))
+    z_col = torch.zeros(2, 512, 100, dtype=torch.bfloat16).transpose(1, 2)  # no unit last stride
+    assert not seesaw_applies(qc, qpe, (z_col, keys[1]))
+    # FlashMLA's layout: q [b, s, h, 576] seen as [b, h, s, .] rows token * h + head; 64-token pages
+    q = torch.zeros(2, 3, 4, 576, dtype=torch.bfloat16).transpose(1, 2)
+    cache = torch.zeros(10, 64, 1, 576, dtype=torch.bfloat16)
+    assert seesaw_applies(q[..., :512], q[..., 512:], (cache, None), paged=True)
+    assert not seesaw_applies(q[..., :512], q[..., 512:], (torch.zeros(10, 32, 1, 576, dtype=torch.bfloat16), None),
+                              paged=True)
 
 
 def test_split_plan_and_finish_on_the_host():

@@ -58,25 +58,20 @@ class MLASchedMeta:
     have_initialized: bool = False
     config: tuple | None = None
     plan: DecodePlan | None = None
+    seqlens: torch.Tensor | None = None
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
                      num_heads_k: int | None = None, *args, **kwargs) -> tuple[MLASchedMeta, None]:
     """The scheduling metadata of a decode step, and ``None`` (FlashMLA's second value).
 
-    With ``cache_seqlens`` [b] int32 and ``num_q_tokens_per_head_k`` (``s_q * h_q // h_k``), the
-    plan is built now, on the GPU, with no host synchronisation (capturable in a CUDA graph);
-    without them it is built by the first :func:`flash_mla_with_kvcache` call. Further
-    arguments of FlashMLA's interfaces are accepted and ignored.
+    The plan is built by the first :func:`flash_mla_with_kvcache` call that uses the metadata
+    (it needs the block table's width, which sizes its buffers), on the GPU, with no host
+    synchronisation (capturable in a CUDA graph), and reused by the later calls (the other
+    layers of the step). ``cache_seqlens`` (FlashMLA's older interface), when given, must be the
+    lengths those calls pass. Further arguments of FlashMLA's interfaces are accepted and ignored.
     """
-    meta = MLASchedMeta()
-    if cache_seqlens is not None:
-        if num_q_tokens_per_head_k is None:
-            raise ValueError("get_mla_metadata: num_q_tokens_per_head_k (s_q * h_q // h_k) is required with "
-                             "cache_seqlens")
-        rows = int(num_q_tokens_per_head_k) * int(num_heads_k or 1)
-        meta.plan = plan_decode(cache_seqlens, rows)
-    return meta, None
+    return MLASchedMeta(seqlens=cache_seqlens), None
 
 
 def flash_mla_with_kvcache(
@@ -155,7 +150,8 @@ def flash_mla_with_kvcache(
             raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
                              f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
         if meta.plan is None:
-            meta.plan = plan_decode(cache_seqlens, sizes["s_q"] * sizes["h_q"], k=dv)
+            meta.plan = plan_decode(cache_seqlens, sizes["s_q"] * sizes["h_q"], k=dv,
+                                    capacity=block_table.shape[-1] * sizes["page_block_size"])
         meta.have_initialized, meta.config, plan = True, config, meta.plan
     scale = sizes["D"] ** -0.5 if softmax_scale is None else softmax_scale
     # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies): rows token * h_q + head

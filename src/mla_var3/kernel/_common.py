@@ -67,17 +67,22 @@ def bind_shape(name: str, x, spec: str, sizes: dict[str, int], *, dtypes: Sequen
     symbols = spec.split()
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape [{', '.join(symbols)}], got {type(x).__name__}")
-    expected = [str(sizes.get(s, s)) for s in symbols]
-    want = f"{name} must be [{', '.join(symbols)}] = [{', '.join(expected)}]"
-    if x.dim() != len(symbols):
-        raise ValueError(f"{want}, got {x.dim()}-d tensor of shape {_fmt_shape(x.shape)}")
-    for sym, actual in zip(symbols, x.shape):
+    known = dict(sizes)  # the sizes bound before this tensor, for the message (built only on error)
+
+    def want() -> str:
+        expected = [str(known.get(s, s)) for s in symbols]
+        return f"{name} must be [{', '.join(symbols)}] = [{', '.join(expected)}]"
+
+    shape = x.shape
+    if len(shape) != len(symbols):
+        raise ValueError(f"{want()}, got {x.dim()}-d tensor of shape {_fmt_shape(shape)}")
+    for sym, actual in zip(symbols, shape):
         if sym.isdigit():
             if int(sym) != actual:
-                raise ValueError(f"{want}, got {_fmt_shape(x.shape)}")
+                raise ValueError(f"{want()}, got {_fmt_shape(shape)}")
         elif sym in sizes:
             if sizes[sym] != actual:
-                raise ValueError(f"{want}, got {_fmt_shape(x.shape)} ({sym} mismatch: {actual} != {sizes[sym]})")
+                raise ValueError(f"{want()}, got {_fmt_shape(shape)} ({sym} mismatch: {actual} != {sizes[sym]})")
         else:
             sizes[sym] = int(actual)
     if dtypes is not None and x.dtype not in dtypes:

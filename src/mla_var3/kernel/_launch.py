@@ -14,8 +14,8 @@ and (unless the parameter is marked ``do_not_specialize``) each integer argument
 (1, divisible by 16) and each pointer's 16-byte alignment. The launchers of this package pass
 the integer arguments themselves and the pointers' alignment in the key.
 
-Under Triton's interpreter, or with a launch hook installed (profilers), every call takes the
-ordinary path. Where the installed Triton's launcher does not have the expected shape, the
+Under Triton's interpreter, or with a launch hook installed (profilers such as proton), every
+call takes the ordinary path. Where the installed Triton's launcher does not have the expected shape, the
 descriptors are encoded per launch by Triton's own launcher (``direct`` is then False).
 """
 
@@ -59,7 +59,7 @@ class CachedLaunch:
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                  *, num_warps: int) -> None:
-        if interpreting() or knobs.runtime.launch_enter_hook is not None:
+        if interpreting() or _hooked():
             self.fn[grid](*args, **constexprs, num_warps=num_warps)
             return
         device = driver.active.get_current_device()
@@ -102,6 +102,15 @@ class CachedLaunch:
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
         return len(self._compiled)
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is installed (Triton >= 3.5 holds an empty ``HookChain`` when none is)."""
+    hook = knobs.runtime.launch_enter_hook
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
 
 
 def _direct_launcher(compiled):

@@ -368,11 +368,11 @@ def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seq
     config.validate()
     if plan is None:
         if seqlens is not None and device.type != "meta":
-            plan = plan_decode(seqlens, rows, k=k)
+            plan = plan_decode(seqlens, rows, capacity=t, k=k)
         else:
             plan = uniform_plan(b, rows, t, k=k, device=device, num_splits=config.num_splits)
     else:
-        plan.check_for(b, rows, device)
+        plan.check_for(b, rows, cdiv(t, PLAN_BLOCK), device)
     if out is None:
         out = torch.empty((b, h, s, k), dtype=qc.dtype, device=device)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=device)
@@ -478,7 +478,7 @@ def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, p
 
     if config is None and seesaw.seesaw_applies(qc, qpe, (z, kpe)):
         return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
-                                       out=out)
+                                       out=out, checked=True)
     if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
         from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
 
@@ -494,7 +494,7 @@ def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, c
 
     if config is None and seesaw.seesaw_applies(qc, qpe, (kv_cache, None), paged=True):
         return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
-                                       plan=plan, block_table=block_table, out=out)
+                                       plan=plan, block_table=block_table, out=out, checked=True)
     return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
                                    config=config, out=out, plan=plan)
 

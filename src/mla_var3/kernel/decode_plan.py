@@ -38,7 +38,7 @@ single cut on average, 5 % at the 90th percentile.
 
 Example
 -------
->>> plan = plan_decode(seqlens, rows=128 * 1)                      # doctest: +SKIP
+>>> plan = plan_decode(seqlens, rows=128 * 1, capacity=table.shape[1] * 64)   # doctest: +SKIP
 >>> o, lse = flash_mla_paged(qc, qpe, cache, table, seqlens, scale=s, plan=plan)  # doctest: +SKIP
 """
 
@@ -53,13 +53,15 @@ import triton.language as tl
 
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 
-__all__ = ["PLAN_BLOCK", "DecodePlan", "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
+__all__ = ["MAX_ITEM_BLOCKS", "PLAN_BLOCK", "DecodePlan", "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
 #: rows per tile of the absorbed kernels (one wgmma M tile)
 ROW_TILE = 64
 MIN_ITEM_BLOCKS = 2
+#: the longest item, in blocks (65,536 keys): the sm_90 kernel keeps an item's pages in shared memory
+MAX_ITEM_BLOCKS = 1024
 #: cost units: 1/256 of one block-time (one 64-row tile x one 64-key block)
 _UNIT = 256
 #: per item: the exposed prologue (query + first key block in flight) and epilogue, in units
@@ -81,6 +83,7 @@ class DecodePlan:
     seqs : [B, 2] int32 on the device: ``(first_slot, n_items)`` per sequence; ``first_slot = -1``
         when the sequence is one item (written directly, not combined).
     batch, rows : the ``B`` and ``h * s`` the plan was built for.
+    max_blocks : the longest sequence (in blocks) the plan's buffers were sized for.
     max_slots : partial outputs the plan may use (``[max_slots, rows, K]`` fp32 + LSE).
     may_split : False when the host knows no sequence is split (no combine needed).
     """
@@ -89,6 +92,7 @@ class DecodePlan:
     seqs: torch.Tensor
     batch: int
     rows: int
+    max_blocks: int
     max_slots: int
     may_split: bool = True
 
@@ -96,24 +100,30 @@ class DecodePlan:
     def max_items(self) -> int:
         return self.items.shape[0]
 
-    def check_for(self, batch: int, rows: int, device: torch.device) -> None:
-        """Raise ValueError unless the plan was built for ``batch`` sequences of ``rows`` rows on
-        ``device`` (a plan is reused by every layer of one decode step, never across shapes)."""
+    def check_for(self, batch: int, rows: int, max_blocks: int, device: torch.device) -> None:
+        """Raise ValueError unless the plan was built for ``batch`` sequences of ``rows`` rows,
+        sequences of up to ``max_blocks`` blocks, on ``device`` (a plan is reused by every layer
+        of one decode step, never across shapes)."""
         if (self.batch, self.rows) != (batch, rows):
             raise ValueError(f"plan was built for (batch, rows = h*s) = ({self.batch}, {self.rows}), "
                              f"called with ({batch}, {rows}); build a plan per decode step and shape")
+        if max_blocks > self.max_blocks:
+            raise ValueError(f"plan was built for sequences of up to {self.max_blocks * PLAN_BLOCK} keys, the cache "
+                             f"holds up to {max_blocks * PLAN_BLOCK}; pass capacity= to plan_decode")
         if self.items.device != device:
             raise ValueError(f"plan is on {self.items.device}, the inputs on {device}")
 
 
-def plan_capacity(batch: int, rows: int, sms: int) -> tuple[int, int, int]:
-    """``(slots, max_items, max_slots)`` for a batch: ``slots`` items run at once (one program
-    per SM and row tile), and the buffers hold ``batch + 2 * slots`` items and ``2 * slots``
-    partial outputs (the cheapest plan never needs more in the simulation; candidates that would
-    are excluded)."""
+def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int) -> tuple[int, int, int]:
+    """``(slots, max_items, max_slots)`` for a batch of sequences of up to ``max_blocks``
+    blocks: ``slots`` items run at once (one program per SM and row tile); the buffers hold
+    ``2 * slots`` items and partial outputs beyond one item per sequence (the cheapest plan never
+    needs more in the simulation; candidates that would are excluded), plus what cutting every
+    sequence at ``MAX_ITEM_BLOCKS`` needs, so that cut always fits."""
     tiles = max(1, cdiv(rows, ROW_TILE))
     slots = max(1, sms // tiles)
-    return slots, batch + 2 * slots, 2 * slots
+    pieces = max(1, cdiv(max_blocks, MAX_ITEM_BLOCKS))
+    return slots, batch * pieces + 2 * slots, 2 * slots + (batch * pieces if pieces > 1 else 0)
 
 
 def _combine_units(rows: int, k: int) -> int:
@@ -129,7 +139,7 @@ def _candidates(total: int, top: int, slots: int) -> list[int]:
     cands = [cdiv(total, k * slots) for k in range(1, 9)]
     cands += [cdiv(top, j) for j in range(1, _NUM_CANDIDATES - 8)]
     cands.append(top)
-    return [max(c, MIN_ITEM_BLOCKS, 1) for c in cands]
+    return [min(max(c, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS) for c in cands]
 
 
 def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: int, max_slots: int):
@@ -150,15 +160,15 @@ def _size_class(size: int, c_len: int) -> int:
     return min(_SIZE_CLASSES - 1, (size * _SIZE_CLASSES) // (c_len + 1))
 
 
-def plan_reference(lengths: list[int], rows: int, *, k: int = 512, sms: int = 132) -> dict:
+def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
     """The plan of :func:`plan_decode`, computed in Python from host lengths.
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
     "item_blocks": C, "max_slots": ...}`` — bit-for-bit the tensors the device planner writes.
     """
     batch = len(lengths)
-    slots, max_items, max_slots = plan_capacity(batch, rows, sms)
-    blocks = [cdiv(max(0, int(n)), PLAN_BLOCK) for n in lengths]
+    slots, max_items, max_slots = plan_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK))
+    blocks = [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
     total, top = sum(blocks), max(blocks, default=0)
     comb = _combine_units(rows, k)
     best = None
@@ -166,7 +176,7 @@ def plan_reference(lengths: list[int], rows: int, *, k: int = 512, sms: int = 13
         est = _estimate(blocks, c_len, slots, comb, max_items, max_slots) if batch else 0
         if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
             best = (est, c_len)
-    c_len = best[1] if best else max(top, MIN_ITEM_BLOCKS)
+    c_len = best[1] if best else min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
     counts = [max(1, cdiv(n, c_len)) for n in blocks]
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = [(-1, 0)] * batch
@@ -188,9 +198,9 @@ def plan_reference(lengths: list[int], rows: int, *, k: int = 512, sms: int = 13
 
 def _split_reference(batch: int, t: int, num_splits: int) -> dict:
     """Every sequence of ``t`` keys cut into ``num_splits`` near-equal items (fewer when there
-    are fewer blocks; no empty item)."""
+    are fewer blocks; no empty item; more when an item would exceed ``MAX_ITEM_BLOCKS``)."""
     n = cdiv(max(0, t), PLAN_BLOCK)
-    per = cdiv(n, max(1, num_splits)) if n else 1
+    per = min(cdiv(n, max(1, num_splits)), MAX_ITEM_BLOCKS) if n else 1
     ns = max(1, cdiv(n, per))
     items = [(b, j * per, min(n, (j + 1) * per), b * ns + j if ns > 1 else -1)
              for b in range(batch) for j in range(ns)]
@@ -202,12 +212,13 @@ def _split_reference(batch: int, t: int, num_splits: int) -> dict:
 def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, num_splits: int | None,
                      device: torch.device) -> DecodePlan:
     if num_splits is None:
-        ref = plan_reference([t] * batch, rows, k=k, sms=sms)
+        ref = plan_reference([t] * batch, rows, capacity=t, k=k, sms=sms)
     else:
         ref = _split_reference(batch, t, num_splits)
     items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(device)
     seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(batch, 2).to(device)
-    return DecodePlan(items, seqs, batch, rows, ref["max_slots"], any(n > 1 for _, n in ref["seqs"]))
+    return DecodePlan(items, seqs, batch, rows, cdiv(t, PLAN_BLOCK), ref["max_slots"],
+                      any(n > 1 for _, n in ref["seqs"]))
 
 
 def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
@@ -236,10 +247,12 @@ def _max_combine(a, b):
 
 @triton.jit
 def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
-                 HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, NC: tl.constexpr,
+                 HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
+                 NC: tl.constexpr,
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr):
-    """One program. Reads B lengths three times; writes MAX_ITEMS * 4 + B * 2 int32."""
+    """One program. Reads B lengths four times; writes MAX_ITEMS * 4 + B * 2 int32. Lengths are
+    clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: total and longest sequence, in blocks
     total = tl.zeros([BLOCK_B], tl.int64)
@@ -247,7 +260,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     for b0 in range(0, B, BLOCK_B):
         ok = b0 + offs < B
         if HAS_SEQLENS:
-            L = tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0)
+            L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
         else:
             L = tl.where(ok, T, 0)
         n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
@@ -262,7 +275,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     j_div = tl.maximum(ci - 7, 1)
     c_b = (mx + j_div - 1) // j_div
     cand = tl.where(ci < 8, c_a, tl.where(ci == NC - 1, mx, c_b))
-    cand = tl.maximum(cand, MIN_C)
+    cand = tl.minimum(tl.maximum(cand, MIN_C), MAX_C)
     # ---- pass 2: items, split items and the longest item per candidate
     n_items = tl.zeros([NC], tl.int32)
     n_split = tl.zeros([NC], tl.int32)
@@ -270,7 +283,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     for b0 in range(0, B, BLOCK_B):
         ok = b0 + offs < B
         if HAS_SEQLENS:
-            L = tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0)
+            L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
         else:
             L = tl.where(ok, T, 0)
         n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
@@ -288,7 +301,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     best = tl.min(est, 0)
     c_len = tl.max(tl.where(est == best, cand, 0), 0)
     if best == big:
-        c_len = tl.maximum(mx, MIN_C)
+        c_len = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     ii = tl.arange(0, BLOCK_I)
@@ -302,7 +315,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
         for b0 in range(0, B, BLOCK_B):
             ok = b0 + offs < B
             if HAS_SEQLENS:
-                L = tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0)
+                L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
             else:
                 L = tl.where(ok, T, 0)
             n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
@@ -330,7 +343,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
         b = tl.load(items_ptr + start * 4, mask=in_plan, other=-1)
         bb = tl.maximum(b, 0)
         if HAS_SEQLENS:
-            L = tl.load(seqlens_ptr + bb, mask=in_plan, other=0)
+            L = tl.minimum(tl.load(seqlens_ptr + bb, mask=in_plan, other=0), T)
         else:
             L = tl.where(in_plan, T, 0)
         n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
@@ -349,14 +362,17 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
         tl.store(items_ptr + idx * 4 + 3, tl.where(in_plan, slot, -1), mask=live)
 
 
-def plan_decode(seqlens: torch.Tensor | None, rows: int, *, k: int = 512, batch: int | None = None,
-                t: int | None = None, sms: int | None = None) -> DecodePlan:
+def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
+                sms: int | None = None) -> DecodePlan:
     """Build the decode plan on ``seqlens``' device, without a host synchronisation.
 
     Parameters
     ----------
-    seqlens : [B] int32, keys per sequence (0 allowed), or None for ``batch`` sequences of ``t``
+    seqlens : [B] int32, keys per sequence (0 allowed), or None for ``batch`` sequences of
+        ``capacity`` keys
     rows : int          query rows per sequence, ``h * s``
+    capacity : int      the most keys a sequence may hold (``max_blocks * page_block_size`` of a
+        paged cache, ``T`` of a dense one): sizes the plan's buffers; longer lengths are clamped
     k : int             the latent width (prices the combine's partial outputs)
     sms : int, optional SMs to fill (default: the device's)
 
@@ -371,23 +387,26 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, k: int = 512, batch:
             raise ValueError(f"seqlens must be int32, got {str(seqlens.dtype).replace('torch.', '')}")
         batch, device = seqlens.shape[0], seqlens.device
     else:
-        if batch is None or t is None:
-            raise ValueError("plan_decode needs seqlens, or batch and t")
+        if batch is None:
+            raise ValueError("plan_decode needs seqlens, or batch (sequences of capacity keys)")
         device = torch.device("cpu")
-    rows = int(rows)
+    rows, capacity = int(rows), int(capacity)
     if rows < 1:
         raise ValueError(f"rows (h * s) must be >= 1, got {rows}")
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0 keys, got {capacity}")
     sms = sms if sms is not None else _device_sms(device)
-    slots, max_items, max_slots = plan_capacity(batch, rows, sms)
+    max_blocks = cdiv(capacity, PLAN_BLOCK)
+    slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
     items = torch.empty((max_items, 4), dtype=torch.int32, device=device)
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
     if batch:
         dummy = seqlens if seqlens is not None else seqs
-        _plan_kernel[(1,)](dummy, items, seqs, batch, int(t or 0), slots, max_items, max_slots,
+        _plan_kernel[(1,)](dummy, items, seqs, batch, capacity, slots, max_items, max_slots,
                            _combine_units(rows, k), HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK,
-                           MIN_C=MIN_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
+                           MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
                            COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=128 if interpreting() else 256,
                            BLOCK_I=128 if interpreting() else 256, num_warps=4)
     else:
         items.fill_(-1)
-    return DecodePlan(items, seqs, batch, rows, max_slots)
+    return DecodePlan(items, seqs, batch, rows, max_blocks, max_slots)

@@ -76,7 +76,8 @@ NUM_WARPS = 8         # two warpgroups
 ZERO_TAIL_DEFAULT = True  # with seqlens: zero keys past seqlens[b] in the last block (NaN-robust)
 #: "sequential" and "pipelined" are this module's kernel (``PIPELINE`` constexpr); "seesaw" is the
 #: warp-specialised kernel of :mod:`mla_var3.kernel.hopper.absorbed_seesaw`, taken where
-#: ``seesaw_applies`` (K == 512, P == 64, no ``seqlens``); other calls run the pipelined schedule.
+#: ``seesaw_applies`` (K == 512, P == 64, rows TMA can address; ragged too); other calls run the
+#: pipelined schedule.
 #: Measured on an H200 (b in {32, 64}, s = 1..32, t = 4096): seesaw 0.84-0.94x FlashMLA, pipelined
 #: 0.68-0.79x, sequential 0.64-0.70x; the seesaw is also the fastest at every small-batch point.
 SCHEDULES = ("sequential", "pipelined", "seesaw")
@@ -432,9 +433,10 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     scale = check_scale(scale)
     b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
     if schedule == "seesaw":
-        from mla_var3.kernel.hopper.absorbed_seesaw import flash_mla_seesaw, seesaw_applies
-        if seesaw_applies(k, p, seqlens):
-            return flash_mla_seesaw(qc, qpe, z, kpe, scale=scale, causal=causal, num_splits=num_splits)
+        from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_applies, seesaw_attention
+        if seesaw_applies(qc, qpe, (z, kpe)):
+            return seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=None,
+                                    num_splits=num_splits)
         schedule = "pipelined"
     hs = h * s
     dev = qc.device

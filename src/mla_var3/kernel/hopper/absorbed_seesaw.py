@@ -59,7 +59,7 @@ import triton
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel._launch import CachedLaunch
 from mla_var3.kernel.combine import combine_planned
-from mla_var3.kernel.decode_plan import DecodePlan, plan_decode, uniform_plan
+from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS, DecodePlan, plan_decode, uniform_plan
 from mla_var3.kernel.hopper import _gluon
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
@@ -76,9 +76,9 @@ __all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm9
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
 NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one worker)
-#: paged caches: read the pages of a pair's refills before its MMAs (their latency hidden, more
-#: live registers) rather than at each refill
-PREFETCH_PAGES = True
+#: key blocks one work item may span on a paged cache (its pages sit in shared memory; the
+#: decode plan cuts longer sequences): 1,024 x 64 = 65,536 keys, 4 KiB
+MAX_ITEM_PAGES = gl.constexpr(MAX_ITEM_BLOCKS) if GLUON_AVAILABLE else MAX_ITEM_BLOCKS
 _WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
 
 
@@ -102,13 +102,13 @@ if GLUON_AVAILABLE:
             tma.async_copy_global_to_shared(kr_desc, [c0, c1, 0], bar_r, kr_buf, pred=pred)
 
     @gluon.jit
-    def _page_of(table_ptr, stride_tb, stride_tc, b, blk, n_blk, PAGED: gl.constexpr):
-        """The page holding key block ``blk`` of sequence ``b`` (``block_table[b, blk]``, read only
-        for ``blk < n_blk``: entries past a sequence's last page may hold -1 or garbage); 0 for a
-        dense cache."""
+    def _page_at(pages_smem, j, PAGED: gl.constexpr):
+        """The page of the item's key block ``j`` (0-based in the item), from the page list the
+        prologue copied into shared memory; 0 for a dense cache."""
         if PAGED:
-            return gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
-                           mask=blk < n_blk, other=0)
+            v = pages_smem.index(gl.minimum(j, pages_smem.shape[0] - 1)).load(
+                gl.BlockedLayout([1], [32], [4], [0]))
+            return gl.max(v, 0)
         else:
             return 0
 
@@ -158,10 +158,10 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr,
                    q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
-                   z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, table_ptr,
+                   z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
                    b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
-                   stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
-                   causal, PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
+                   stride_lb, stride_lh, stride_ls,
+                   causal, PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
         """One warpgroup of the seesaw (``ROLE`` 0: even blocks, output columns ``0 .. K/2``;
         ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE)."""
         BM: gl.constexpr = 64
@@ -212,15 +212,6 @@ if GLUON_AVAILABLE:
             j = 2 * i + ROLE
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
-            # pages of the blocks this warpgroup refills in this pair: read now, used after the
-            # MMAs, so the table read's latency hides under them (PREFETCH), or read at the refill
-            # (fewer live registers)
-            if PREFETCH:
-                page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
-                page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
-            else:
-                page_x = 0
-                page_y = 0
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
             raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
@@ -244,9 +235,7 @@ if GLUON_AVAILABLE:
                 m_b = xrow.index(1).load(s_rows)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # X_L is free: its pieces of block 2i + 2
-                if not PREFETCH:
-                    page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
-                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, page_x, n_blk, L, PAGED)
+                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, _page_at(pages_smem, 2 * i + 2, PAGED), n_blk, L, PAGED)
                 _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, cx0, cx1,
                            2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
@@ -256,9 +245,8 @@ if GLUON_AVAILABLE:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                     # Y_L and Y's RoPE piece (p1) are free: block 2i + 3
-                    if not PREFETCH:
-                        page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
-                    cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, page_y, n_blk, L, PAGED)
+                    cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
+                                       PAGED)
                     _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
                                2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
@@ -283,16 +271,12 @@ if GLUON_AVAILABLE:
                 tok = warpgroup_mma(p_op, own_z.slice(KH, KH, dim=1), tok, is_async=True)
                 acc, p0 = warpgroup_mma_wait(num_outstanding=1, deps=(tok, p0))
                 # X_R and X's RoPE piece (p0) are free: block 2i + 2
-                if not PREFETCH:
-                    page_x = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 2, n_blk, PAGED)
-                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, page_x, n_blk, L, PAGED)
+                cx0, cx1 = _coords(b, blk_lo + 2 * i + 2, _page_at(pages_smem, 2 * i + 2, PAGED), n_blk, L, PAGED)
                 _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, cx0, cx1,
                            2 * i + 2 < n_iter, 1, True, NZ)
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(tok, p_op))
                 # Y_R is free: block 2i + 3
-                if not PREFETCH:
-                    page_y = _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo + 2 * i + 3, n_blk, PAGED)
-                cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, page_y, n_blk, L, PAGED)
+                cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L, PAGED)
                 _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
                            2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
@@ -345,23 +329,21 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                    lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
-                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
+                    lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
+                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                   lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
-                   PAGED, HEAD_MAJOR, PREFETCH)
+                   lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, PAGED, HEAD_MAJOR)
 
     @gluon.jit
     def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                    lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
-                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr):
+                    lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
+                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                   lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
-                   PAGED, HEAD_MAJOR, PREFETCH)
+                   lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, PAGED, HEAD_MAJOR)
 
     @gluon.jit
     def _flash_mla_seesaw(
@@ -373,7 +355,7 @@ if GLUON_AVAILABLE:
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
-        HEAD_MAJOR: gl.constexpr, PREFETCH: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr,
     ):
         """One program: the 64 rows ``program_id(0)`` of plan item ``program_id(1)`` =
         ``(b, blk_lo, blk_hi, slot)`` (:mod:`mla_var3.kernel.decode_plan`); the default partition
@@ -406,6 +388,20 @@ if GLUON_AVAILABLE:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        # the item's pages (paged caches): read from the block table once, here, so the refills in
+        # the loop need one shared-memory read and no table address arithmetic
+        NP: gl.constexpr = MAX_ITEM_PAGES if PAGED else 128
+        one_d: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        pages_row = gl.allocate_shared_memory(gl.int32, [1, NP], one_d)
+        if PAGED:
+            pl: gl.constexpr = gl.BlockedLayout([NP // 128], [32], [4], [0])
+            jj = gl.arange(0, NP, layout=pl)
+            blk = blk_lo + jj
+            pg = gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
+                         mask=(jj < n_iter) & (blk < n_blk), other=0)
+            pages_row.index(0).store(pg)
+            gl.thread_barrier()
+        pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], one_d)   # element j: pages_smem.index(j)
         mbarrier.init(q_bar, count=1)
         for i0 in gl.static_range(6):
             mbarrier.init(ready.index(i0), count=1)
@@ -420,17 +416,16 @@ if GLUON_AVAILABLE:
         tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
         has0 = n_iter > 0
         blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
-        x0, x1 = _coords(b, blk_lo, _page_of(table_ptr, stride_tb, stride_tc, b, blk_lo, n_blk, PAGED), n_blk, L, PAGED)
-        y0, y1 = _coords(b, blk_y, _page_of(table_ptr, stride_tb, stride_tc, b, blk_y, n_blk, PAGED), n_blk, L, PAGED)
+        x0, x1 = _coords(b, blk_lo, _page_at(pages_smem, 0, PAGED), n_blk, L, PAGED)
+        y0, y1 = _coords(b, blk_y, _page_at(pages_smem, blk_y - blk_lo, PAGED), n_blk, L, PAGED)
         _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
         _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                lse_ptr, lse_part_ptr, table_ptr, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
-                gl.to_tensor(CAUSAL).to(gl.int32), PAGED, HEAD_MAJOR, PREFETCH)
+                lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                qk_scale_log2, stride_lb, stride_lh, stride_ls, gl.to_tensor(CAUSAL).to(gl.int32), PAGED, HEAD_MAJOR)
         gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args)], [4], [_WORKER_REGS])
 
 
@@ -483,6 +478,23 @@ def _row_order(x: torch.Tensor) -> tuple[bool, int] | None:
 
 
 _DESCRIPTORS: dict = {}
+_WORKSPACES: dict = {}
+
+
+def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split items' fp32 partial outputs ``[slots, rows, k]`` and LSE ``[slots, rows]``: one
+    workspace per device and stream, grown on demand and re-used by the next call on that
+    stream (calls on one stream run in order, so none overlaps the last one's combine); a fresh
+    allocation during CUDA-graph capture (the graph owns its memory)."""
+    n = slots * rows * (k + 1)
+    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        buf = torch.empty(n, dtype=torch.float32, device=dev)
+    else:
+        key = (dev, torch.cuda.current_stream(dev).cuda_stream)
+        buf = _WORKSPACES.get(key)
+        if buf is None or buf.numel() < n:
+            buf = _WORKSPACES[key] = torch.empty(n, dtype=torch.float32, device=dev)
+    return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows)
 
 
 def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple):
@@ -498,17 +510,17 @@ def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple):
     return d
 
 
-def _rows_desc(x: torch.Tensor, box_w: int):
-    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows in its own order (see
-    :func:`_row_order`; the caller has checked that it has one)."""
+def _rows_desc(x: torch.Tensor, row_stride: int, box_w: int):
+    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows ``row_stride`` apart (see
+    :func:`_row_order`)."""
     b, h, s, w = x.shape
-    return _desc(x, (b, h * s, w), (x.stride(0), _row_order(x)[1], 1), (1, BLOCK_M, box_w))
+    return _desc(x, (b, h * s, w), (x.stride(0), row_stride, 1), (1, BLOCK_M, box_w))
 
 
 def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
                      scale: float, causal: bool, seqlens: torch.Tensor | None, plan: DecodePlan | None,
                      block_table: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                     num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int | None = None, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the seesaw kernel on validated inputs (the backend behind ``flash_mla`` and
     ``flash_mla_paged`` on sm_90; see :func:`seesaw_applies`).
 
@@ -519,7 +531,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         None to build one (on the GPU with ``seqlens``, on the host once per shape without).
     out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
         follow the queries' order). num_splits: without seqlens and plan, force that many items per
-        sequence.
+        sequence. checked: the caller has already asked :func:`seesaw_applies`.
 
     Returns ``(o_latent [B, H, S, K], lse [B, H, S] float32)``; no host synchronisation.
     """
@@ -528,7 +540,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     rows = h * s
     dev = qc.device
     order = _row_order(qc)
-    if not seesaw_applies(qc, qpe, keys, paged=block_table is not None):
+    if not (checked or seesaw_applies(qc, qpe, keys, paged=block_table is not None)):
         raise ValueError("the seesaw kernel needs K = 512, P = 64, bf16/fp16, qc and qpe with rows laid out alike "
                          "(head * S + token or token * H + head) and TMA-addressable keys (see seesaw_applies)")
     head_major = order[0]
@@ -542,6 +554,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     else:
         o_order = _row_order(out)
         o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
+    o_stride = k if o_run is not out else _row_order(out)[1]
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b == 0 or rows == 0:
         return out, lse
@@ -562,29 +575,27 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         table, max_blocks, tstrides = None, cdiv(t, BLOCK_N), (0, 0)
     if plan is None:
         if seqlens is not None:
-            plan = plan_decode(seqlens, rows, k=k)
+            plan = plan_decode(seqlens, rows, capacity=t, k=k)
         else:
             plan = uniform_plan(b, rows, t, k=k, device=dev, num_splits=num_splits)
     else:
-        plan.check_for(b, rows, dev)
-    o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=dev)
-    lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=dev)
-    q_desc = _rows_desc(qc, k // 2)
-    qr_desc = _rows_desc(qpe, p)
-    o_desc = _rows_desc(o_run, k // 2)
+        plan.check_for(b, rows, cdiv(t, BLOCK_N), dev)
+    o_part, lse_part = _partials(plan.max_slots, rows, k, dev)
+    q_desc = _rows_desc(qc, order[1], k // 2)
+    qr_desc = _rows_desc(qpe, _row_order(qpe)[1], p)
+    o_desc = _rows_desc(o_run, o_stride, k // 2)
     op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2))
     # int32 placeholders where there is no table / no lengths (never read)
     seq_arg = seqlens if seqlens is not None else plan.items
     table = table if table is not None else plan.items
     ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
-    key = (qc.dtype, bool(causal), paged, PREFETCH_PAGES, seqlens is not None, head_major, ints, table.data_ptr() % 16,
+    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, ints, table.data_ptr() % 16,
            seq_arg.data_ptr() % 16)
     grid = (cdiv(rows, BLOCK_M), plan.max_items, 1)
     _launch(key, grid,
             (q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse, lse_part, seq_arg, table, plan.items,
              rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides),
-            dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None, HEAD_MAJOR=head_major,
-                 PREFETCH=PREFETCH_PAGES),
+            dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None, HEAD_MAJOR=head_major),
             num_warps=4)
     if plan.may_split:
         combine_planned(o_part, lse_part, plan.seqs, o_run, lse, head_major=head_major)
@@ -595,8 +606,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
-                     has_seqlens: bool = False, head_major: bool = True, prefetch_pages: bool | None = None,
-                     capability: int = 90):
+                     has_seqlens: bool = False, head_major: bool = True, capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _gluon.require_gluon()
@@ -616,9 +626,9 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "PAGED": "constexpr", "HAS_SEQLENS": "constexpr",
-        "HEAD_MAJOR": "constexpr", "PREFETCH": "constexpr",
+        "HEAD_MAJOR": "constexpr",
     }
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
-                  "HEAD_MAJOR": head_major, "PREFETCH": PREFETCH_PAGES if prefetch_pages is None else prefetch_pages}
+                  "HEAD_MAJOR": head_major}
     src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
