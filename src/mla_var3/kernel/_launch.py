@@ -99,6 +99,15 @@ class CachedLaunch:
         self._encoded[id(desc)] = (desc, enc)
         return enc
 
+    def ready(self, key: Hashable) -> bool:
+        """Whether a call with ``key`` takes the direct path (its kernel is compiled on the
+        current device, no launch hook is installed, and the launcher has the expected shape):
+        then tensor-descriptor arguments may hold addresses only."""
+        if interpreting() or _hooked():
+            return False
+        hit = self._compiled.get((driver.active.get_current_device(), key))
+        return hit is not None and hit[2] is not None and DIRECT
+
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
         return len(self._compiled)

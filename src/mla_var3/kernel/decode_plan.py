@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
+from mla_var3.kernel._launch import CachedLaunch
 
 __all__ = ["MAX_ITEM_BLOCKS", "PLAN_BLOCK", "DecodePlan", "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
 
@@ -362,6 +363,9 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
         tl.store(items_ptr + idx * 4 + 3, tl.where(in_plan, slot, -1), mask=live)
 
 
+_plan_launch = CachedLaunch(_plan_kernel)
+
+
 def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
                 sms: int | None = None) -> DecodePlan:
     """Build the decode plan on ``seqlens``' device, without a host synchronisation.
@@ -402,11 +406,12 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
     if batch:
         dummy = seqlens if seqlens is not None else seqs
-        _plan_kernel[(1,)](dummy, items, seqs, batch, capacity, slots, max_items, max_slots,
-                           _combine_units(rows, k), HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK,
-                           MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
-                           COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=128 if interpreting() else 256,
-                           BLOCK_I=128 if interpreting() else 256, num_warps=4)
+        ints = (batch, capacity, slots, max_items, max_slots, _combine_units(rows, k))
+        _plan_launch((seqlens is not None, ints, dummy.data_ptr() % 16), (1, 1, 1), (dummy, items, seqs, *ints),
+                     dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS,
+                          MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
+                          COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=128 if interpreting() else 256,
+                          BLOCK_I=128 if interpreting() else 256), num_warps=4)
     else:
         items.fill_(-1)
     return DecodePlan(items, seqs, batch, rows, max_blocks, max_slots)

@@ -497,24 +497,42 @@ def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.T
     return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows)
 
 
-def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple):
-    """A TMA descriptor of ``x``'s memory seen as ``shape`` / ``strides``, cached by pointer,
-    shape, strides, dtype and box (a decode step re-uses the same buffers layer after layer)."""
+class _Address:
+    """What a host TMA descriptor needs of its tensor, the address and dtype, without keeping the
+    tensor alive (a cached descriptor must not hold a call's output: the allocator could never
+    reuse its memory)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple, cached: bool = True):
+    """A TMA descriptor of ``x``'s memory seen as ``shape`` / ``strides``. ``cached``: one
+    descriptor per pointer, shape, strides, dtype and box, kept across calls (a decode step
+    re-uses the same buffers layer after layer) and holding the address only; otherwise a fresh
+    one on the tensor itself (the first, compiling launch of a kernel binds real tensors)."""
+    if not cached:
+        return TensorDescriptor(x, list(shape), list(strides), list(block), _gluon.layout(block, x.dtype))
     key = (x.data_ptr(), shape, strides, x.dtype, block)
     d = _DESCRIPTORS.get(key)
     if d is None:
         if len(_DESCRIPTORS) > 512:
             _DESCRIPTORS.clear()
-        d = _DESCRIPTORS[key] = TensorDescriptor(x, list(shape), list(strides), list(block),
+        d = _DESCRIPTORS[key] = TensorDescriptor(_Address(key[0], x.dtype), list(shape), list(strides), list(block),
                                                   _gluon.layout(block, x.dtype))
     return d
 
 
-def _rows_desc(x: torch.Tensor, row_stride: int, box_w: int):
+def _rows_desc(x: torch.Tensor, row_stride: int, box_w: int, cached: bool):
     """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows ``row_stride`` apart (see
     :func:`_row_order`)."""
     b, h, s, w = x.shape
-    return _desc(x, (b, h * s, w), (x.stride(0), row_stride, 1), (1, BLOCK_M, box_w))
+    return _desc(x, (b, h * s, w), (x.stride(0), row_stride, 1), (1, BLOCK_M, box_w), cached)
 
 
 def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
@@ -563,15 +581,10 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         cache = keys[0]
         nb, page, _, width = cache.shape
         t = block_table.shape[1] * page
-        cs = cache.stride()
-        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2))
-        kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p))
         table, max_blocks, tstrides = block_table, block_table.shape[1], block_table.stride()
     else:
         z, kpe = keys
         t = z.shape[1]
-        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2))
-        kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p))
         table, max_blocks, tstrides = None, cdiv(t, BLOCK_N), (0, 0)
     if plan is None:
         if seqlens is not None:
@@ -581,16 +594,24 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     else:
         plan.check_for(b, rows, cdiv(t, BLOCK_N), dev)
     o_part, lse_part = _partials(plan.max_slots, rows, k, dev)
-    q_desc = _rows_desc(qc, order[1], k // 2)
-    qr_desc = _rows_desc(qpe, _row_order(qpe)[1], p)
-    o_desc = _rows_desc(o_run, o_stride, k // 2)
-    op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2))
     # int32 placeholders where there is no table / no lengths (never read)
     seq_arg = seqlens if seqlens is not None else plan.items
     table = table if table is not None else plan.items
     ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
     key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, ints, table.data_ptr() % 16,
            seq_arg.data_ptr() % 16)
+    cached = _launch.ready(key)
+    if paged:
+        cs = cache.stride()
+        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), cached)
+        kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p), cached)
+    else:
+        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), cached)
+        kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
+    q_desc = _rows_desc(qc, order[1], k // 2, cached)
+    qr_desc = _rows_desc(qpe, _row_order(qpe)[1], p, cached)
+    o_desc = _rows_desc(o_run, o_stride, k // 2, cached)
+    op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), cached)
     grid = (cdiv(rows, BLOCK_M), plan.max_items, 1)
     _launch(key, grid,
             (q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse, lse_part, seq_arg, table, plan.items,
