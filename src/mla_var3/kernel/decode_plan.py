@@ -399,6 +399,13 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         raise ValueError(f"rows (h * s) must be >= 1, got {rows}")
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0 keys, got {capacity}")
+    return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device)
+
+
+def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device: torch.device,
+               sms: int | None = None) -> DecodePlan:
+    """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor, the address of
+    one (an int: a replayed call holds no tensor), or None."""
     sms = sms if sms is not None else _device_sms(device)
     max_blocks = cdiv(capacity, PLAN_BLOCK)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
@@ -407,7 +414,8 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
     if batch:
         dummy = seqlens if seqlens is not None else seqs
         ints = (batch, capacity, slots, max_items, max_slots, _combine_units(rows, k))
-        _plan_launch((seqlens is not None, ints, dummy.data_ptr() % 16), (1, 1, 1), (dummy, items, seqs, *ints),
+        align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
+        _plan_launch((seqlens is not None, ints, align), (1, 1, 1), (dummy, items, seqs, *ints),
                      dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS,
                           MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
                           COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=128 if interpreting() else 256,

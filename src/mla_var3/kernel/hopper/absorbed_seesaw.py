@@ -59,7 +59,7 @@ import triton
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel._launch import CachedLaunch
 from mla_var3.kernel.combine import combine_planned
-from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS, DecodePlan, plan_decode, uniform_plan
+from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS, DecodePlan, build_plan, plan_decode, uniform_plan
 from mla_var3.kernel.hopper import _gluon
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
@@ -538,7 +538,8 @@ def _rows_desc(x: torch.Tensor, row_stride: int, box_w: int, cached: bool):
 def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
                      scale: float, causal: bool, seqlens: torch.Tensor | None, plan: DecodePlan | None,
                      block_table: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                     num_splits: int | None = None, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int | None = None, checked: bool = False,
+                     replays: dict | None = None, replay_key=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the seesaw kernel on validated inputs (the backend behind ``flash_mla`` and
     ``flash_mla_paged`` on sm_90; see :func:`seesaw_applies`).
 
@@ -550,6 +551,11 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
         follow the queries' order). num_splits: without seqlens and plan, force that many items per
         sequence. checked: the caller has already asked :func:`seesaw_applies`.
+    replays, replay_key: once the kernel's launch is on its direct path, store under
+        ``replays[replay_key]`` a function that repeats this call (``() -> (o_latent, lse)``, fresh
+        outputs, no ``out``) without any check or set-up: the caller's key must determine every
+        input's address, shape, strides and dtype, and the other arguments. The function holds
+        addresses, not tensors.
 
     Returns ``(o_latent [B, H, S, K], lse [B, H, S] float32)``; no host synchronisation.
     """
@@ -586,6 +592,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         z, kpe = keys
         t = z.shape[1]
         table, max_blocks, tstrides = None, cdiv(t, BLOCK_N), (0, 0)
+    plan_given = plan is not None
     if plan is None:
         if seqlens is not None:
             plan = plan_decode(seqlens, rows, capacity=t, k=k)
@@ -612,7 +619,10 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     qr_desc = _rows_desc(qpe, _row_order(qpe)[1], p, cached)
     o_desc = _rows_desc(o_run, o_stride, k // 2, cached)
     op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), cached)
-    grid = (cdiv(rows, BLOCK_M), plan.max_items, 1)
+    def grid_of(pl: DecodePlan) -> tuple[int, int, int]:
+        return (cdiv(rows, BLOCK_M), pl.max_items, 1)
+
+    grid = grid_of(plan)
     _launch(key, grid,
             (q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse, lse_part, seq_arg, table, plan.items,
              rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides),
@@ -622,6 +632,36 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         combine_planned(o_part, lse_part, plan.seqs, o_run, lse, head_major=head_major)
     if o_run is not out:
         out.copy_(o_run)
+    if replays is not None and cached:
+        per_call_plan = plan if plan_given or seqlens is None else None
+        seq_ptr = seq_arg.data_ptr() if seqlens is not None else None
+        fixed = (q_desc, qr_desc, z_desc, kr_desc)
+        tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
+        constexprs = dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
+                          HEAD_MAJOR=head_major)
+        table_ptr = table.data_ptr() if table is not plan.items else None
+        shape_out = (b, h, s, k) if head_major else (b, s, h, k)
+        dtype = qc.dtype
+
+        def replay() -> tuple[torch.Tensor, torch.Tensor]:
+            pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
+            o = torch.empty(shape_out, dtype=dtype, device=dev)
+            o = o if head_major else o.transpose(1, 2)
+            l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+            op, lp = _partials(pl.max_slots, rows, k, dev)
+            items = pl.items
+            _launch(key, grid_of(pl), (*fixed, _rows_desc(o, k, k // 2, True),
+                                       _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2)),
+                                       l_out, lp, seq_ptr if seq_ptr is not None else items,
+                                       table_ptr if table_ptr is not None else items, items, *tail),
+                    constexprs, num_warps=4)
+            if pl.may_split:
+                combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
+            return o, l_out
+
+        if len(replays) > 256:
+            replays.clear()
+        replays[replay_key] = replay
     return out, lse
 
 
