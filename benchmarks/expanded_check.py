@@ -158,6 +158,7 @@ def main() -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from mla_var3.kernel.expanded import FlashAttentionConfig, default_config, flash_attention
     from mla_var3.runtime.timing import time_fn
+    from mla_var3.shapes import MLADims, Problem
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = device == "cuda"
@@ -184,7 +185,7 @@ def main() -> int:
     for kw in CANDIDATES:
         configs[FlashAttentionConfig(**kw).label()] = FlashAttentionConfig(**kw)
     for b, s, t, all_cands in shapes:
-        cfg = default_config(b, h, s, t, d, p)
+        cfg = default_config(MLADims(h=h, d=d, p=p), Problem(b, s, t))
         configs.setdefault(cfg.label(), cfg)
         if not all_cands:
             extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(cfg, tma=True)
@@ -209,7 +210,7 @@ def main() -> int:
     reps = dict(warmup=2, reps=30, min_reps=3, max_seconds=0.4) if gpu else dict(warmup=0, reps=1, min_reps=1)
     rows = []
     for b, s, t, all_cands in shapes:
-        dflt = default_config(b, h, s, t, d, p)
+        dflt = default_config(MLADims(h=h, d=d, p=p), Problem(b, s, t))
         cand_labels = [FlashAttentionConfig(**kw).label() for kw in CANDIDATES]
         extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(dflt, tma=True)
         labels = [dflt.label()] + ([c for c in cand_labels if c != dflt.label()] if all_cands else

@@ -71,6 +71,7 @@ def main() -> int:
     from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon
     from mla_var3.runtime.environment import environment
     from mla_var3.runtime.timing import time_fn
+    from mla_var3.shapes import MLADims, Problem
     from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
 
     info = {k: env[k] for k in ("device", "torch", "triton", "cuda", "commit", "dirty", "timestamp")
@@ -112,7 +113,7 @@ def main() -> int:
             break
         q, qpe, k, vv, kpe = make_inputs(b, H, s, t, dtype)
         out = torch.empty((b, H, s, D), dtype=dtype, device="cuda")
-        cfg = default_config(b, H, s, t, D, P)
+        cfg = default_config(MLADims(h=H, d=D, p=P), Problem(b, s, t))
         impls = [("triton_" + cfg.label(), lambda: flash_attention(q, qpe, k, vv, kpe, config=cfg, out=out,
                                                                    backend="triton"))]
         impls += [(label(v), (lambda v=v: flash_attention_gluon(q, qpe, k, vv, kpe, scale=(D + P) ** -0.5, out=out,

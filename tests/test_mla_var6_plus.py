@@ -84,10 +84,10 @@ def test_odd_widths():
 
 
 def test_configs():
-    cfg = default_config(32, 128, 16, 3000, 1096)
+    cfg = default_config(MLADims(h=128), Problem(b=32, s=16, t=4096, n=1096))
     assert cfg.latent.block_h * cfg.latent.block_s >= 16
-    assert default_config(1, 16, 1, 4000, 96).latent.num_splits > 1
-    cands = candidate_configs(32, 128, 16, 3000, 1096)
+    assert default_config(MLADims(h=16), Problem(b=1, s=1, t=4096, n=96)).latent.num_splits > 1
+    cands = candidate_configs(MLADims(h=128), Problem(b=32, s=16, t=4096, n=1096))
     assert cands[0] == cfg and len(set(cands)) == len(cands)
     with pytest.raises(ValueError, match="block_h"):
         LatentPartConfig(block_h=3)

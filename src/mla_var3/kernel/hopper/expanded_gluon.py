@@ -45,8 +45,9 @@ from __future__ import annotations
 import torch
 import triton
 
+from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
-from mla_var3.kernel.expanded import tma_compatible
+from mla_var3.kernel.expanded import _flash_attention_triton, tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 
@@ -57,8 +58,8 @@ if GLUON_AVAILABLE:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
 
-__all__ = ["BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "smem_bytes", "gluon_applies", "compile_for_sm90",
-           "flash_attention_gluon"]
+__all__ = ["BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "GLUON_MIN_S", "smem_bytes", "gluon_applies",
+           "compile_for_sm90", "flash_attention_gluon", "flash_attention_hopper"]
 
 BLOCK_M = 128          # query rows per program: two consumer warpgroups of 64
 HALF_M = 64            # rows per consumer warpgroup (one wgmma M tile)
@@ -368,6 +369,24 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
         out.copy_(o)
         o = out
     return o, lse
+
+
+#: the Hopper kernel takes calls with more query rows than this (a program owns 128 rows; at
+#: s <= 64 the portable kernel streams the keys at the copy bandwidth with 16-64-row tiles)
+GLUON_MIN_S = 64
+
+
+def flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
+    """The sm_90 backend of :func:`mla_var3.kernel.expanded.flash_attention`: the
+    warp-specialised Gluon kernel for ``S > GLUON_MIN_S`` without ``seqlens`` or a portable
+    ``config`` where its TMA loads apply, else the portable kernel."""
+    if config is None and q.shape[2] > GLUON_MIN_S and gluon_applies(q, qpe, k, v, kpe, seqlens):
+        return flash_attention_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, out=out)
+    return _flash_attention_triton(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
+                                   out=out)
+
+
+backends.register("flash_attention", "gluon", flash_attention_hopper, supports=backends.gluon_hopper, priority=10)
 
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
