@@ -101,11 +101,6 @@ class MLADims:
         return self.d + self.p
 
     @property
-    def latent_width(self) -> int:
-        """Elements cached per token per layer by MLA: k + p (576 for DeepSeek-V3)."""
-        return self.k + self.p
-
-    @property
     def default_scale(self) -> float:
         """Default softmax scale 1/sqrt(d + p) (YaRN models multiply it by mscale²)."""
         return float(self.d + self.p) ** -0.5

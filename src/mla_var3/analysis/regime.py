@@ -30,6 +30,7 @@ from mla_var3.analysis.cost import DESIGNS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
 from mla_var3.analysis.roofline import Prediction, bound_of, predict_cost, resolve_ceilings
+from mla_var3.designs import DESIGNS as _TABLE
 from mla_var3.shapes import MLADims, Problem
 
 #: default query lengths of the guide (those <= t are used).
@@ -365,17 +366,14 @@ def regime_guide(
     """
     dev, ceil = resolve_ceilings(device, dims, ceilings)
     s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
-    fa = get_cost_model(fa_model)
+    models = {**DESIGNS, "flash_attention": get_cost_model(fa_model)}
     rows = []
     for s in s_values:
         pr = Problem(b=b, s=s, t=t)
         split = _best_n_in(dims, pr, ceil, t)
-        preds = {
-            "flash_attention": predict_cost("flash_attention", fa(dims, pr), dev, ceil),
-            "flash_mla": predict_cost("flash_mla", DESIGNS["flash_mla"](dims, pr), dev, ceil),
-            "mla_var6_plus": predict_cost("mla_var6_plus", DESIGNS["mla_var6_plus"](dims, pr.with_n(split.n)), dev, ceil),
-        }
-        single = min(("flash_mla", "flash_attention"), key=lambda d: preds[d].time_s)
+        preds = {d.kernel: predict_cost(d.kernel, models[d.kernel](dims, pr.with_n(split.n) if d.split else pr), dev,
+                                        ceil) for d in _TABLE}
+        single = min((d.kernel for d in _TABLE if not d.split), key=lambda k: preds[k].time_s)
         best = "mla_var6_plus" if split.time_s * (1 + HYBRID_MARGIN) < preds[single].time_s else single
         rows.append(RegimeRow(s, preds, split, best, single))
     cross = crossover_s(dims, b, t, dev, ceilings, fast=fa_model)

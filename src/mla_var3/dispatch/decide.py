@@ -41,18 +41,18 @@ from mla_var3.analysis.cost import Cost, design_pipeline, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device, detect_device, get_device
 from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s
 from mla_var3.analysis.roofline import bound_of
+from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
 from mla_var3.shapes import MLADims, Problem
 
-DESIGNS = ("absorbed", "hybrid", "expanded")
+DESIGNS = tuple(d.name for d in _TABLE)
 #: the kernel (and cost-model name) of each design.
-KERNEL = MappingProxyType({"absorbed": "flash_mla", "hybrid": "mla_var6_plus", "expanded": "flash_attention"})
+KERNEL = MappingProxyType({d.name: d.kernel for d in _TABLE})
 #: other accepted names when forcing a design.
-ALIASES = MappingProxyType({"flash_mla": "absorbed", "latent": "absorbed", "mla_var6_plus": "hybrid",
-                            "var6": "hybrid", "flash_attention": "expanded", "naive": "expanded"})
-CACHE_KINDS = ("latent", "paged", "hybrid")
+ALIASES = MappingProxyType({alias: d.name for d in _TABLE for alias in (d.kernel, *d.aliases)})
+_EXPANDED = next(d for d in _TABLE if not d.latent)
 #: the FlashAttention byte count of our kernel (one RoPE key per token, not per head).
-FA_COST_MODEL = "flash_attention_shared_kpe"
+FA_COST_MODEL = KERNELS[_EXPANDED.kernel].cost_model
 
 
 def regime_of(s: int) -> str:
@@ -197,20 +197,19 @@ def design_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo |
     (the window's K, V are read as they are).
     """
     cache = CacheInfo(cache) if isinstance(cache, str) else cache
-    if design == "absorbed":
-        return design_pipeline("flash_mla", dims, problem)
-    if design == "hybrid":
-        return design_pipeline("mla_var6_plus", dims, problem)
-    if design == "expanded":
-        to_expand = problem.t - (min(cache.window, problem.t) if cache.kind == "hybrid" else 0)
-        return expansion_cost(dims, problem.b, to_expand, cache.kind == "paged") + \
-            get_cost_model(FA_COST_MODEL)(dims, problem)
-    raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    if design not in DESIGNS:
+        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    d = _design(design)
+    if d.latent:
+        return design_pipeline(d.kernel, dims, problem)
+    to_expand = problem.t - (min(cache.window, problem.t) if cache.kind == "hybrid" else 0)
+    return expansion_cost(dims, problem.b, to_expand, cache.kind == "paged") + \
+        get_cost_model(FA_COST_MODEL)(dims, problem)
 
 
 def _stage_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo) -> Cost:
     """The part of :func:`design_cost` that is not the attention kernel a benchmark times."""
-    kernel_cost = get_cost_model(FA_COST_MODEL if design == "expanded" else KERNEL[design])(dims, problem)
+    kernel_cost = get_cost_model(KERNELS[KERNEL[design]].cost_model)(dims, problem)
     full = design_cost(design, dims, problem, cache)
     return Cost(full.flops - kernel_cost.flops, full.bytes - kernel_cost.bytes)
 
@@ -355,12 +354,10 @@ class Dispatcher:
             lo, hi = rng
             n_h = min(max(choose_n(dims, problem, self.resolve_device(), ceilings=self.ceilings,
                                    window_budget_bytes=self.window_budget_bytes).n, lo), hi)
-        why_not = {
-            "absorbed": "" if cache.kind != "hybrid" or cache.latent_window else
-            "no latent copy of the window (keep_latent_window=False)",
-            "hybrid": hybrid_why,
-            "expanded": "",
-        }
+        no_latent_window = cache.kind == "hybrid" and not cache.latent_window
+        why_not = {d: hybrid_why if d == "hybrid" else
+                   "no latent copy of the window (keep_latent_window=False)" if d == "absorbed" and no_latent_window
+                   else "" for d in DESIGNS}
         # ---- model estimates
         estimates: dict[str, Estimate] = {}
         for d in DESIGNS:

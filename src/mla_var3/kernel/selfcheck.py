@@ -2,7 +2,9 @@
 
 Used by ``mla-var3 report`` (the README's main job): on a GPU it runs each design at a
 DeepSeek-V3-sized shape; without one it runs small shapes under Triton's interpreter, so a
-fresh CPU machine still proves the kernels compute the right function.
+fresh CPU machine still proves the kernels compute the right function. Importing this module
+selects the interpreter when there is no GPU (:func:`mla_var3.kernel.use_interpreter_without_gpu`):
+it is the check program's module, and ``mla-var3 report`` reads the choice once it is imported.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import torch
 
 from mla_var3 import kernel as K
 from mla_var3 import reference as R
+from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims, Problem, get_preset
 from mla_var3.testing import TOLERANCE, rel_err
+
+K.use_interpreter_without_gpu()
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,9 @@ def run_selfcheck(device: str | None = None, dtype: torch.dtype = torch.bfloat16
     for problem in problems:
         x = R.make_inputs(dims, problem, dtype=dtype, device=device, seed=problem.s)
         shape = f"{dims.name} b={problem.b} s={problem.s} t={problem.t}"
-        runs = {
-            "flash_mla": lambda: (K.flash_mla(x.qc, x.qpe, x.z, x.kpe, scale=x.scale)[0],
-                                  R.flash_mla(x.qc, x.qpe, x.z, x.kpe, x.scale)[0]),
-            "flash_attention": lambda: (K.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, scale=x.scale)[0],
-                                        R.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, x.scale)[0]),
-            f"mla_var6_plus n={problem.n}": lambda: _hybrid(x),
-            "decompress": lambda: (K.decompress(x.qc, x.w_uv), R.decompress(x.qc, x.w_uv)),
-        }
+        runs = {d.kernel + (f" n={problem.n}" if d.split else ""): (lambda name=d.kernel: _outputs(name, x))
+                for d in DESIGNS}
+        runs["decompress"] = lambda: (K.decompress(x.qc, x.w_uv), R.decompress(x.qc, x.w_uv))
         for design, run in runs.items():
             start = time.perf_counter()
             out, ref = run()
@@ -69,7 +69,17 @@ def run_selfcheck(device: str | None = None, dtype: torch.dtype = torch.bfloat16
     return results
 
 
-def _hybrid(x: R.MLAInputs):
-    o, o_lat, _ = K.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale)
-    ref_o, ref_lat, _ = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale)
-    return torch.cat([o.flatten(), o_lat.flatten()]), torch.cat([ref_o.flatten(), ref_lat.flatten()])
+def _args(kernel: str, x: R.MLAInputs) -> tuple[torch.Tensor, ...]:
+    """The tensors attention kernel ``kernel`` takes (the entry point and its reference alike)."""
+    if kernel == "flash_attention":
+        return x.q, x.qpe, x.k, x.v, x.kpe
+    if kernel == "flash_mla":
+        return x.qc, x.qpe, x.z, x.kpe
+    return x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new
+
+
+def _outputs(kernel: str, x: R.MLAInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's outputs (all but the LSE) and the reference's, each flattened into one."""
+    out = getattr(K, kernel)(*_args(kernel, x), scale=x.scale)
+    ref = getattr(R, kernel)(*_args(kernel, x), x.scale)
+    return tuple(torch.cat([o.flatten() for o in outs[:-1]]) for outs in (out, ref))
