@@ -129,7 +129,7 @@ def _amortised_us(step, count: int, gpu: bool) -> float:
 
 def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadline, max_seconds) -> list[dict]:
     from mla_var3.analysis.memory import window_bytes
-    from mla_var3.dispatch.run import mla_attention
+    from mla_var3.model import mla_attention
     from mla_var3.model import HybridCache, LatentCache
     from mla_var3.model.cache import _append_rows   # the latent cache's old append (a whole-cache copy)
     from mla_var3.runtime.timing import time_fn

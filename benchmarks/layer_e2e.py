@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from mla_var3.dispatch import Dispatcher
-from mla_var3.dispatch.run import mla_attention
+from mla_var3.model import mla_attention
 from mla_var3.model import HybridCache, MLAConfig, MLALayer
 from mla_var3.model.config import DEEPSEEK_V3_ROPE
 from mla_var3.shapes import get_preset

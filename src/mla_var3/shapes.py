@@ -52,6 +52,13 @@ def dtype_bytes(dtype: str) -> int:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
 
 
+def check_window(n, what: str = "hybrid window n") -> int:
+    """``n`` when it is an integer >= 0 (a hybrid window); ValueError naming ``what`` otherwise."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {n!r}")
+    return n
+
+
 def _check_positive(owner: str, **values: int | None) -> None:
     for name, value in values.items():
         if value is None:

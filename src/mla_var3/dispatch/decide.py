@@ -43,7 +43,7 @@ from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s
 from mla_var3.analysis.roofline import bound_of
 from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
-from mla_var3.shapes import MLADims, Problem
+from mla_var3.shapes import MLADims, Problem, check_window
 
 DESIGNS = tuple(d.name for d in _TABLE)
 #: the kernel (and cost-model name) of each design.
@@ -82,24 +82,19 @@ class CacheInfo:
     def __post_init__(self) -> None:
         if self.kind not in CACHE_KINDS:
             raise ValueError(f"cache kind must be one of {', '.join(CACHE_KINDS)}, got {self.kind!r}")
-        if not isinstance(self.window, int) or self.window < 0:
-            raise ValueError(f"cache window must be an integer >= 0, got {self.window!r}")
+        check_window(self.window, "cache window")
 
     @classmethod
     def of(cls, cache) -> "CacheInfo":
-        """From a cache container of :mod:`mla_var3.model.cache`."""
-        from mla_var3.model.cache import ExpandedCache, HybridCache, LatentCache, PagedLatentCache
-
-        if isinstance(cache, HybridCache):
-            return cls("hybrid", cache.n, cache.keep_latent_window)
-        if isinstance(cache, PagedLatentCache):
-            return cls("paged")
-        if isinstance(cache, LatentCache):
-            return cls("latent")
-        if isinstance(cache, ExpandedCache):
+        """From a cache container of :mod:`mla_var3.model` (its ``kind``; a hybrid's window ``n``
+        and ``keep_latent_window``)."""
+        kind = getattr(cache, "kind", None)
+        if kind == "expanded":
             raise ValueError("the dispatcher runs over a LatentCache, PagedLatentCache or HybridCache; an "
                              "ExpandedCache holds no latent (run it with MLALayer mode='naive')")
-        raise ValueError(f"cache must be a LatentCache, PagedLatentCache or HybridCache, got {type(cache).__name__}")
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"cache must be a LatentCache, PagedLatentCache or HybridCache, got {type(cache).__name__}")
+        return cls(kind, cache.n, cache.keep_latent_window) if kind == "hybrid" else cls(kind)
 
 
 @dataclass(frozen=True)
