@@ -5,18 +5,9 @@ aliases, the layer's modes, the benchmark's and ``python -m mla_var3.kernel``'s 
 cost models) is read from this table. It imports nothing: kernels and their config types are
 named by import path, cost models by their name in :mod:`mla_var3.analysis.cost`.
 
-==========  ===============  ==========  ====================  =============================
-design      attention kernel  layer mode  dispatcher caches     kernel's cost model
-==========  ===============  ==========  ====================  =============================
-expanded    flash_attention  naive       latent, paged, hybrid  flash_attention_shared_kpe
-absorbed    flash_mla        absorbed    latent, paged, hybrid  flash_mla
-hybrid      mla_var6_plus    hybrid      hybrid                 mla_var6_plus
-==========  ===============  ==========  ====================  =============================
-
 The dispatcher runs the expanded design over a latent cache by expanding it for the call; the
 layer's ``naive`` mode keeps an expanded cache instead. The absorbed and hybrid designs attend
-in the latent space, so the query is absorbed before them and the latent output decompressed
-after them (their ``pipeline``).
+in the latent space: the query is absorbed before them, the output decompressed after them.
 
 >>> from mla_var3.designs import design
 >>> design("var6").name, design("flash_attention").mode
@@ -47,10 +38,6 @@ class Kernel:
     module: str
     config: str
     cost_model: str
-
-    @property
-    def entry_point(self) -> str:
-        return f"{self.module}:{self.name}"
 
     def load(self):
         """The entry point itself (imports torch and Triton)."""

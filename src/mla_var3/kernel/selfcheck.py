@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3 import kernel as K
-from mla_var3 import reference as R
-from mla_var3.designs import DESIGNS
+from mla_var3.kernel import use_interpreter_without_gpu
+from mla_var3.runtime import designs as D
 from mla_var3.shapes import MLADims, Problem, get_preset
-from mla_var3.testing import TOLERANCE, rel_err
+from mla_var3.testing import TOLERANCE
 
-K.use_interpreter_without_gpu()
+use_interpreter_without_gpu()
 
 
 @dataclass(frozen=True)
@@ -44,42 +43,26 @@ def _shapes(on_gpu: bool) -> tuple[MLADims, list[Problem]]:
     if on_gpu:
         return get_preset("deepseek-v3"), [Problem(b=8, s=1, t=4096, n=512), Problem(b=8, s=16, t=4096, n=512)]
     # small enough for the interpreter (a few seconds), with a ragged last key block and s > 1
-    return MLADims(h=16, d=32, p=16, k=64, name="small"), [Problem(b=1, s=1, t=70, n=16), Problem(b=1, s=3, t=70, n=16)]
+    return MLADims(h=16, d=32, p=16, k=64, dv=32, name="small"), [Problem(b=1, s=1, t=70, n=16), Problem(b=1, s=3, t=70, n=16)]
 
 
 def run_selfcheck(device: str | None = None, dtype: torch.dtype = torch.bfloat16) -> list[CheckResult]:
-    """Run every design once per shape against the reference; returns one result per run."""
+    """Run every design (and the decompression) once per shape against its fp32 reference
+    (:func:`mla_var3.runtime.designs.check`; the largest relative error of its outputs); one
+    result per run."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dims, problems = _shapes(device == "cuda")
-    tol = TOLERANCE[dtype]
+    name = str(dtype).replace("torch.", "")
+    dt = {v: k for k, v in D.TORCH_DTYPES.items()}[dtype]
     results = []
     for problem in problems:
-        x = R.make_inputs(dims, problem, dtype=dtype, device=device, seed=problem.s)
         shape = f"{dims.name} b={problem.b} s={problem.s} t={problem.t}"
-        runs = {d.kernel + (f" n={problem.n}" if d.split else ""): (lambda name=d.kernel: _outputs(name, x))
-                for d in DESIGNS}
-        runs["decompress"] = lambda: (K.decompress(x.qc, x.w_uv), R.decompress(x.qc, x.w_uv))
-        for design, run in runs.items():
+        for kernel in (*D.DESIGNS, "decompress"):
             start = time.perf_counter()
-            out, ref = run()
+            errors = D.check(kernel, dims, problem, dtype=dt, device=device, seed=problem.s)
             if device == "cuda":
                 torch.cuda.synchronize()
-            results.append(CheckResult(design, shape, str(dtype).replace("torch.", ""), rel_err(out, ref), tol,
+            label = kernel + (f" n={problem.n}" if kernel == "mla_var6_plus" else "")
+            results.append(CheckResult(label, shape, name, max(e for _, e in errors.values()), TOLERANCE[dtype],
                                        time.perf_counter() - start))
     return results
-
-
-def _args(kernel: str, x: R.MLAInputs) -> tuple[torch.Tensor, ...]:
-    """The tensors attention kernel ``kernel`` takes (the entry point and its reference alike)."""
-    if kernel == "flash_attention":
-        return x.q, x.qpe, x.k, x.v, x.kpe
-    if kernel == "flash_mla":
-        return x.qc, x.qpe, x.z, x.kpe
-    return x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new
-
-
-def _outputs(kernel: str, x: R.MLAInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's outputs (all but the LSE) and the reference's, each flattened into one."""
-    out = getattr(K, kernel)(*_args(kernel, x), scale=x.scale)
-    ref = getattr(R, kernel)(*_args(kernel, x), x.scale)
-    return tuple(torch.cat([o.flatten() for o in outs[:-1]]) for outs in (out, ref))

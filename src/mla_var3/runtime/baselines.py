@@ -27,8 +27,6 @@ import torch
 from mla_var3.runtime.designs import design_inputs, torch_dtype
 from mla_var3.shapes import MLADims, Problem
 
-BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
-
 #: the cost model (analysis.cost name) each baseline is measured against.
 COST_MODEL = {"torch_eager_absorbed": "flash_mla", "torch_sdpa_expanded": "flash_attention",
               "flashmla_official": "flash_mla", "flashinfer_mla": "flash_mla"}
@@ -183,6 +181,7 @@ MAKERS = {
     "flashmla_official": make_flashmla_official,
     "flashinfer_mla": make_flashinfer_mla,
 }
+BASELINES = tuple(MAKERS)
 
 
 def make_baseline(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> Baseline:

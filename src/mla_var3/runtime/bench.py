@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mla_var3.designs import KERNELS
 from mla_var3.runtime import designs as D
 from mla_var3.runtime.records import BASELINE, DESIGN, Record, fill_roofline, fill_timing
 from mla_var3.shapes import MLADims, Problem
 
 DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 512, 1024)
 DEFAULT_B = (32, 64)
-DEFAULT_BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
 #: the hybrid's n sweep, as fractions of t (plus the model's optimum).
 N_SWEEP_FRACTIONS = (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 N_ALIGN = 64
@@ -204,7 +204,7 @@ class Runner:
         pr, spec = point.problem, self.spec
         rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
                      dtype=spec.dtype, extra=dict(point.extra))
-        model_name = D.COST_MODEL[point.name] if point.kind == DESIGN else BL_COST[point.name]
+        model_name = KERNELS[point.name].cost_model if point.kind == DESIGN else BL_COST[point.name]
         rec.cost_model = model_name
         design_for_prediction = point.name if point.kind == DESIGN else model_name
         try:

@@ -22,13 +22,6 @@ from mla_var3.shapes import MLADims, Problem
 #: the three attention designs, by kernel name.
 DESIGNS = tuple(d.kernel for d in _TABLE)
 
-#: launcher name -> module that defines it (and its default_config / candidate_configs).
-KERNEL_MODULES = {name: k.module for name, k in KERNELS.items()}
-
-#: the cost model that counts what each launcher must move (analysis.cost.COST_MODELS names).
-#: Our expanded kernel reads the RoPE key once per token, hence the shared-KPE model.
-COST_MODEL = {name: k.cost_model for name, k in KERNELS.items()}
-
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -50,21 +43,12 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(TORCH_DTYPES)}") from None
 
 
-def kernel_module(name: str):
-    """The module of launcher ``name`` (ImportError when it does not exist yet)."""
-    return importlib.import_module(KERNEL_MODULES[name])
-
-
-def launcher(name: str) -> Callable:
-    return KERNELS[name].load()
-
-
 def _config_fn(name: str, kind: str) -> Callable:
     """``fn(dims, problem, *, device)``: launcher ``name``'s ``default_config`` or
     ``candidate_configs``. The design modules take ``(dims, problem)`` themselves; the absorbed
     module keeps its launcher's sizes and the GEMM module serves two launchers, so their sizes
     are spelled out here."""
-    fn = getattr(kernel_module(name), kind)
+    fn = getattr(importlib.import_module(KERNELS[name].module), kind)
     if name == "flash_mla":              # rows of one sequence: heads x queries
         return lambda dims, pr, device: fn(pr.b, dims.h * pr.s, pr.t, dims.k, dims.p, device=device)
     if name == "absorb_query":           # rows = b * s; per head d -> k
@@ -136,6 +120,18 @@ def reference_outputs(name: str, inputs: dict) -> dict[str, torch.Tensor]:
     return dict(zip(output_names(name), out if isinstance(out, tuple) else (out,)))
 
 
+def check(name: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16", device="cuda",
+          seed: int = 0) -> dict[str, tuple[list[int], float]]:
+    """Run launcher ``name`` on :func:`design_inputs` and its fp32 reference on the same inputs
+    (upcast): each output's shape and relative error (``mla_var3.testing.rel_err``)."""
+    from mla_var3.testing import rel_err
+
+    inputs = design_inputs(name, dims, problem, dtype=dtype, device=device, seed=seed)
+    out = run(name, inputs)
+    ref = reference_outputs(name, {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+    return {k: (list(out[k].shape), rel_err(out[k].float(), r)) for k, r in ref.items()}
+
+
 def output_names(name: str) -> tuple[str, ...]:
     if name not in DESIGNS:
         return ("out",)
@@ -158,7 +154,7 @@ def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
 
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
     """Run launcher ``name`` (with ``config`` when given) and name its outputs."""
-    fn = launcher(name)
+    fn = KERNELS[name].load()
     out = fn(**inputs) if config is None else fn(**inputs, config=config)
     if not isinstance(out, tuple):
         out = (out,)
@@ -193,7 +189,7 @@ def pipeline(design: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16
     d = _design(design)
     inputs = design_inputs(design, dims, problem, dtype=dtype, device=device, seed=seed)
     attn_cfg = configs.get(design)
-    attn = Stage("attention", design, lambda: run(design, inputs, attn_cfg), COST_MODEL[design], attn_cfg)
+    attn = Stage("attention", design, lambda: run(design, inputs, attn_cfg), KERNELS[design].cost_model, attn_cfg)
     if not d.latent:
         return [attn]
     absorb_in = design_inputs("absorb_query", dims, problem, dtype=dtype, device=device, seed=seed + 1)
