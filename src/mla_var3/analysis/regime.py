@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from mla_var3.analysis.cost import DESIGNS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
-from mla_var3.analysis.roofline import Prediction, bound_of, predict_cost, resolve_ceilings
+from mla_var3.analysis.roofline import Prediction, predict_cost, resolve_ceilings, roofline_time
 from mla_var3.designs import DESIGNS as _TABLE
 from mla_var3.shapes import MLADims, Problem
 
@@ -68,9 +68,7 @@ class HybridSplit:
 
 
 def _hybrid_time(dims: MLADims, problem: Problem, n: int, ceil: Ceilings) -> tuple[float, str]:
-    c = DESIGNS["mla_var6_plus"](dims, problem.with_n(n))
-    compute_s, memory_s = c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s
-    return max(compute_s, memory_s), bound_of(compute_s, memory_s)
+    return roofline_time(DESIGNS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
 
 
 def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> HybridSplit:
@@ -267,10 +265,7 @@ def crossover_s(
     slow_m, fast_m = get_cost_model(slow), get_cost_model(fast)
     for s in range(1, t + 1):
         pr = Problem(b=b, s=s, t=t)
-        c = slow_m(dims, pr)
-        t_slow = max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s)
-        c = fast_m(dims, pr)
-        if max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s) < t_slow:
+        if roofline_time(fast_m(dims, pr), ceil)[0] < roofline_time(slow_m(dims, pr), ceil)[0]:
             return s
     return None
 

@@ -40,7 +40,7 @@ from typing import Mapping
 from mla_var3.analysis.cost import Cost, design_pipeline, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device, detect_device, get_device
 from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s
-from mla_var3.analysis.roofline import bound_of
+from mla_var3.analysis.roofline import roofline_time
 from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
 from mla_var3.shapes import MLADims, Problem, check_window
@@ -209,11 +209,6 @@ def _stage_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo) 
     return Cost(full.flops - kernel_cost.flops, full.bytes - kernel_cost.bytes)
 
 
-def _time(c: Cost, ceil: Ceilings) -> tuple[float, str]:
-    compute_s, memory_s = c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s
-    return max(compute_s, memory_s), bound_of(compute_s, memory_s)
-
-
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.1f} µs"
 
@@ -358,14 +353,14 @@ class Dispatcher:
         for d in DESIGNS:
             pr = problem.with_n(n_h) if d == "hybrid" else problem
             c = design_cost(d, dims, pr, cache)
-            time_s, bound = _time(c, ceil)
+            time_s, bound = roofline_time(c, ceil)
             estimates[d] = Estimate(d, n_h if d == "hybrid" else None, time_s, bound, c.flops, c.bytes,
                                     why_not=why_not[d])
         # ---- measured kernel times (plus the model's stage times)
         for m_design, m in self._measured_by_design(dims, problem, cache, rng, n_forced).items():
             e = estimates[m_design]
             pr = problem.with_n(min(m.n, t)) if m_design == "hybrid" else problem
-            stage_s = _time(_stage_cost(m_design, dims, pr, cache), ceil)[0]
+            stage_s = roofline_time(_stage_cost(m_design, dims, pr, cache), ceil)[0]
             estimates[m_design] = Estimate(e.design, e.n, e.predicted_s, e.bound, e.flops, e.bytes,
                                            m.time_s + stage_s, m.n, m.source, e.why_not)
         possible = [e for e in estimates.values() if e.possible]

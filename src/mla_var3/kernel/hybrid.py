@@ -56,7 +56,7 @@ import triton.language as tl
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2, num_sms,
+    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
@@ -350,37 +350,28 @@ def _latent_config(b: int, h: int, s: int, o: int, rows: int, block_n: int, warp
     return LatentPartConfig(block_h, block_s, block_n, warps, stages, splits)
 
 
-def _default_config(b: int, h: int, s: int, o: int, n: int, d: int, p: int, k: int, sms: int) -> MLAVar6PlusConfig:
-    rows = 32 if k > 256 else 64
-    latent = _latent_config(b, h, s, o, rows, 32, 8, 2, sms)
-    return MLAVar6PlusConfig(latent, _fa._default_config(b, h, s, max(n, 1), d, p, sms))
-
-
-def _sizes(dims: MLADims, problem: Problem, device) -> tuple[int, ...]:
-    """(b, h, s, o, n, d, p, k, sms) of a problem (n None: 0)."""
-    n = problem.n or 0
-    return problem.b, dims.h, problem.s, problem.t - n, n, dims.d, dims.p, dims.k, _fa._sms(device)
-
-
 def default_config(dims: MLADims, problem: Problem, *, device=None) -> MLAVar6PlusConfig:
     """Analytic default: latent rows = 32 (heads x queries) per program with 32-key blocks of Z
     and 8 warps (the 32 x 512 float32 accumulator is 64 registers per thread: no spills on
     sm_90, where 64 rows spill), split-KV for small batches; the expanded part takes the
     expanded kernel's default for its N keys (``problem.n``, None = 0)."""
-    return _default_config(*_sizes(dims, problem, device))
+    b, h, s, n, sms = problem.b, dims.h, problem.s, problem.n or 0, _fa._sms(device)
+    latent = _latent_config(b, h, s, problem.t - n, 32 if dims.k > 256 else 64, 32, 8, 2, sms)
+    return MLAVar6PlusConfig(latent, _fa._default_config(b, h, s, max(n, 1), dims.d, dims.p, sms))
 
 
 def candidate_configs(dims: MLADims, problem: Problem, *, device=None) -> tuple[MLAVar6PlusConfig, ...]:
     """The autotuning space. The parts are tuned independently: each latent candidate (row
     groups x key blocks x warps x stages, keeping the fp32 accumulator within 64 registers per
     thread) with the expanded default, and each expanded candidate with the latent default."""
-    b, h, s, o, n, d, p, k, sms = _sizes(dims, problem, device)
-    base = _default_config(b, h, s, o, n, d, p, k, sms)
-    latents = {_latent_config(b, h, s, o, rows, bn, warps, stages, sms)
+    base = default_config(dims, problem, device=device)
+    b, h, s, n, sms = problem.b, dims.h, problem.s, problem.n or 0, _fa._sms(device)
+    latents = {_latent_config(b, h, s, problem.t - n, rows, bn, warps, stages, sms)
                for rows, bn, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3))
-               if rows * next_pow2(k) <= warps * 32 * 64}
+               if rows * next_pow2(dims.k) <= warps * 32 * 64}
     out = {MLAVar6PlusConfig(lat, base.expanded) for lat in latents}
-    out |= {MLAVar6PlusConfig(base.latent, exp) for exp in _fa._candidate_configs(b, h, s, max(n, 1), d, p, sms)}
+    out |= {MLAVar6PlusConfig(base.latent, exp)
+            for exp in _fa._candidate_configs(b, h, s, max(n, 1), dims.d, dims.p, sms)}
     return (base, *sorted(out - {base}, key=repr))
 
 
@@ -532,7 +523,7 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
     kernels, ``part`` in ``("latent", "merge", "persistent")`` (the expanded part is
     :func:`mla_var3.kernel.expanded.example_launch` with t = n), and its launch options
     (num_warps, num_stages), for :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
-    config = config or _default_config(b, h, s, o, n, d, p, k, num_sms())
+    config = config or default_config(MLADims(h=h, d=d, p=p, k=k), Problem(b, s, o + n, n))
     meta = dict(dtype=dtype, device="meta")
     f32 = dict(dtype=torch.float32, device="meta")
     if part == "latent":
@@ -574,7 +565,8 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b * h * s == 0:
         return out, out_latent, lse
-    config = config or _default_config(b, h, s, o_len, n_len, d, qpe.shape[-1], k, _fa._sms(dev))
+    config = config or default_config(MLADims(h=h, d=d, p=qpe.shape[-1], k=k), Problem(b, s, o_len + n_len, n_len),
+                                      device=dev)
     kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
     t = o_len + n_len
     if o_len == 0:

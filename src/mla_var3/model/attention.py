@@ -27,6 +27,7 @@ import torch
 from mla_var3.designs import design as _design
 from mla_var3.dispatch.decide import CacheInfo, Decision, Dispatcher, dims_for_dtype
 from mla_var3.model.backend import attention_fn
+from mla_var3.model.buffers import pad_stack
 from mla_var3.model.expand import expand_kv
 from mla_var3.shapes import MLADims, Problem
 
@@ -121,15 +122,7 @@ def _expanded_from_hybrid(cache, w_uk, w_uv):
         z_old, kpe, k_win, v_win = cache.parts(i)
         k_old, v_old = expand_kv(z_old, w_uk, w_uv)
         seqs.append((torch.cat((k_old, k_win), 1)[0], torch.cat((v_old, v_win), 1)[0], kpe[0]))
-    t = cache.max_len
-    out = []
-    for j in range(3):
-        ref = seqs[0][j]
-        buf = ref.new_zeros((cache.batch, t, *ref.shape[1:]))
-        for i, parts in enumerate(seqs):
-            buf[i, : parts[j].shape[0]] = parts[j]
-        out.append(buf)
-    return out
+    return [pad_stack([seq[j] for seq in seqs], cache.max_len) for j in range(3)]
 
 
 def _check(q_nope, q_pe, cache, w_uk, w_uv) -> tuple[int, int, int, int, int, int]:

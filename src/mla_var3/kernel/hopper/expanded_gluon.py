@@ -49,7 +49,7 @@ from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
 from mla_var3.kernel.expanded import _flash_attention_triton, tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
-from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -331,8 +331,7 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     -------
     o : [B, H, S, D] in q's dtype;  lse : [B, H, S] float32 (natural log)
     """
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
     b, h, s, d = q.shape
@@ -394,8 +393,7 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
                      capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
