@@ -289,3 +289,10 @@ def test_importing_the_package_leaves_the_environment_alone():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_benchmarks_readme_lists_the_scripts():
+    folder = SRC.parent / "benchmarks"
+    readme = (folder / "README.md").read_text()
+    listed = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and ".py`" in line}
+    assert listed == {p.name for p in folder.glob("*.py")} - {"common.py"}
