@@ -74,10 +74,6 @@ class Design:
     color: str = "black"
 
     @property
-    def label(self) -> str:
-        return f"{self.title} ({self.name})"
-
-    @property
     def pipeline(self) -> tuple[str, ...]:
         """The kernels one call runs, in order."""
         return ("absorb_query", self.kernel, "decompress") if self.latent else (self.kernel,)

@@ -42,6 +42,11 @@ HYBRID_MARGIN = 0.02
 REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
 
 
+def regime_of(s: int) -> str:
+    """The seed's regime of s (:data:`REGIMES`): 'decode', 'speculative' or 'prefill', else 'middle' (33-128)."""
+    return next((name for name, lo, hi in REGIMES if lo <= s <= (hi or s)), "middle")
+
+
 @dataclass(frozen=True)
 class HybridSplit:
     """The chosen MLAvar6+ split for one problem.

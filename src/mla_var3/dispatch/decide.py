@@ -39,7 +39,7 @@ from typing import Mapping
 
 from mla_var3.analysis.cost import Cost, design_pipeline, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device, detect_device, get_device
-from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s
+from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s, regime_of
 from mla_var3.analysis.roofline import roofline_time
 from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
@@ -53,11 +53,6 @@ ALIASES = MappingProxyType({alias: d.name for d in _TABLE for alias in (d.kernel
 _EXPANDED = next(d for d in _TABLE if not d.latent)
 #: the FlashAttention byte count of our kernel (one RoPE key per token, not per head).
 FA_COST_MODEL = KERNELS[_EXPANDED.kernel].cost_model
-
-
-def regime_of(s: int) -> str:
-    """'decode' (s = 1), 'speculative' (2-32), 'middle' (33-128) or 'prefill' (> 128), as the seed."""
-    return "decode" if s == 1 else "speculative" if s <= 32 else "middle" if s <= 128 else "prefill"
 
 
 def canonical_design(name: str) -> str:
@@ -317,7 +312,7 @@ class Dispatcher:
 
     def _hybrid_range(self, cache: CacheInfo, t: int) -> tuple[int, int] | str:
         """(n_min, n_max) the cache can run, or why the hybrid is impossible."""
-        if cache.kind != "hybrid":
+        if cache.kind not in _design("hybrid").caches:
             return f"no window: a {cache.kind} cache holds no expanded tokens"
         if cache.window == 0:
             return "no window: the HybridCache has n = 0"

@@ -78,9 +78,9 @@ def _problem(args, dims):
     problem = Problem(b=args.b, s=args.s, t=args.t, n=args.n, causal=not args.no_causal)
     split = design(args.design).split
     if split and args.n is None:
-        from mla_var3.runtime.bench import model_best_n
+        from mla_var3.runtime.bench import align_n, model_best_n
 
-        problem = problem.with_n(min(problem.t, max(0, round(model_best_n(dims, problem, _device(args)) / 64) * 64)))
+        problem = problem.with_n(align_n(model_best_n(dims, problem, _device(args)), problem.t))
     elif not split and args.n is not None:
         raise ValueError(f"--n applies to {', '.join(d.kernel for d in _TABLE if d.split)} only")
     return problem

@@ -43,29 +43,18 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(TORCH_DTYPES)}") from None
 
 
-def _config_fn(name: str, kind: str) -> Callable:
-    """``fn(dims, problem, *, device)``: launcher ``name``'s ``default_config`` or
-    ``candidate_configs``. The design modules take ``(dims, problem)`` themselves; the absorbed
-    module keeps its launcher's sizes and the GEMM module serves two launchers, so their sizes
-    are spelled out here."""
-    fn = getattr(importlib.import_module(KERNELS[name].module), kind)
-    if name == "flash_mla":              # rows of one sequence: heads x queries
-        return lambda dims, pr, device: fn(pr.b, dims.h * pr.s, pr.t, dims.k, dims.p, device=device)
-    if name == "absorb_query":           # rows = b * s; per head d -> k
-        return lambda dims, pr, device: fn(pr.b * pr.s, dims.d, dims.k)
-    if name == "decompress":             # rows = b * s; per head k -> dv
-        return lambda dims, pr, device: fn(pr.b * pr.s, dims.k, dims.dv)
-    return fn
-
-
-def default_config(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda"):
-    """The launcher's analytic default config (``dtype`` does not change it)."""
-    return _config_fn(name, "default_config")(dims, problem, device=torch.device(device))
-
-
 def candidate_configs(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> list:
-    """The launcher's autotuning space (the default among them)."""
-    return list(_config_fn(name, "candidate_configs")(dims, problem, device=torch.device(device)))
+    """Launcher ``name``'s autotuning space (its default among them; ``dtype`` does not change
+    it). The design modules take ``(dims, problem)`` themselves; the absorbed module keeps its
+    launcher's sizes and the GEMM module serves two launchers, so their sizes are spelled out."""
+    fn, pr, device = importlib.import_module(KERNELS[name].module).candidate_configs, problem, torch.device(device)
+    if name == "flash_mla":              # rows of one sequence: heads x queries
+        return list(fn(pr.b, dims.h * pr.s, pr.t, dims.k, dims.p, device=device))
+    if name == "absorb_query":           # rows = b * s; per head d -> k
+        return list(fn(pr.b * pr.s, dims.d, dims.k))
+    if name == "decompress":             # rows = b * s; per head k -> dv
+        return list(fn(pr.b * pr.s, dims.k, dims.dv))
+    return list(fn(dims, pr, device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,26 +98,20 @@ def design_inputs(name: str, dims: MLADims, problem: Problem, *, dtype: str = "b
 
 
 # --------------------------------------------------------------------------------------------
-# references (fp32, mla_var3.reference)
-
-
-def reference_outputs(name: str, inputs: dict) -> dict[str, torch.Tensor]:
-    """fp32 reference outputs of launcher ``name`` on ``inputs`` (names -> tensors)."""
-    from mla_var3 import reference
-
-    out = getattr(reference, name)(**inputs)
-    return dict(zip(output_names(name), out if isinstance(out, tuple) else (out,)))
+# runs, and the check against the fp32 reference (mla_var3.reference)
 
 
 def check(name: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16", device="cuda",
           seed: int = 0) -> dict[str, tuple[list[int], float]]:
     """Run launcher ``name`` on :func:`design_inputs` and its fp32 reference on the same inputs
     (upcast): each output's shape and relative error (``mla_var3.testing.rel_err``)."""
+    from mla_var3 import reference
     from mla_var3.testing import rel_err
 
     inputs = design_inputs(name, dims, problem, dtype=dtype, device=device, seed=seed)
     out = run(name, inputs)
-    ref = reference_outputs(name, {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+    ref = _named(name, getattr(reference, name)(**{k: v.float() if isinstance(v, torch.Tensor) else v
+                                                    for k, v in inputs.items()}))
     return {k: (list(out[k].shape), rel_err(out[k].float(), r)) for k, r in ref.items()}
 
 
@@ -155,10 +138,11 @@ def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
     """Run launcher ``name`` (with ``config`` when given) and name its outputs."""
     fn = KERNELS[name].load()
-    out = fn(**inputs) if config is None else fn(**inputs, config=config)
-    if not isinstance(out, tuple):
-        out = (out,)
-    return dict(zip(output_names(name), out))
+    return _named(name, fn(**inputs) if config is None else fn(**inputs, config=config))
+
+
+def _named(name: str, out) -> dict[str, torch.Tensor]:
+    return dict(zip(output_names(name), out if isinstance(out, tuple) else (out,)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
-from mla_var3.kernel.hopper import absorbed_gluon
+from mla_var3.kernel.hopper import absorbed_gluon, window_gluon as wg
 from mla_var3.kernel.hybrid import _merge, _mla_var6_plus_triton, expanded_persistent
 
 __all__ = ["gluon_latent_applies", "mla_var6_plus_hopper"]
@@ -112,8 +112,6 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
 
     def expanded():
         if expanded_programs:
-            from mla_var3.kernel.hopper import window_gluon as wg
-
             kpe_new = kpe[:, o_len:]
             if window_block is None:                 # the first ring shape that applies, or None
                 block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
