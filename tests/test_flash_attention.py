@@ -185,7 +185,8 @@ def test_compute_bound_configs():
     programs per SM); s > 128 gets 128-row tiles, 3 stages, a single-stage masked loop, within
     the shared-memory limit. Candidates stay under the sm_90 limit and include the single-stage
     masked loop for 128-row tiles; labels are distinct."""
-    from mla_var3.kernel.expanded import SMEM_LIMIT, SMEM_PER_SM, smem_bytes
+    from mla_var3.kernel._common import SMEM_LIMIT
+    from mla_var3.kernel.expanded import SMEM_PER_SM, smem_bytes
 
     for b, s, t in [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096)]:
         cfg = default_config(MLADims(h=128), Problem(b=b, s=s, t=t))
@@ -267,7 +268,8 @@ def test_lazy_tma_config_fields():
     """Labels name the new fields; bad thresholds are rejected; the candidates carry TMA and
     lazy-rescale variants of the 128-row tiles within the shared-memory limit; the TMA path is
     chosen only for TMA-compatible inputs."""
-    from mla_var3.kernel.expanded import SMEM_LIMIT, _kernel_args, smem_bytes
+    from mla_var3.kernel._common import SMEM_LIMIT
+    from mla_var3.kernel.expanded import _kernel_args, smem_bytes
 
     assert FlashAttentionConfig(128, 64, 8, 3, masked_stages=1, rescale_threshold=8.0, tma=True).label() == \
         "m128n64w8s3k1r8t"

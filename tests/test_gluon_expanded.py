@@ -23,13 +23,13 @@ import triton  # noqa: E402
 
 from mla_var3 import reference as R  # noqa: E402
 from mla_var3.kernel import backends, expanded  # noqa: E402,F401  (expanded registers its backends)
-from mla_var3.shapes import MLADims, Problem  # noqa: E402
+from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
 from mla_var3.kernel.sass import compile_gluon_in_subprocess  # noqa: E402
+from mla_var3.shapes import MLADims, Problem  # noqa: E402
 from mla_var3.testing import LSE_TOLERANCE, assert_close  # noqa: E402
 
 D, P = 128, 64
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-SMEM_LIMIT = 232_448
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 RINGS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
          dict(block_n=64, stages=4)]

@@ -36,9 +36,9 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel import backends
-from mla_var3.kernel._common import (  # noqa: F401  (SMEM_LIMIT is re-exported)
-    SMEM_LIMIT,
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+from mla_var3.kernel._common import (
+    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2,
+    num_sms,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
@@ -349,7 +349,6 @@ def _splits_for(programs: int, t: int, block_n: int, sms: int) -> int:
     return max(1, min(cdiv(2 * sms, programs), t // (4 * block_n), 64))
 
 
-#: shared memory one program may request on sm_90 (Triton's OutOfResources limit)
 #: shared memory per SM on sm_90 (two programs co-reside when both fit, with 1 KiB reserved each)
 SMEM_PER_SM = 233_472
 
