@@ -124,12 +124,17 @@ def make_torch_sdpa_expanded(dims: MLADims, problem: Problem, dtype: str, device
     return Baseline("torch_sdpa_expanded", call, f"sdpa:{backend}" + (" (bottom-right attn_mask)" if mask is not None else ""))
 
 
-def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
-    if importlib.util.find_spec("flash_mla") is None:
-        raise BaselineUnavailable("flash_mla package not importable")
+def _import_for_cuda(package: str, device):
+    """``package`` imported, or BaselineUnavailable when it is missing or ``device`` is not CUDA."""
+    if importlib.util.find_spec(package) is None:
+        raise BaselineUnavailable(f"{package} package not importable")
     if torch.device(device).type != "cuda":
-        raise BaselineUnavailable("flash_mla needs a CUDA device")
-    import flash_mla
+        raise BaselineUnavailable(f"{package} needs a CUDA device")
+    return importlib.import_module(package)
+
+
+def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
+    flash_mla = _import_for_cuda("flash_mla", device)
 
     b, s, t, h, k, p = problem.b, problem.s, problem.t, dims.h, dims.k, dims.p
     block = 64
@@ -149,11 +154,7 @@ def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) 
 
 
 def make_flashinfer_mla(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
-    if importlib.util.find_spec("flashinfer") is None:
-        raise BaselineUnavailable("flashinfer package not importable")
-    if torch.device(device).type != "cuda":
-        raise BaselineUnavailable("flashinfer needs a CUDA device")
-    import flashinfer
+    flashinfer = _import_for_cuda("flashinfer", device)
 
     b, s, t, h, k, p = problem.b, problem.s, problem.t, dims.h, dims.k, dims.p
     x = design_inputs("flash_mla", dims, problem, dtype=dtype, device=device)
