@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
-import os
 import sys
-import time
 import traceback
 
 import torch
 
-H, D, P = 128, 128, 64
+from common import (D, H, P, Budget, environment, error_text, expanded_flops as flops, expanded_inputs, sdpa_call,
+                    write_json)
+
 MATMUL_TFLOPS = 801.0
 
 #: configs timed at the compute-bound points (fields of FlashAttentionConfig), the default
@@ -65,19 +64,6 @@ TIME_SHAPES = [(32, 512, 4096, True), (32, 1024, 4096, True), (4, 4096, 4096, Tr
 CHECK_SHAPES = [(1, 512, 1024), (1, 512, 512)]
 
 
-def flops(b, s, t, h=H, d=D, p=P) -> float:
-    return 2.0 * b * h * s * t * (2 * d + p)
-
-
-def make_inputs(b, s, t, h, d, p, dtype, device, seed=0):
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device).to(dtype)
-
-    return randn(b, h, s, d), randn(b, h, s, p), randn(b, t, h, d), randn(b, t, h, d), randn(b, t, p)
-
-
 def check_config(cfg, dims, dtype, device):
     from mla_var3 import reference as R
     from mla_var3.kernel.expanded import flash_attention
@@ -86,7 +72,7 @@ def check_config(cfg, dims, dtype, device):
     h, d, p = dims
     worst = 0.0
     for b, s, t in CHECK_SHAPES if h == H else [(1, 5, 40), (1, 40, 40)]:
-        q, qpe, k, v, kpe = make_inputs(b, s, t, h, d, p, dtype, device)
+        q, qpe, k, v, kpe = expanded_inputs(b, s, t, h, d, p, dtype, device)
         out = torch.full((b, h, s, d), float("nan"), dtype=dtype, device=device)
         o, lse = flash_attention(q, qpe, k, v, kpe, causal=True, config=cfg, out=out)
         ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, (d + p) ** -0.5, True, None)
@@ -95,26 +81,6 @@ def check_config(cfg, dims, dtype, device):
             raise AssertionError(f"wrong result at b={b} s={s} t={t}: err_o={e_o:.2e} err_lse={e_l:.2e}")
         worst = max(worst, e_o, e_l)
     return worst
-
-
-def sdpa_call(q, qpe, k, v, kpe, causal):
-    """cuDNN attention through PyTorch SDPA on per-head materialised 192-wide keys."""
-    import torch.nn.functional as F
-
-    b, h, s, d = q.shape
-    t, p = k.shape[1], kpe.shape[-1]
-    qf = torch.cat([q, qpe], dim=-1)
-    kf = torch.cat([k, kpe[:, :, None, :].expand(b, t, h, p)], dim=-1).transpose(1, 2).contiguous()
-    vf = v.transpose(1, 2).contiguous()
-    scale = (d + p) ** -0.5
-    if causal and s == t:
-        return lambda: F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale), "is_causal"
-    if causal and s > 1:
-        i = torch.arange(s, device=q.device)[:, None]
-        j = torch.arange(t, device=q.device)[None, :]
-        mask = j <= t - s + i
-        return lambda: F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale), "bottom-right attn_mask"
-    return lambda: F.scaled_dot_product_attention(qf, kf, vf, scale=scale), "no mask"
 
 
 def pick_winners(rows: list[dict], problems: list[tuple[int, int, int]]) -> dict:
@@ -152,12 +118,15 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=110.0, help="seconds; what is left is skipped after it")
     ap.add_argument("--matmul-tflops", type=float, default=MATMUL_TFLOPS)
     args = ap.parse_args()
-    t0 = time.perf_counter()
+    budget = Budget(args.budget)
 
-    if args.dry_run and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.dry_run:
+        from mla_var3.kernel import use_interpreter_without_gpu
+
+        use_interpreter_without_gpu()
     from mla_var3.kernel.expanded import FlashAttentionConfig, default_config, flash_attention
     from mla_var3.runtime.timing import time_fn
+    from mla_var3.shapes import MLADims, Problem
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = device == "cuda"
@@ -168,30 +137,22 @@ def main() -> int:
     dims = (H, D, P) if not args.dry_run else (4, 32, 16)
     h, d, p = dims
     shapes = TIME_SHAPES if not args.dry_run else [(1, 16, 64, True), (1, 64, 64, True), (1, 4, 64, False)]
-    info = dict(device=torch.cuda.get_device_name() if gpu else "cpu", torch=torch.__version__, dtype=str(dtype),
-                dims=dict(h=h, d=d, p=p), matmul_tflops=args.matmul_tflops, dry_run=args.dry_run)
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception:
-        pass
-
-    def over_budget():
-        return time.perf_counter() - t0 > args.budget
+    info = environment(dtype=str(dtype), dims=dict(h=h, d=d, p=p), matmul_tflops=args.matmul_tflops,
+                       dry_run=args.dry_run)
 
     # 1. correctness of every config that may be timed
     configs = {}
     for kw in CANDIDATES:
         configs[FlashAttentionConfig(**kw).label()] = FlashAttentionConfig(**kw)
     for b, s, t, all_cands in shapes:
-        cfg = default_config(b, h, s, t, d, p)
+        cfg = default_config(MLADims(h=h, d=d, p=p), Problem(b, s, t))
         configs.setdefault(cfg.label(), cfg)
         if not all_cands:
             extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(cfg, tma=True)
             configs.setdefault(extra.label(), extra)
     checks = {}
     for label, cfg in configs.items():
-        if over_budget():
+        if budget.left() < 0:
             checks[label] = dict(ok=False, error="skipped: time budget")
             continue
         try:
@@ -199,7 +160,7 @@ def main() -> int:
             checks[label] = dict(ok=True, max_rel_err=err)
             print(f"check {label:16s} ok (max rel err {err:.2e})", flush=True)
         except Exception as exc:
-            checks[label] = dict(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+            checks[label] = dict(ok=False, error=error_text(exc, 400))
             print(f"check {label:16s} FAILED: {checks[label]['error']}", flush=True)
             traceback.print_exc(limit=2)
         if gpu:
@@ -209,13 +170,13 @@ def main() -> int:
     reps = dict(warmup=2, reps=30, min_reps=3, max_seconds=0.4) if gpu else dict(warmup=0, reps=1, min_reps=1)
     rows = []
     for b, s, t, all_cands in shapes:
-        dflt = default_config(b, h, s, t, d, p)
+        dflt = default_config(MLADims(h=h, d=d, p=p), Problem(b, s, t))
         cand_labels = [FlashAttentionConfig(**kw).label() for kw in CANDIDATES]
         extra = FlashAttentionConfig(**REGRESSION) if s > 64 else dataclasses.replace(dflt, tma=True)
         labels = [dflt.label()] + ([c for c in cand_labels if c != dflt.label()] if all_cands else
                                    [extra.label()] if extra.label() != dflt.label() else [])
         try:
-            q, qpe, k, v, kpe = make_inputs(b, s, t, h, d, p, dtype, device)
+            q, qpe, k, v, kpe = expanded_inputs(b, s, t, h, d, p, dtype, device)
         except Exception as exc:
             print(f"b={b} s={s} t={t}: inputs failed: {exc}", flush=True)
             continue
@@ -224,7 +185,7 @@ def main() -> int:
             row = dict(b=b, s=s, t=t, impl="triton", config=label, default=label == dflt.label(), flops=fl)
             if not checks.get(label, {}).get("ok"):
                 row["error"] = "not timed: " + checks.get(label, {}).get("error", "unchecked")
-            elif over_budget():
+            elif budget.left() < 0:
                 row["error"] = "skipped: time budget"
             else:
                 try:
@@ -233,7 +194,7 @@ def main() -> int:
                     tm = time_fn(lambda: flash_attention(q, qpe, k, v, kpe, causal=True, config=cfg, out=out), **reps)
                     row.update(us=tm.median_us, p10_us=tm.p10_us, p90_us=tm.p90_us, method=tm.method)
                 except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                    row["error"] = error_text(exc, 400)
             rows.append(row)
             print(f"b={b} s={s} t={t} {label:16s} {row.get('us', float('nan')):10.1f} us {row.get('error', '')}",
                   flush=True)
@@ -242,18 +203,18 @@ def main() -> int:
             torch.cuda.empty_cache()
         # cuDNN SDPA on the same problem
         row = dict(b=b, s=s, t=t, impl="sdpa", config="", default=False, flops=fl)
-        if over_budget():
+        if budget.left() < 0:
             row["error"] = "skipped: time budget"
         else:
             try:
-                xs = make_inputs(b, s, t, h, d, p, dtype, device)
+                xs = expanded_inputs(b, s, t, h, d, p, dtype, device)
                 call, how = sdpa_call(*xs, causal=True)
                 del xs
                 row["config"] = how
                 tm = time_fn(call, **reps)
                 row.update(us=tm.median_us, p10_us=tm.p10_us, p90_us=tm.p90_us, method=tm.method)
             except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                row["error"] = error_text(exc, 400)
             call = None
             if gpu:
                 torch.cuda.empty_cache()
@@ -273,9 +234,7 @@ def main() -> int:
             if ref and r["impl"] == "triton":
                 r["sdpa_over_ours"] = ref / r["us"]
     winners = pick_winners(rows, [(b, s, t) for b, s, t, all_cands in shapes if all_cands])
-    with open(args.out, "w") as f:
-        json.dump(dict(info=info, checks=checks, rows=rows, winners=winners, seconds=time.perf_counter() - t0),
-                  f, indent=1)
+    write_json(args.out, dict(info=info, checks=checks, rows=rows, winners=winners, seconds=budget.elapsed()))
 
     print(f"\nexpanded kernel, {info['device']}, {info['dtype']}, h={h} d={d} p={p}; "
           f"% of {args.matmul_tflops:.0f} TFLOP/s on 2bhst(2d+p)")
@@ -296,7 +255,7 @@ def main() -> int:
         o = winners["overall"]
         print(f"  over the compute-bound problems (geometric mean of default/config): best {o['best']} "
               f"({o['speedup_vs_default']:.3f}x the default; timed on all {o['problems']} problems)")
-    print(f"(* = default config; {time.perf_counter() - t0:.0f} s; wrote {args.out})")
+    print(f"(* = default config; {budget.elapsed():.0f} s; wrote {args.out})")
     return 0
 
 

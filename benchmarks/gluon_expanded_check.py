@@ -19,15 +19,14 @@ the portable Triton kernel's default config and cuDNN attention (PyTorch SDPA), 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 import traceback
 
 import torch
 
-import expanded_check  # the shared problem set-up and the cuDNN SDPA call (this folder)
-from expanded_check import H, D, P, flops
+from common import (D, H, P, Budget, environment, error_text, expanded_flops as flops, expanded_inputs, sdpa_call,
+                    write_json)
+
 VARIANTS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
             dict(block_n=64, stages=4)]
 # (b, h, s, t, causal, strided out)
@@ -43,18 +42,7 @@ def label(v: dict) -> str:
 
 
 def make_inputs(b, h, s, t, dtype, seed=0):
-    return expanded_check.make_inputs(b, s, t, h, D, P, dtype, "cuda", seed)
-
-
-def sdpa_call(q, qpe, k, v, kpe):
-    return expanded_check.sdpa_call(q, qpe, k, v, kpe, True)[0]
-
-
-def matmul_tflops(time_fn) -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    tm = time_fn(lambda: a @ bm, flush_l2=False)
-    return 2 * 8192 ** 3 / (tm.median_us * 1e-6) / 1e12
+    return expanded_inputs(b, s, t, h, D, P, dtype, "cuda", seed)
 
 
 def main() -> int:
@@ -65,17 +53,16 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
+    budget = Budget(args.budget)
     from mla_var3 import reference as R
     from mla_var3.kernel.expanded import default_config, flash_attention
     from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon
-    from mla_var3.runtime.environment import environment
+    from mla_var3.runtime.ceilings import measure_matmul_rate
     from mla_var3.runtime.timing import time_fn
+    from mla_var3.shapes import MLADims, Problem
     from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
 
-    info = {k: env[k] for k in ("device", "torch", "triton", "cuda", "commit", "dirty", "timestamp")
-            if k in (env := environment())}
-    info.update(dims=dict(h=H, d=D, p=P), dtype="bfloat16")
+    info = environment(dims=dict(h=H, d=D, p=P), dtype="bfloat16")
     dtype = torch.bfloat16
 
     # 1. correctness
@@ -95,7 +82,7 @@ def main() -> int:
                 row.update(err_o=e_o, err_lse=e_l, ok=bool(e_o <= TOLERANCE[dtype] and e_l <= LSE_TOLERANCE[dtype]))
             except Exception as exc:
                 traceback.print_exc()
-                row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
+                row.update(ok=False, error=error_text(exc))
             ok[label(v)] &= row["ok"]
             checks.append(row)
             print(f"check {row['variant']:14s} b={b} h={h} s={s:4d} t={t:4d} causal={causal:d} strided={strided:d}: "
@@ -103,21 +90,21 @@ def main() -> int:
                   f"{row.get('err_lse', float('nan')):.2e}", flush=True)
 
     # 2. timing
-    mm = matmul_tflops(time_fn)
+    mm = measure_matmul_rate()[0]
     print(f"matmul 8192^3 bf16: {mm:.1f} TFLOP/s", flush=True)
     rows = []
     for b, s, t in TIMES:
-        if time.perf_counter() - t0 > args.budget:
+        if budget.left() < 0:
             print("time budget exceeded: stopping", flush=True)
             break
         q, qpe, k, vv, kpe = make_inputs(b, H, s, t, dtype)
         out = torch.empty((b, H, s, D), dtype=dtype, device="cuda")
-        cfg = default_config(b, H, s, t, D, P)
+        cfg = default_config(MLADims(h=H, d=D, p=P), Problem(b, s, t))
         impls = [("triton_" + cfg.label(), lambda: flash_attention(q, qpe, k, vv, kpe, config=cfg, out=out,
                                                                    backend="triton"))]
         impls += [(label(v), (lambda v=v: flash_attention_gluon(q, qpe, k, vv, kpe, scale=(D + P) ** -0.5, out=out,
                                                                  **v))) for v in VARIANTS if ok[label(v)]]
-        impls.append(("cudnn_sdpa", sdpa_call(q, qpe, k, vv, kpe)))
+        impls.append(("cudnn_sdpa", sdpa_call(q, qpe, k, vv, kpe, True)[0]))
         for name, fn in impls:
             try:
                 tm = time_fn(fn, max_seconds=1.5)
@@ -126,7 +113,7 @@ def main() -> int:
                                  pct_matmul=100 * flops(b, s, t) / us / 1e6 / mm))
             except Exception as exc:
                 traceback.print_exc()
-                rows.append(dict(b=b, s=s, t=t, impl=name, error=f"{type(exc).__name__}: {exc}"[:300]))
+                rows.append(dict(b=b, s=s, t=t, impl=name, error=error_text(exc)))
         sd = [r["us"] for r in rows if (r["b"], r["s"]) == (b, s) and r["impl"] == "cudnn_sdpa" and "us" in r]
         for r in rows:
             if (r["b"], r["s"]) == (b, s) and "us" in r and sd:
@@ -134,8 +121,7 @@ def main() -> int:
         del q, qpe, k, vv, kpe, out
         torch.cuda.empty_cache()
 
-    with open(args.out, "w") as f:
-        json.dump(dict(info=info, matmul_tflops=mm, checks=checks, rows=rows), f, indent=1)
+    write_json(args.out, dict(info=info, matmul_tflops=mm, checks=checks, rows=rows))
     print(f"\n{'problem':>16s} {'impl':>24s} {'us':>10s} {'%mm':>6s} {'cuDNN/x':>8s}")
     for r in rows:
         if "us" in r:
@@ -143,7 +129,7 @@ def main() -> int:
                   f"{r.get('cudnn_over_ours', float('nan')):8.2f}")
         else:
             print(f"b={r['b']:2d} s={r['s']:4d} t={r['t']} {r['impl']:>24s} ERROR {r['error'][:60]}")
-    print(f"checks: {sum(c['ok'] for c in checks)}/{len(checks)} ok; {time.perf_counter() - t0:.0f} s")
+    print(f"checks: {sum(c['ok'] for c in checks)}/{len(checks)} ok; {budget.elapsed():.0f} s")
     return 0
 
 

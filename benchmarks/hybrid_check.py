@@ -33,6 +33,8 @@ import traceback
 
 import torch
 
+from common import Budget, environment, error_text, randn, timed, write_json
+
 #: official FlashMLA on an H200, bf16, h = 128, k = 512, p = 64, t = 4096 (microseconds), keyed (b, s).
 FLASHMLA_US = {(32, 1): 75.2, (32, 2): 124.4, (32, 4): 224.1, (32, 8): 443.0, (32, 16): 886.0, (32, 32): 1760.0,
                (64, 1): 124.5, (64, 2): 231.5, (64, 4): 448.4, (64, 8): 894.7, (64, 16): 1790.0, (64, 32): 3566.0}
@@ -118,7 +120,7 @@ def run_checks(out_path: str, dry: bool) -> None:
                                 programs=programs)
             except Exception as exc:
                 row = dict(b=b, s=s, t=t, n=n, causal=causal, overlap=overlap, small=small, ok=False,
-                           error=f"{type(exc).__name__}: {exc}"[:400])
+                           error=error_text(exc, 400))
                 traceback.print_exc()
             rows.append(row)
             print(f"  check b={b} s={s} t={t} n={n} causal={causal} overlap={overlap} small={small}: "
@@ -141,7 +143,7 @@ def checks_in_child(dry: bool, timeout: float) -> list[dict]:
               flush=True)
         return [dict(ok=False, error="timeout")]
     except Exception as exc:
-        return [dict(ok=False, error=f"{type(exc).__name__}: {exc}")]
+        return [dict(ok=False, error=error_text(exc))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,8 +154,7 @@ class Inputs:
     """Random bf16 inputs of one (b, s) at t keys, generated on the device (timing only)."""
 
     def __init__(self, b, s, t, dims, device, dtype):
-        g = torch.Generator(device=device).manual_seed(0)
-        r = lambda *shape, std=1.0: (torch.randn(*shape, generator=g, device=device) * std).to(dtype)  # noqa: E731
+        r = randn(device, dtype)
         h, d, p, k = dims.h, dims.d, dims.p, dims.k
         self.b, self.s, self.t = b, s, t
         self.q, self.qpe, self.qc = r(b, h, s, d), r(b, h, s, p), r(b, h, s, k, std=0.5)
@@ -196,28 +197,17 @@ class Inputs:
 
 
 class Timer:
+    """``timer(rows, label, fn, **info)``: a timed row (:func:`common.timed`) within the run's budget."""
+
     def __init__(self, budget_s: float, dry: bool):
-        self.t0, self.budget, self.dry = time.time(), budget_s, dry
+        self.budget = Budget(budget_s)
+        self.timing = dict(warmup=2, reps=2 if dry else 40, min_reps=2 if dry else 5, max_seconds=0.01 if dry else 0.3)
 
     def left(self) -> float:
-        return self.budget - (time.time() - self.t0)
+        return self.budget.left()
 
     def __call__(self, rows: list, label: str, fn, **info):
-        from mla_var3.runtime.timing import time_fn
-        row = dict(label=label, **info)
-        if self.left() < 0:
-            row["skipped"] = "time budget"
-            rows.append(row)
-            return None
-        try:
-            t = time_fn(fn, warmup=2, reps=2 if self.dry else 40, min_reps=2 if self.dry else 5,
-                        max_seconds=0.01 if self.dry else 0.3)
-            row.update(us=t.median_us, p10=t.p10_us, p90=t.p90_us, method=t.method, gpu=t.gpu)
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-            print(f"  {label} {info}: {row['error']}", flush=True)
-        rows.append(row)
-        return row.get("us")
+        return timed(rows, label, fn, budget=self.budget, timing=self.timing, **info)
 
 
 def run_timing(dry: bool, budget_s: float, gluon_ok: bool, checks_ok: bool) -> dict:
@@ -324,7 +314,7 @@ def run_timing(dry: bool, budget_s: float, gluon_ok: bool, checks_ok: bool) -> d
             try:
                 x = Inputs(b, s, t_len, dims, device, dtype)
             except Exception as exc:
-                grid.append(dict(b=b, s=s, error=f"{type(exc).__name__}: {exc}"[:300]))
+                grid.append(dict(b=b, s=s, error=error_text(exc)))
                 continue
             ab = timer(grid, "absorbed (gluon) alone", x.absorbed(t_len, s > 1), b=b, s=s, n=0) if gpu_gluon else None
             ex = timer(grid, "expanded alone", x.expanded(t_len, s > 1), b=b, s=s, n=t_len)
@@ -356,7 +346,7 @@ def run_timing(dry: bool, budget_s: float, gluon_ok: bool, checks_ok: bool) -> d
                 timer(res["variants"], f"hybrid, green contexts {m} | {sms - m} SMs",
                       xg.hybrid_streams(n_bal, True, (g_l.Stream(), g_e.Stream())), b=b0, s=s0, n=n_bal)
             except Exception as exc:
-                res["variants"].append(dict(label=f"green contexts {m}", error=f"{type(exc).__name__}: {exc}"[:300]))
+                res["variants"].append(dict(label=f"green contexts {m}", error=error_text(exc)))
                 print(f"  green contexts m={m}: {exc}", flush=True)
                 break
 
@@ -405,6 +395,10 @@ def main() -> int:
                     help="seconds from the start after which no new timing starts (the run ends a few s later)")
     ap.add_argument("--child-checks", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dry_run:
+        from mla_var3.kernel import use_interpreter_without_gpu
+
+        use_interpreter_without_gpu()
     if args.child_checks:
         run_checks(args.child_checks, args.dry_run)
         return 0
@@ -414,10 +408,7 @@ def main() -> int:
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
     gluon_ok = bool(on_gpu and GLUON_AVAILABLE and backends.is_hopper("cuda"))
-    from mla_var3.runtime.environment import environment
-
-    env = environment()          # device, torch/triton versions, commit
-    env.update(gluon=GLUON_AVAILABLE, gluon_error=GLUON_IMPORT_ERROR, hopper_path=gluon_ok, dry_run=args.dry_run)
+    env = environment(gluon=GLUON_AVAILABLE, gluon_error=GLUON_IMPORT_ERROR, hopper_path=gluon_ok, dry_run=args.dry_run)
     print(f"hybrid_check: {env}", flush=True)
     checks = checks_in_child(args.dry_run, timeout=80.0 if on_gpu else 300.0)
     checks_ok = bool(checks) and all(r.get("ok") for r in checks)
@@ -429,12 +420,10 @@ def main() -> int:
     try:
         res.update(run_timing(args.dry_run, args.budget - (time.time() - t0), gluon_ok, checks_ok))
     except Exception as exc:
-        res["timing_error"] = f"{type(exc).__name__}: {exc}"[:600]
+        res["timing_error"] = error_text(exc, 600)
         traceback.print_exc()
     res["wall_s"] = time.time() - t0
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    write_json(args.out, res)
     if "sweep" in res:
         print(table(res))
     print(f"wrote {args.out} ({res['wall_s']:.0f} s)")

@@ -29,13 +29,13 @@ At b = 32, t = 4096, DeepSeek-V3 dims, bf16, for s in {1, 16} and n in {0, 256, 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import traceback
 
 import torch
+
+from common import environment, error_text, write_json
 
 B, T = 32, 4096
 S_VALUES = (1, 16)
@@ -106,30 +106,13 @@ def run_checks(cfg, layer, device, dtype) -> list[dict]:
                     ok &= all(torch.equal(x, y) for x, y in zip(rag.parts(i), one.parts()))
             out.append(dict(b=b, t0=t0, n=n, steps=list(steps), ok=bool(ok)))
         except Exception as exc:  # noqa: BLE001
-            out.append(dict(b=b, t0=t0, n=n, steps=list(steps), ok=False, error=f"{type(exc).__name__}: {exc}"[:400]))
+            out.append(dict(b=b, t0=t0, n=n, steps=list(steps), ok=False, error=error_text(exc, 400)))
     return out
-
-
-def _amortised_us(step, count: int, gpu: bool) -> float:
-    """Mean time per call over ``count`` consecutive calls (one CUDA-event pair around them)."""
-    if gpu:
-        torch.cuda.synchronize()
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(count):
-            step()
-        z.record()
-        z.synchronize()
-        return a.elapsed_time(z) * 1e3 / count
-    t0 = time.perf_counter()
-    for _ in range(count):
-        step()
-    return (time.perf_counter() - t0) * 1e6 / count
 
 
 def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadline, max_seconds) -> list[dict]:
     from mla_var3.analysis.memory import window_bytes
-    from mla_var3.dispatch.run import mla_attention
+    from mla_var3.model import mla_attention
     from mla_var3.model import HybridCache, LatentCache
     from mla_var3.model.cache import _append_rows   # the latent cache's old append (a whole-cache copy)
     from mla_var3.runtime.timing import time_fn
@@ -172,7 +155,7 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
                             warmup=2, reps=30, max_seconds=max_seconds, use_graph=False, flush_l2=True))
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
-                add("latent_maintenance", s, 0, error=f"{type(exc).__name__}: {exc}"[:400])
+                add("latent_maintenance", s, 0, error=error_text(exc, 400))
         for n in n_values:
             if time.time() > deadline:
                 add("skipped", s, n, error="deadline")
@@ -186,14 +169,16 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
                     state["c"] = state["c"].append(*new)
 
                 tm = time_fn(step, warmup=3, reps=100, max_seconds=max_seconds, use_graph=False, flush_l2=True)
-                state["c"] = base.reserve(t + grow)
-                amort = _amortised_us(step, AMORTISED_STEPS, gpu)
+                # the mean over consecutive steps from a fresh reservation (buffer moves included)
+                amort = time_fn(lambda: [step() for _ in range(AMORTISED_STEPS)], warmup=1, reps=3, min_reps=1,
+                                max_seconds=max_seconds, flush_l2=False,
+                                setup=lambda: state.update(c=base.reserve(t + grow))).median_us / AMORTISED_STEPS
                 add("maintenance", s, n, tm, amortised_us=amort, reserved_bytes=state["c"].reserved_bytes,
                     nbytes=state["c"].nbytes)
                 del state
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
-                add("maintenance", s, n, error=f"{type(exc).__name__}: {exc}"[:400])
+                add("maintenance", s, n, error=error_text(exc, 400))
             try:
                 legacy = {"c": (base.z, base.kpe, base.k_win, base.v_win)}
                 t_legacy = time_fn(lambda: legacy_append(*legacy["c"], n, *new), warmup=2, reps=30,
@@ -201,7 +186,7 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
                 add("maintenance_legacy", s, n, t_legacy)
                 del legacy
             except Exception as exc:  # noqa: BLE001
-                add("maintenance_legacy", s, n, error=f"{type(exc).__name__}: {exc}"[:400])
+                add("maintenance_legacy", s, n, error=error_text(exc, 400))
             try:
                 held = base.append(*new)
                 design = "hybrid" if n else "absorbed"
@@ -211,7 +196,7 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
                 del held
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
-                add("attention", s, n, error=f"{type(exc).__name__}: {exc}"[:400])
+                add("attention", s, n, error=error_text(exc, 400))
             try:
                 mode = "hybrid" if n else "absorbed"
                 cache0 = base.reserve(t + grow) if n else lat
@@ -227,7 +212,7 @@ def run_timing(dims, cfg, layer, device, dtype, b, t, s_values, n_values, deadli
                 del st, cache0
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
-                add("layer_step", s, n, error=f"{type(exc).__name__}: {exc}"[:400])
+                add("layer_step", s, n, error=error_text(exc, 400))
             del base
             if gpu:
                 torch.cuda.empty_cache()
@@ -259,11 +244,8 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.time()
     dry = args.dry_run or not torch.cuda.is_available()
-    from mla_var3.runtime.environment import environment
-
     dims, cfg, layer, device, dtype = _setup(dry)
-    env = environment()
-    env["dry_run"] = dry
+    env = environment(dry_run=dry)
     print(f"hybrid_maintenance: {env.get('device')} dry_run={dry}", flush=True)
     res = dict(env=env, dims=dict(h=dims.h, d=dims.d, p=dims.p, k=dims.k, w=dims.w),
                b=B if not dry else 2, t=T if not dry else 64, s_values=list(S_VALUES if not dry else (1, 4)),
@@ -278,14 +260,12 @@ def main() -> int:
                 res["rows"] = run_timing(dims, cfg, layer, device, dtype, res["b"], res["t"], res["s_values"],
                                          res["n_values"], t0 + args.budget, 0.5 if dry else 1.5)
         except Exception as exc:  # noqa: BLE001
-            res["timing_error"] = f"{type(exc).__name__}: {exc}"[:600]
+            res["timing_error"] = error_text(exc, 600)
             traceback.print_exc()
     else:
         print("  a check failed: nothing is timed", flush=True)
     res["wall_s"] = time.time() - t0
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    write_json(args.out, res)
     if res.get("rows"):
         print(table(res["rows"]))
     print(f"wrote {args.out} ({res['wall_s']:.0f} s)")

@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from common import environment
 from mla_var3.dispatch import Dispatcher
-from mla_var3.dispatch.run import mla_attention
-from mla_var3.model import HybridCache, MLAConfig, MLALayer
+from mla_var3.model import HybridCache, MLAConfig, MLALayer, mla_attention
 from mla_var3.model.config import DEEPSEEK_V3_ROPE
+from mla_var3.runtime.timing import Timing, time_fn
 from mla_var3.shapes import get_preset
 from mla_var3.testing import rel_err
 
@@ -161,38 +160,10 @@ def hf_attention_part(attn, cfg, impl: str, cache, b: int, s: int, length: int, 
 # ------------------------------------------------------------------------------------- timing
 
 
-def time_calls(fn, reset=None, reps: int = 20, warmup: int = 3, max_seconds: float = 20.0) -> dict:
-    """Median / p10 / p90 in µs of ``fn()``; ``reset()`` runs before each call, untimed, as does
-    an overwrite of a >= 2x L2 buffer on a GPU. CUDA events on a GPU, perf_counter on a CPU."""
-    gpu = torch.cuda.is_available()
-    flush = None
-    if gpu:
-        from mla_var3.runtime.timing import flush_buffer
-
-        flush = flush_buffer(torch.cuda.current_device())
-    samples, start_all = [], time.perf_counter()
-    for i in range(warmup + reps):
-        if reset is not None:
-            reset()
-        if gpu:
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            us = a.elapsed_time(b) * 1e3
-        else:
-            t0 = time.perf_counter()
-            fn()
-            us = (time.perf_counter() - t0) * 1e6
-        if i >= warmup:
-            samples.append(us)
-        if i >= warmup + 2 and time.perf_counter() - start_all > max_seconds:
-            break
-    samples.sort()
-    q = lambda f: samples[min(len(samples) - 1, int(f * len(samples)))]  # noqa: E731
-    return {"median_us": statistics.median(samples), "p10_us": q(0.1), "p90_us": q(0.9), "reps": len(samples)}
+def time_calls(fn, reset=None, reps: int = 20) -> Timing:
+    """``fn()`` timed with the package's primitive: plain launches between CUDA events (no graph:
+    the step's host work counts), L2 overwritten and ``reset()`` run before each call, untimed."""
+    return time_fn(fn, setup=reset, warmup=3, reps=reps, min_reps=3, max_seconds=20.0, use_graph=False)
 
 
 # ------------------------------------------------------------------------------------- the run
@@ -291,36 +262,28 @@ def run(args) -> dict:
     return {"meta": _meta(args, dims, device, dispatcher), "records": records}
 
 
-def _record(name, s, b, t, total, part, err, **extra) -> dict:
-    return {"name": name, "b": b, "s": s, "t": t, "step_us": total["median_us"], "step_p10_us": total["p10_us"],
-            "step_p90_us": total["p90_us"], "reps": total["reps"], "attention_us": part["median_us"],
-            "attention_share": min(1.0, part["median_us"] / total["median_us"]),
+def _record(name, s, b, t, total: Timing, part: Timing, err, **extra) -> dict:
+    return {"name": name, "b": b, "s": s, "t": t, "step_us": total.median_us, "step_p10_us": total.p10_us,
+            "step_p90_us": total.p90_us, "reps": total.reps, "attention_us": part.median_us,
+            "attention_share": min(1.0, part.median_us / total.median_us),
             "rel_err_vs_transformers_eager": err, "within_tolerance": bool(err <= TOLERANCE), **extra}
 
 
 def _meta(args, dims, device, dispatcher) -> dict:
-    import platform
-
     import transformers
 
-    meta = {"model": dims.name, "dims": {k: getattr(dims, k) for k in ("h", "d", "p", "k", "dv", "hidden", "q_lora_rank")},
-            "dtype": args.dtype, "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-            "dispatcher_device": dispatcher.resolve_device().key, "torch": torch.__version__,
-            "transformers": transformers.__version__, "tolerance": TOLERANCE,
+    env = environment(transformers=transformers.__version__)
+    return {"model": dims.name, "dims": {k: getattr(dims, k) for k in ("h", "d", "p", "k", "dv", "hidden", "q_lora_rank")},
+            "dtype": args.dtype, "device": env["device"], "environment": env,
+            "dispatcher_device": dispatcher.resolve_device().key, "tolerance": TOLERANCE,
             "tolerance_rule": "relative Frobenius error of the step output vs transformers eager, same weights",
-            "timing": ("median of CUDA-event timed calls, >= 2x L2 overwritten and caches reset before each, outside "
-                       "the timed window" if device.type == "cuda" else "perf_counter on the CPU (smoke run)"),
+            "timing": ("mla_var3.runtime.timing.time_fn without CUDA graphs: median of CUDA-event timed calls, >= 2x "
+                       "L2 overwritten and caches reset before each, outside the timed window" if device.type == "cuda"
+                       else "perf_counter on the CPU (smoke run)"),
             "attention_part": ("ours: mla_attention over the cache holding the step (design from the dispatcher); "
                                "transformers: expand_kv of the cached latent (when its cache is latent) + its "
                                "attention function"),
             "hybrid_window": args.hybrid_window}
-    try:
-        from mla_var3.runtime.environment import git_commit
-
-        meta["commit"] = git_commit()
-    except Exception:  # outside a checkout
-        pass
-    return meta
 
 
 def plot(result: dict, path: Path) -> Path:

@@ -19,14 +19,13 @@ hybrid built on it, on an sm_90 GPU (bf16, DeepSeek-V3 dims).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 import traceback
 
 import torch
 
-H, D, P, K = 128, 128, 64, 512
+from common import D, H, P, Budget, environment, error_text, randn as seeded_randn, timed, write_json
+
 CHECKS = [  # (b, h, s, n, causal, programs, block_n, stages)
     (2, 8, 16, 1344, True, 3, 128, 1), (2, 8, 1, 130, True, 5, 128, 1), (1, 8, 5, 77, True, 2, 128, 1),
     (2, 8, 16, 16, True, 4, 128, 1), (2, 8, 4, 300, False, 16, 128, 1), (2, 8, 32, 1000, True, 3, 128, 1),
@@ -48,25 +47,19 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
+    budget = Budget(args.budget)
     from mla_var3 import reference as R
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.gemm import decompress
     from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
     from mla_var3.kernel.hybrid import expanded_persistent
-    from mla_var3.runtime.environment import environment
-    from mla_var3.runtime.timing import time_fn
     from mla_var3.shapes import Problem, get_preset
     from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
 
     dtype = torch.bfloat16
-    info = {k: env[k] for k in ("device", "sm_count", "torch", "triton", "cuda", "commit", "dirty", "timestamp")
-            if k in (env := environment())}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+    info = environment()
+    randn = seeded_randn("cuda", dtype)
 
     # 1. correctness
     checks, all_ok = [], True
@@ -82,7 +75,7 @@ def main() -> int:
             row.update(err_o=eo, err_lse=el, ok=bool(eo <= TOLERANCE[dtype] and el <= LSE_TOLERANCE[dtype]))
         except Exception as exc:
             traceback.print_exc()
-            row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
+            row.update(ok=False, error=error_text(exc))
         all_ok &= row["ok"]
         checks.append(row)
         print(f"check window b={b} h={h} s={s} n={n} causal={causal:d} m={m} bn={bn} st={st}: "
@@ -104,26 +97,14 @@ def main() -> int:
             row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
         except Exception as exc:
             traceback.print_exc()
-            row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
+            row.update(ok=False, error=error_text(exc))
         all_ok &= row["ok"]
         checks.append(row)
         print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
               flush=True)
 
     rows = []
-
-    def timed(label, fn, **kw):
-        if time.perf_counter() - t0 > args.budget:
-            return None
-        try:
-            us = time_fn(fn, max_seconds=0.6).median_us
-        except Exception as exc:
-            traceback.print_exc()
-            rows.append(dict(label=label, error=f"{type(exc).__name__}: {exc}"[:300], **kw))
-            return None
-        rows.append(dict(label=label, us=us, **kw))
-        print(f"{label:58s} {us:10.1f} us", flush=True)
-        return us
+    timing = dict(max_seconds=0.6)
 
     if all_ok:
         # 2. bandwidth of the window part alone
@@ -133,10 +114,11 @@ def main() -> int:
         at44 = {}
         for bn, st in WINDOW_BLOCKS:
             for m in BW_PROGRAMS:
-                us = timed(f"window gluon n{bn}s{st} b=32 s=16 n=1344, {m} programs",
+                us = timed(rows, f"window gluon n{bn}s{st} b=32 s=16 n=1344, {m} programs",
                            lambda m=m, bn=bn, st=st: expanded_window_gluon(q, qpe, k, v, kpe, scale=(D + P) ** -0.5,
                                                                            programs=m, block_n=bn, stages=st),
-                           part="window", impl=f"gluon_n{bn}s{st}", programs=m, n=n, block_n=bn, stages=st)
+                           budget=budget, timing=timing, part="window", impl=f"gluon_n{bn}s{st}", programs=m, n=n,
+                           block_n=bn, stages=st)
                 if us:
                     rows[-1].update(gbps=nbytes / us / 1e3, gbps_per_program=nbytes / us / 1e3 / m)
                     if m == 44:
@@ -144,18 +126,18 @@ def main() -> int:
         block = min(at44, key=at44.get) if at44 else None
         print(f"window block for the end-to-end grid: {block}", flush=True)
         for m in (33, 66, 132):
-            us = timed(f"window portable persistent, {m} programs",
+            us = timed(rows, f"window portable persistent, {m} programs",
                        lambda m=m: expanded_persistent(q, qpe, k, v, kpe, scale=(D + P) ** -0.5, programs=m),
-                       part="window", impl="portable", programs=m, n=n)
+                       budget=budget, timing=timing, part="window", impl="portable", programs=m, n=n)
             if us:
                 rows[-1].update(gbps=nbytes / us / 1e3, gbps_per_program=nbytes / us / 1e3 / m)
         del q, qpe, k, v, kpe
         # 3. end to end with the decompression
         t = 4096
         xa = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=0, causal=True), dtype=dtype, device="cuda")
-        timed("absorbed alone + decompress",
+        timed(rows, "absorbed alone + decompress",
               lambda: decompress(flash_mla(xa.qc, xa.qpe, xa.z_old, xa.kpe, scale=xa.scale)[0], xa.w_uv),
-              part="e2e", impl="absorbed", n=0)
+              budget=budget, timing=timing, part="e2e", impl="absorbed", n=0)
         del xa
         for nn in E2E_N:
             x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=nn, causal=True), dtype=dtype, device="cuda")
@@ -164,18 +146,17 @@ def main() -> int:
                     o, ol, _ = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
                                                     causal=True, expanded_programs=m, window_block=block)
                     return decompress(ol, x.w_uv, o)
-                timed(f"hybrid n={nn} window on {m} programs + decompress", run, part="e2e", impl="hybrid",
-                      n=nn, programs=m, window_block=block)
+                timed(rows, f"hybrid n={nn} window on {m} programs + decompress", run, budget=budget, timing=timing,
+                      part="e2e", impl="hybrid", n=nn, programs=m, window_block=block)
             del x
             torch.cuda.empty_cache()
 
-    with open(args.out, "w") as f:
-        json.dump(dict(info=info, checks=checks, rows=rows), f, indent=1)
+    write_json(args.out, dict(info=info, checks=checks, rows=rows))
     e2e = [r for r in rows if r.get("part") == "e2e" and "us" in r]
     if e2e:
         best = min(e2e, key=lambda r: r["us"])
         print(f"\nbest end to end: {best['label']} {best['us']:.1f} us (bar 750; FlashMLA 886)")
-    print(f"checks {sum(c['ok'] for c in checks)}/{len(checks)} ok; {time.perf_counter() - t0:.0f} s")
+    print(f"checks {sum(c['ok'] for c in checks)}/{len(checks)} ok; {budget.elapsed():.0f} s")
     return 0
 
 

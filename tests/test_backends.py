@@ -44,3 +44,32 @@ def test_unknown_backend_is_a_clear_error():
     x = R.make_inputs(DIMS, Problem(b=1, s=1, t=8), dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match="unknown backend 'cutlass'"):
         flash_mla(x.qc, x.qpe, x.z, x.kpe, scale=x.scale, backend="cutlass")
+
+
+def test_hopper_backends_register_themselves_on_the_first_lookup():
+    """In a fresh process that imports only the portable modules, an sm_90 device (emulated:
+    torch reports CUDA with capability 9.0) selects each design's Gluon backend, which its
+    Hopper module registered when the registry's first lookup imported the Hopper package."""
+    import subprocess
+    import sys
+
+    from mla_var3.kernel.hopper import GLUON_AVAILABLE
+
+    if not GLUON_AVAILABLE:
+        pytest.skip("triton.experimental.gluon is unavailable")
+    code = """
+import sys, torch
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda device=None: (9, 0)
+from mla_var3.kernel import absorbed, backends, expanded, hybrid
+assert "mla_var3.kernel.hopper" not in sys.modules
+assert backends.available("flash_attention", "cuda") == ["gluon", "triton"]
+assert backends.available("mla_var6_plus", "cuda") == ["triton", "gluon"]      # opt-in
+assert backends.available("flash_mla", "cuda")[0] == "gluon"
+assert backends.available("flash_attention", "cpu") == ["triton"]
+from mla_var3.kernel.hopper import expanded_gluon, hybrid_hopper
+assert backends.select("flash_attention", "cuda") is expanded_gluon.flash_attention_hopper
+assert backends.select("mla_var6_plus", "cuda", "gluon") is hybrid_hopper.mla_var6_plus_hopper
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -35,7 +35,7 @@ def test_default_grid_plan():
     assert all(p.problem.n is not None and p.problem.n % B.N_ALIGN == 0 for p in hyb)
     for b in (32, 64):
         ns = [p.problem.n for p in sweep if p.problem.b == b]
-        best = B._align(B.model_best_n(dims, Problem(b, 16, 4096), "h200"), 4096)
+        best = B.align_n(B.model_best_n(dims, Problem(b, 16, 4096), "h200"), 4096)
         assert best in ns and 0 in ns and 4096 in ns and all(p.problem.s == 16 for p in sweep)
 
 

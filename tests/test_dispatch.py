@@ -22,7 +22,7 @@ from mla_var3.analysis.cost import design_pipeline, flash_attention_shared_kpe
 from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n
 from mla_var3.analysis.roofline import resolve_ceilings, roofline_time
 from mla_var3.dispatch import CacheInfo, Dispatcher, decide, expansion_cost
-from mla_var3.dispatch.run import mla_attention
+from mla_var3.model import mla_attention
 from mla_var3.model import HybridCache, LatentCache, MLAConfig, MLALayer, PagedLatentCache
 from mla_var3.shapes import Problem, get_preset
 from mla_var3.testing import rel_err

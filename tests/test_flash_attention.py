@@ -17,6 +17,7 @@ from mla_var3 import reference as R
 from mla_var3.kernel.expanded import (
     FlashAttentionConfig, candidate_configs, default_config, flash_attention, tma_compatible,
 )
+from mla_var3.shapes import MLADims, Problem
 from mla_var3.testing import assert_close, nan_padded, poisoned
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,10 +126,10 @@ def test_default_scale_and_configs():
     o1, _ = flash_attention(q, qpe, k, v, kpe)
     o2, _ = flash_attention(q, qpe, k, v, kpe, scale=48 ** -0.5)
     assert torch.equal(o1, o2)
-    cfg = default_config(32, 128, 16, 4096)
+    cfg = default_config(MLADims(h=128), Problem(b=32, s=16, t=4096))
     assert cfg.block_m == 16 and cfg.num_splits == 1
-    assert default_config(1, 16, 1, 4096).num_splits > 1
-    cands = candidate_configs(2, 16, 512, 4096)
+    assert default_config(MLADims(h=16), Problem(b=1, s=1, t=4096)).num_splits > 1
+    cands = candidate_configs(MLADims(h=16), Problem(b=2, s=512, t=4096))
     assert cands and all(isinstance(c, FlashAttentionConfig) for c in cands)
     with pytest.raises(ValueError, match="block_m"):
         FlashAttentionConfig(block_m=24)
@@ -184,19 +185,21 @@ def test_compute_bound_configs():
     programs per SM); s > 128 gets 128-row tiles, 3 stages, a single-stage masked loop, within
     the shared-memory limit. Candidates stay under the sm_90 limit and include the single-stage
     masked loop for 128-row tiles; labels are distinct."""
-    from mla_var3.kernel.expanded import SMEM_LIMIT, SMEM_PER_SM, smem_bytes
+    from mla_var3.kernel._common import SMEM_LIMIT
+    from mla_var3.kernel.expanded import SMEM_PER_SM, smem_bytes
 
     for b, s, t in [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096)]:
-        cfg = default_config(b, 128, s, t)
+        cfg = default_config(MLADims(h=128), Problem(b=b, s=s, t=t))
         assert cfg == FlashAttentionConfig(128, 64, 8, 3, 1, masked_stages=1)
         assert smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages) <= SMEM_LIMIT
-    cfg = default_config(32, 128, 128, 4096)
+    cfg = default_config(MLADims(h=128), Problem(b=32, s=128, t=4096))
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_splits) == (64, 64, 4, 1)
     assert 2 * (smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages) + 1024) <= SMEM_PER_SM
     assert smem_bytes(128, 64, 3) == 172_032 and smem_bytes(64, 64, 2) == 106_496  # as Triton reports them
-    cands = candidate_configs(32, 128, 512, 4096)
+    cands = candidate_configs(MLADims(h=128), Problem(b=32, s=512, t=4096))
     assert all(smem_bytes(c.block_m, c.block_n, c.num_stages) <= SMEM_LIMIT for c in cands)
-    assert any(c.masked_stages == 1 for c in cands) and default_config(32, 128, 512, 4096) in cands
+    assert any(c.masked_stages == 1 for c in cands)
+    assert default_config(MLADims(h=128), Problem(b=32, s=512, t=4096)) in cands
     assert len({c.label() for c in cands}) == len(cands)
     with pytest.raises(ValueError, match="masked_stages"):
         FlashAttentionConfig(masked_stages=-1)
@@ -265,7 +268,8 @@ def test_lazy_tma_config_fields():
     """Labels name the new fields; bad thresholds are rejected; the candidates carry TMA and
     lazy-rescale variants of the 128-row tiles within the shared-memory limit; the TMA path is
     chosen only for TMA-compatible inputs."""
-    from mla_var3.kernel.expanded import SMEM_LIMIT, _kernel_args, smem_bytes
+    from mla_var3.kernel._common import SMEM_LIMIT
+    from mla_var3.kernel.expanded import _kernel_args, smem_bytes
 
     assert FlashAttentionConfig(128, 64, 8, 3, masked_stages=1, rescale_threshold=8.0, tma=True).label() == \
         "m128n64w8s3k1r8t"
@@ -273,12 +277,13 @@ def test_lazy_tma_config_fields():
     for bad in (-1.0, 17.0):
         with pytest.raises(ValueError, match="rescale_threshold"):
             FlashAttentionConfig(rescale_threshold=bad)
-    cands = candidate_configs(32, 128, 512, 4096)
+    cands = candidate_configs(MLADims(h=128), Problem(b=32, s=512, t=4096))
     new = [c for c in cands if c.tma]
     assert new and any(c.rescale_threshold == 8.0 for c in new) and all(c.block_m == 128 for c in new)
     assert all(smem_bytes(c.block_m, c.block_n, c.num_stages) + 1024 <= SMEM_LIMIT for c in new)
     assert len({c.label() for c in cands}) == len(cands)
-    assert not default_config(32, 128, 512, 4096).tma and not default_config(32, 128, 512, 4096).rescale_threshold
+    default = default_config(MLADims(h=128), Problem(b=32, s=512, t=4096))
+    assert not default.tma and not default.rescale_threshold
 
     q, qpe, k, v, kpe = _inputs(1, 2, 4, 32, 32, 16, torch.bfloat16)
     lse = torch.empty(1, 2, 4)

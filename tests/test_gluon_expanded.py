@@ -23,12 +23,13 @@ import triton  # noqa: E402
 
 from mla_var3 import reference as R  # noqa: E402
 from mla_var3.kernel import backends, expanded  # noqa: E402,F401  (expanded registers its backends)
+from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
 from mla_var3.kernel.sass import compile_gluon_in_subprocess  # noqa: E402
+from mla_var3.shapes import MLADims, Problem  # noqa: E402
 from mla_var3.testing import LSE_TOLERANCE, assert_close  # noqa: E402
 
 D, P = 128, 64
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-SMEM_LIMIT = 232_448
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 RINGS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
          dict(block_n=64, stages=4)]
@@ -143,9 +144,10 @@ def test_hopper_backend_routes_long_queries_to_the_gluon_kernel(monkeypatch):
     # true for the float32 test tensors; keeps the real rule's "no seqlens" (tested above)
     monkeypatch.setattr(eg, "gluon_applies", lambda q, qpe, k, v, kpe, seqlens=None, **kw: seqlens is None)
     b, h, t = 1, 2, 80
-    for s, config, seqlens, gluon in [(expanded.GLUON_MIN_S + 1, None, None, True),
-                                      (expanded.GLUON_MIN_S, None, None, False),       # short: portable
-                                      (70, expanded.default_config(b, h, 70, t, 16, 16), None, False),  # a config
+    for s, config, seqlens, gluon in [(eg.GLUON_MIN_S + 1, None, None, True),
+                                      (eg.GLUON_MIN_S, None, None, False),             # short: portable
+                                      (70, expanded.default_config(MLADims(h=h, d=16, p=16), Problem(b, 70, t)),
+                                       None, False),                                   # a config
                                       (70, None, torch.full((b,), t), False)]:           # seqlens
         g = torch.Generator().manual_seed(s)
         q, qpe = torch.randn(b, h, s, 16, generator=g), torch.randn(b, h, s, 16, generator=g)
@@ -153,8 +155,8 @@ def test_hopper_backend_routes_long_queries_to_the_gluon_kernel(monkeypatch):
                      torch.randn(b, t, 16, generator=g))
         out = torch.full((b, h, s, 16), float("nan"))
         calls.clear()
-        o, _ = expanded._flash_attention_hopper(q, qpe, k, v, kpe, scale=0.125, causal=True, seqlens=seqlens,
-                                                config=config, out=out)
+        o, _ = eg.flash_attention_hopper(q, qpe, k, v, kpe, scale=0.125, causal=True, seqlens=seqlens,
+                                         config=config, out=out)
         assert calls == ([s] if gluon else []), (s, config, seqlens)
         if not gluon:                                  # the portable kernel wrote every element
             ref, _ = R.flash_attention(q, qpe, k, v, kpe, 0.125, True, seqlens)

@@ -23,12 +23,12 @@ if not wg.GLUON_AVAILABLE:
 import triton  # noqa: E402
 
 from mla_var3 import reference as R  # noqa: E402
+from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
 from mla_var3.kernel.sass import compile_gluon_in_subprocess  # noqa: E402
 from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, assert_close, rel_err  # noqa: E402
 
 D, P = 128, 64
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-SMEM_LIMIT = 232_448
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 COMPILE_VARIANTS = [dict(s=16, block_n=64, stages=2, dtype="bf16", causal=True),

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from mla_var3.kernel._common import SMEM_LIMIT
 from mla_var3.kernel.sass import compile_launch_in_subprocess
-
-#: shared memory per block on the H200 (bytes), as Triton's OutOfResources reports it.
-SMEM_LIMIT = 232_448
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,24 @@ def test_wall_time_bound_cuts_reps():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         time_fn(lambda: None, **kwargs)
+
+
+def test_setup_runs_before_every_call_outside_the_timed_window():
+    """A call that consumes state (here: a list it empties) is timed with the state restored by
+    ``setup`` before each call (warm-up included); the setup's time is not in the samples."""
+    import time
+
+    state, seen = [], []
+
+    def setup():
+        time.sleep(0.005)
+        state.append(1)
+
+    def fn():
+        seen.append(len(state))
+        state.clear()
+
+    t = time_fn(fn, setup=setup, warmup=2, reps=5, min_reps=5, max_seconds=10.0, flush_l2=False)
+    assert seen and all(n == 1 for n in seen)            # every call found the state restored
+    if not t.gpu:
+        assert len(seen) == 2 + 5 and t.median_us < 4000   # the 5 ms setup is not timed

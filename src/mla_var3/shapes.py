@@ -52,6 +52,13 @@ def dtype_bytes(dtype: str) -> int:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
 
 
+def check_window(n, what: str = "hybrid window n") -> int:
+    """``n`` when it is an integer >= 0 (a hybrid window); ValueError naming ``what`` otherwise."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {n!r}")
+    return n
+
+
 def _check_positive(owner: str, **values: int | None) -> None:
     for name, value in values.items():
         if value is None:
@@ -99,11 +106,6 @@ class MLADims:
     def qk_head_dim(self) -> int:
         """Per-head query/key width of the expanded design, d + p (192 for DeepSeek-V3)."""
         return self.d + self.p
-
-    @property
-    def latent_width(self) -> int:
-        """Elements cached per token per layer by MLA: k + p (576 for DeepSeek-V3)."""
-        return self.k + self.p
 
     @property
     def default_scale(self) -> float:

@@ -6,9 +6,10 @@ output written once — the ideal a fused kernel can reach). Derivations are in
 ``docs/cost-analysis.md``. Symbols: b, h, s, t, d, p, k, w as in :mod:`mla_var3.shapes`;
 ``dv`` (value head dim) appears where the seed writes ``d`` for V and O — equal in every preset.
 
-The three designs the regime guide compares are in :data:`DESIGNS`; :data:`COST_MODELS` adds
-the stage models (query absorption, output decompression, split-KV combine) and the
-shared-RoPE-key variant of FlashAttention.
+The three designs the regime guide compares are in :data:`DESIGNS` (the seed's model of each
+design, named like its kernel in :mod:`mla_var3.designs`); :data:`COST_MODELS` adds the stage
+models (query absorption, output decompression) and the shared-RoPE-key variant of
+FlashAttention.
 
 Example
 -------
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mla_var3.designs import DESIGNS as _TABLE, design as _design_of
 from mla_var3.shapes import MLADims, Problem
 
 #: bytes per element of split-KV partial outputs and LSEs (fp32).
@@ -153,33 +155,23 @@ def split_kv_combine(dims: MLADims, problem: Problem, splits: int, width: int | 
 def design_pipeline(design: str, dims: MLADims, problem: Problem) -> Cost:
     """A design's attention kernel plus the stages it needs around it (unfused sum).
 
-    flash_mla adds :func:`absorb_query` and :func:`decompress`; mla_var6_plus adds them too
-    (decompress accumulating into the expanded part's O); flash_attention needs none.
+    The latent designs (flash_mla, mla_var6_plus) add :func:`absorb_query` and :func:`decompress`
+    (the hybrid's accumulating into the expanded part's O); flash_attention needs none.
     """
     cost = get_cost_model(design)(dims, problem)
-    if design == "flash_mla":
-        cost = cost + absorb_query(dims, problem) + decompress(dims, problem)
-    elif design == "mla_var6_plus":
-        cost = cost + absorb_query(dims, problem) + decompress(dims, problem, accumulate=True)
+    if design in DESIGNS and (d := _design_of(design)).latent:
+        cost = cost + absorb_query(dims, problem) + decompress(dims, problem, accumulate=d.split)
     return cost
 
 
 CostModel = Callable[[MLADims, Problem], Cost]
 
-#: the three attention designs compared by the regime guide.
-DESIGNS: dict[str, CostModel] = {
-    "flash_attention": flash_attention,
-    "flash_mla": flash_mla,
-    "mla_var6_plus": mla_var6_plus,
-}
-
 #: every cost model with the (dims, problem) signature, by name.
-COST_MODELS: dict[str, CostModel] = {
-    **DESIGNS,
-    "flash_attention_shared_kpe": flash_attention_shared_kpe,
-    "absorb_query": absorb_query,
-    "decompress": decompress,
-}
+COST_MODELS: dict[str, CostModel] = {f.__name__: f for f in (
+    flash_attention, flash_mla, mla_var6_plus, flash_attention_shared_kpe, absorb_query, decompress)}
+
+#: the three attention designs compared by the regime guide: the seed's model of each, by kernel name.
+DESIGNS: dict[str, CostModel] = {d.kernel: COST_MODELS[d.kernel] for d in _TABLE}
 
 
 def get_cost_model(name: str) -> CostModel:

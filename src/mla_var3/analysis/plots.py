@@ -21,10 +21,11 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from mla_var3.analysis.cost import DESIGNS  # noqa: E402
 from mla_var3.analysis.devices import Device  # noqa: E402
 from mla_var3.analysis.regime import RegimeGuide, best_hybrid_n, regime_guide  # noqa: E402
+from mla_var3.designs import DESIGNS as _TABLE  # noqa: E402
 from mla_var3.shapes import MLADims, Problem  # noqa: E402
 
-LABELS = {"flash_attention": "FlashAttention (expanded)", "flash_mla": "FlashMLA (absorbed)", "mla_var6_plus": "MLAvar6+ (hybrid, best n)"}
-COLORS = {"flash_attention": "tab:blue", "flash_mla": "tab:red", "mla_var6_plus": "tab:green"}
+LABELS = {d.kernel: f"{d.title} ({d.name}{', best n' if d.split else ''})" for d in _TABLE}
+COLORS = {d.kernel: d.color for d in _TABLE}
 MARKERS = {1: "o", 16: "s", 128: "^", 1024: "D"}
 
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from mla_var3.analysis.cost import DESIGNS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
-from mla_var3.analysis.roofline import Prediction, bound_of, predict_cost, resolve_ceilings
+from mla_var3.analysis.roofline import Prediction, predict_cost, resolve_ceilings, roofline_time
+from mla_var3.designs import DESIGNS as _TABLE
 from mla_var3.shapes import MLADims, Problem
 
 #: default query lengths of the guide (those <= t are used).
@@ -39,6 +40,11 @@ DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 HYBRID_MARGIN = 0.02
 #: the seed's regimes: name, s range (inclusive; None = up to t).
 REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
+
+
+def regime_of(s: int) -> str:
+    """The seed's regime of s (:data:`REGIMES`): 'decode', 'speculative' or 'prefill', else 'middle' (33-128)."""
+    return next((name for name, lo, hi in REGIMES if lo <= s <= (hi or s)), "middle")
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,7 @@ class HybridSplit:
 
 
 def _hybrid_time(dims: MLADims, problem: Problem, n: int, ceil: Ceilings) -> tuple[float, str]:
-    c = DESIGNS["mla_var6_plus"](dims, problem.with_n(n))
-    compute_s, memory_s = c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s
-    return max(compute_s, memory_s), bound_of(compute_s, memory_s)
+    return roofline_time(DESIGNS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
 
 
 def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> HybridSplit:
@@ -266,10 +270,7 @@ def crossover_s(
     slow_m, fast_m = get_cost_model(slow), get_cost_model(fast)
     for s in range(1, t + 1):
         pr = Problem(b=b, s=s, t=t)
-        c = slow_m(dims, pr)
-        t_slow = max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s)
-        c = fast_m(dims, pr)
-        if max(c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s) < t_slow:
+        if roofline_time(fast_m(dims, pr), ceil)[0] < roofline_time(slow_m(dims, pr), ceil)[0]:
             return s
     return None
 
@@ -365,17 +366,14 @@ def regime_guide(
     """
     dev, ceil = resolve_ceilings(device, dims, ceilings)
     s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
-    fa = get_cost_model(fa_model)
+    models = {**DESIGNS, "flash_attention": get_cost_model(fa_model)}
     rows = []
     for s in s_values:
         pr = Problem(b=b, s=s, t=t)
         split = _best_n_in(dims, pr, ceil, t)
-        preds = {
-            "flash_attention": predict_cost("flash_attention", fa(dims, pr), dev, ceil),
-            "flash_mla": predict_cost("flash_mla", DESIGNS["flash_mla"](dims, pr), dev, ceil),
-            "mla_var6_plus": predict_cost("mla_var6_plus", DESIGNS["mla_var6_plus"](dims, pr.with_n(split.n)), dev, ceil),
-        }
-        single = min(("flash_mla", "flash_attention"), key=lambda d: preds[d].time_s)
+        preds = {d.kernel: predict_cost(d.kernel, models[d.kernel](dims, pr.with_n(split.n) if d.split else pr), dev,
+                                        ceil) for d in _TABLE}
+        single = min((d.kernel for d in _TABLE if not d.split), key=lambda k: preds[k].time_s)
         best = "mla_var6_plus" if split.time_s * (1 + HYBRID_MARGIN) < preds[single].time_s else single
         rows.append(RegimeRow(s, preds, split, best, single))
     cross = crossover_s(dims, b, t, dev, ceilings, fast=fa_model)

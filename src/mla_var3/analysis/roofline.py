@@ -54,11 +54,6 @@ class Prediction:
         """'compute' or 'memory' (compute on a tie)."""
         return bound_of(self.compute_s, self.memory_s)
 
-    @property
-    def attained_flops_per_s(self) -> float:
-        """FLOP/s the design would sustain at the predicted time."""
-        return self.cost.flops / self.time_s
-
     def to_dict(self) -> dict:
         """Exact numbers for JSON output."""
         return {

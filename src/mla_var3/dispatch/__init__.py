@@ -5,7 +5,6 @@ measured kernel times when the benchmark or the autotune cache has them.
 ==============  ==============================================================================
 ``decide``      :class:`Dispatcher`, :class:`Decision`, :class:`CacheInfo`, the per-design costs
 ``measured``    read-only lookups of measured kernel times (autotune cache, ``results.json``)
-``run``         :func:`mla_attention` (the engine entry point) and ``MLALayer(mode="auto")``
 ``explain``     the ``mla-var3 explain`` command
 ==============  ==============================================================================
 
@@ -16,19 +15,12 @@ measured kernel times when the benchmark or the autotune cache has them.
 >>> dec.design, dec.source
 ('expanded', 'model')
 
-``mla_attention`` (torch) is imported lazily so that the decision needs no torch.
+The decision needs no torch and no model: the tensors' side, :func:`mla_var3.model.mla_attention`
+(the engine entry point) and ``MLALayer(mode="auto")``, asks it (imports go model -> dispatch).
 """
 
 from mla_var3.dispatch.decide import (ALIASES, DESIGNS, KERNEL, CacheInfo, Decision, Dispatcher, Estimate,
                                       canonical_design, decide, design_cost, expansion_cost, regime_of)
 
 __all__ = ["DESIGNS", "KERNEL", "ALIASES", "CacheInfo", "Decision", "Dispatcher", "Estimate", "decide",
-           "design_cost", "expansion_cost", "regime_of", "canonical_design", "mla_attention", "auto_forward"]
-
-
-def __getattr__(name: str):
-    if name in ("mla_attention", "auto_forward", "expand_latent", "default_dispatcher"):
-        from mla_var3.dispatch import run
-
-        return getattr(run, name)
-    raise AttributeError(f"module 'mla_var3.dispatch' has no attribute {name!r}")
+           "design_cost", "expansion_cost", "regime_of", "canonical_design"]

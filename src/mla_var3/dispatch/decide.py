@@ -39,25 +39,20 @@ from typing import Mapping
 
 from mla_var3.analysis.cost import Cost, design_pipeline, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device, detect_device, get_device
-from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s
-from mla_var3.analysis.roofline import bound_of
+from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s, regime_of
+from mla_var3.analysis.roofline import roofline_time
+from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
-from mla_var3.shapes import MLADims, Problem
+from mla_var3.shapes import MLADims, Problem, check_window
 
-DESIGNS = ("absorbed", "hybrid", "expanded")
+DESIGNS = tuple(d.name for d in _TABLE)
 #: the kernel (and cost-model name) of each design.
-KERNEL = MappingProxyType({"absorbed": "flash_mla", "hybrid": "mla_var6_plus", "expanded": "flash_attention"})
+KERNEL = MappingProxyType({d.name: d.kernel for d in _TABLE})
 #: other accepted names when forcing a design.
-ALIASES = MappingProxyType({"flash_mla": "absorbed", "latent": "absorbed", "mla_var6_plus": "hybrid",
-                            "var6": "hybrid", "flash_attention": "expanded", "naive": "expanded"})
-CACHE_KINDS = ("latent", "paged", "hybrid")
+ALIASES = MappingProxyType({alias: d.name for d in _TABLE for alias in (d.kernel, *d.aliases)})
+_EXPANDED = next(d for d in _TABLE if not d.latent)
 #: the FlashAttention byte count of our kernel (one RoPE key per token, not per head).
-FA_COST_MODEL = "flash_attention_shared_kpe"
-
-
-def regime_of(s: int) -> str:
-    """'decode' (s = 1), 'speculative' (2-32), 'middle' (33-128) or 'prefill' (> 128), as the seed."""
-    return "decode" if s == 1 else "speculative" if s <= 32 else "middle" if s <= 128 else "prefill"
+FA_COST_MODEL = KERNELS[_EXPANDED.kernel].cost_model
 
 
 def canonical_design(name: str) -> str:
@@ -82,24 +77,19 @@ class CacheInfo:
     def __post_init__(self) -> None:
         if self.kind not in CACHE_KINDS:
             raise ValueError(f"cache kind must be one of {', '.join(CACHE_KINDS)}, got {self.kind!r}")
-        if not isinstance(self.window, int) or self.window < 0:
-            raise ValueError(f"cache window must be an integer >= 0, got {self.window!r}")
+        check_window(self.window, "cache window")
 
     @classmethod
     def of(cls, cache) -> "CacheInfo":
-        """From a cache container of :mod:`mla_var3.model.cache`."""
-        from mla_var3.model.cache import ExpandedCache, HybridCache, LatentCache, PagedLatentCache
-
-        if isinstance(cache, HybridCache):
-            return cls("hybrid", cache.n, cache.keep_latent_window)
-        if isinstance(cache, PagedLatentCache):
-            return cls("paged")
-        if isinstance(cache, LatentCache):
-            return cls("latent")
-        if isinstance(cache, ExpandedCache):
+        """From a cache container of :mod:`mla_var3.model` (its ``kind``; a hybrid's window ``n``
+        and ``keep_latent_window``)."""
+        kind = getattr(cache, "kind", None)
+        if kind == "expanded":
             raise ValueError("the dispatcher runs over a LatentCache, PagedLatentCache or HybridCache; an "
                              "ExpandedCache holds no latent (run it with MLALayer mode='naive')")
-        raise ValueError(f"cache must be a LatentCache, PagedLatentCache or HybridCache, got {type(cache).__name__}")
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"cache must be a LatentCache, PagedLatentCache or HybridCache, got {type(cache).__name__}")
+        return cls(kind, cache.n, cache.keep_latent_window) if kind == "hybrid" else cls(kind)
 
 
 @dataclass(frozen=True)
@@ -197,27 +187,21 @@ def design_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo |
     (the window's K, V are read as they are).
     """
     cache = CacheInfo(cache) if isinstance(cache, str) else cache
-    if design == "absorbed":
-        return design_pipeline("flash_mla", dims, problem)
-    if design == "hybrid":
-        return design_pipeline("mla_var6_plus", dims, problem)
-    if design == "expanded":
-        to_expand = problem.t - (min(cache.window, problem.t) if cache.kind == "hybrid" else 0)
-        return expansion_cost(dims, problem.b, to_expand, cache.kind == "paged") + \
-            get_cost_model(FA_COST_MODEL)(dims, problem)
-    raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    if design not in DESIGNS:
+        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    d = _design(design)
+    if d.latent:
+        return design_pipeline(d.kernel, dims, problem)
+    to_expand = problem.t - (min(cache.window, problem.t) if cache.kind == "hybrid" else 0)
+    return expansion_cost(dims, problem.b, to_expand, cache.kind == "paged") + \
+        get_cost_model(FA_COST_MODEL)(dims, problem)
 
 
 def _stage_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo) -> Cost:
     """The part of :func:`design_cost` that is not the attention kernel a benchmark times."""
-    kernel_cost = get_cost_model(FA_COST_MODEL if design == "expanded" else KERNEL[design])(dims, problem)
+    kernel_cost = get_cost_model(KERNELS[KERNEL[design]].cost_model)(dims, problem)
     full = design_cost(design, dims, problem, cache)
     return Cost(full.flops - kernel_cost.flops, full.bytes - kernel_cost.bytes)
-
-
-def _time(c: Cost, ceil: Ceilings) -> tuple[float, str]:
-    compute_s, memory_s = c.flops / ceil.flops_per_s, c.bytes / ceil.bytes_per_s
-    return max(compute_s, memory_s), bound_of(compute_s, memory_s)
 
 
 def _us(seconds: float) -> str:
@@ -328,7 +312,7 @@ class Dispatcher:
 
     def _hybrid_range(self, cache: CacheInfo, t: int) -> tuple[int, int] | str:
         """(n_min, n_max) the cache can run, or why the hybrid is impossible."""
-        if cache.kind != "hybrid":
+        if cache.kind not in _design("hybrid").caches:
             return f"no window: a {cache.kind} cache holds no expanded tokens"
         if cache.window == 0:
             return "no window: the HybridCache has n = 0"
@@ -355,25 +339,23 @@ class Dispatcher:
             lo, hi = rng
             n_h = min(max(choose_n(dims, problem, self.resolve_device(), ceilings=self.ceilings,
                                    window_budget_bytes=self.window_budget_bytes).n, lo), hi)
-        why_not = {
-            "absorbed": "" if cache.kind != "hybrid" or cache.latent_window else
-            "no latent copy of the window (keep_latent_window=False)",
-            "hybrid": hybrid_why,
-            "expanded": "",
-        }
+        no_latent_window = cache.kind == "hybrid" and not cache.latent_window
+        why_not = {d: hybrid_why if d == "hybrid" else
+                   "no latent copy of the window (keep_latent_window=False)" if d == "absorbed" and no_latent_window
+                   else "" for d in DESIGNS}
         # ---- model estimates
         estimates: dict[str, Estimate] = {}
         for d in DESIGNS:
             pr = problem.with_n(n_h) if d == "hybrid" else problem
             c = design_cost(d, dims, pr, cache)
-            time_s, bound = _time(c, ceil)
+            time_s, bound = roofline_time(c, ceil)
             estimates[d] = Estimate(d, n_h if d == "hybrid" else None, time_s, bound, c.flops, c.bytes,
                                     why_not=why_not[d])
         # ---- measured kernel times (plus the model's stage times)
         for m_design, m in self._measured_by_design(dims, problem, cache, rng, n_forced).items():
             e = estimates[m_design]
             pr = problem.with_n(min(m.n, t)) if m_design == "hybrid" else problem
-            stage_s = _time(_stage_cost(m_design, dims, pr, cache), ceil)[0]
+            stage_s = roofline_time(_stage_cost(m_design, dims, pr, cache), ceil)[0]
             estimates[m_design] = Estimate(e.design, e.n, e.predicted_s, e.bound, e.flops, e.bytes,
                                            m.time_s + stage_s, m.n, m.source, e.why_not)
         possible = [e for e in estimates.values() if e.possible]

@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims, Problem
 
-#: the kernels whose measured times can override the model.
-KERNELS = ("flash_mla", "mla_var6_plus", "flash_attention")
+#: the kernels whose measured times can override the model (the designs' attention kernels).
+KERNELS = tuple(d.kernel for d in DESIGNS)
 
 
 @dataclass(frozen=True)

@@ -10,37 +10,34 @@ One module per design (its ``@triton.jit`` kernels, launch config dataclass and 
 ``combine``         split-KV combine (LSE merge of partial outputs)
 ==================  ==========================================================
 
-The entry points are imported lazily so that importing one design does not compile or import
-the others; ``mla_var3.flash_mla`` etc. re-export them.
+The entry points (:data:`mla_var3.designs.KERNELS`) are imported lazily so that importing one
+design does not compile or import the others; ``mla_var3.flash_mla`` etc. re-export them.
 
-On a machine without a CUDA device, importing this package selects Triton's CPU interpreter
-(``TRITON_INTERPRET=1``) unless the variable is already set: the kernels then run on CPU
-tensors, slowly, which is how the test suite checks them without a GPU. The variable must be
-set before any ``@triton.jit`` function is defined, hence here.
+Without a CUDA device the kernels run on CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1``), slowly; that is how the test suite checks them without a GPU. The
+variable must be set before any ``@triton.jit`` function is defined: programs call
+:func:`use_interpreter_without_gpu` first (importing this package changes nothing).
 """
 
-import importlib
 import os
 
-import torch
+from mla_var3.designs import KERNELS as _KERNELS
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+__all__ = [*_KERNELS, "use_interpreter_without_gpu"]
 
-_ENTRY_POINTS = {
-    "flash_mla": "mla_var3.kernel.absorbed",
-    "flash_mla_paged": "mla_var3.kernel.absorbed",
-    "flash_attention": "mla_var3.kernel.expanded",
-    "mla_var6_plus": "mla_var3.kernel.hybrid",
-    "decompress": "mla_var3.kernel.gemm",
-    "absorb_query": "mla_var3.kernel.gemm",
-}
 
-__all__ = list(_ENTRY_POINTS)
+def use_interpreter_without_gpu() -> bool:
+    """Select Triton's CPU interpreter (``TRITON_INTERPRET=1``) when no CUDA device is visible
+    and the variable is unset; returns whether the interpreter is on. For programs (``python -m
+    mla_var3.kernel``, the self-check): call it before the first kernel module is imported."""
+    import torch
+
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def __getattr__(name: str):
-    module = _ENTRY_POINTS.get(name)
-    if module is None:
+    if name not in _KERNELS:
         raise AttributeError(f"module 'mla_var3.kernel' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return _KERNELS[name].load()

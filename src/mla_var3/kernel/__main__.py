@@ -8,9 +8,9 @@
   ``params.json`` and ``report.md`` to ``--out``. ``--profile ncu`` runs Nsight Compute
   (``--clock-control none``) on one run of the stages when ``ncu`` is on the PATH.
 
-Without a CUDA device the kernels run under Triton's interpreter on the CPU (importing
-``mla_var3.kernel`` sets ``TRITON_INTERPRET=1`` first); sizes that would take minutes there are
-refused with a message saying which sizes are practical.
+Without a CUDA device the kernels run under Triton's interpreter on the CPU (``main`` sets
+``TRITON_INTERPRET=1`` first); sizes that would take minutes there are refused with a message
+saying which sizes are practical.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from mla_var3.designs import DESIGNS as _TABLE, design
+from mla_var3.kernel import use_interpreter_without_gpu
 from mla_var3.kernel._common import cdiv, interpreting
 
-DESIGNS = ("flash_attention", "flash_mla", "mla_var6_plus")
+DESIGNS = tuple(d.kernel for d in _TABLE)
 #: interpreter cost (seconds, measured on a 2-core CPU) per unit of work: the absorbed kernel per
 #: (64 rows of heads x queries) x 64 keys; the expanded kernel per (head x 16 queries) x 64 keys;
 #: the hybrid pays both plus a fixed cost for its merge.
@@ -33,17 +35,14 @@ INTERP_S_HYBRID_FIXED = 0.5
 INTERP_LIMIT_S = 30.0
 
 
-def interpreter_estimate(design: str, dims, problem) -> float:
+def interpreter_estimate(design_name: str, dims, problem) -> float:
     """Rough seconds of one call under the interpreter (see the constants above)."""
     b, s, h = problem.b, problem.s, dims.h
     latent = b * cdiv(h * s, 64) * INTERP_S_LATENT_BLOCK
     expanded = b * h * cdiv(s, 16) * INTERP_S_EXPANDED_BLOCK
-    if design == "flash_mla":
-        return latent * cdiv(problem.t, 64)
-    if design == "flash_attention":
-        return expanded * cdiv(problem.t, 64)
-    n = problem.n or 0
-    return latent * cdiv(problem.t - n, 64) + expanded * cdiv(n, 64) + INTERP_S_HYBRID_FIXED
+    d = design(design_name)
+    n = (problem.n or 0) if d.split else 0 if d.latent else problem.t       # keys read expanded
+    return latent * cdiv(problem.t - n, 64) + expanded * cdiv(n, 64) + (INTERP_S_HYBRID_FIXED if d.split else 0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,12 +76,13 @@ def _problem(args, dims):
     from mla_var3.shapes import Problem
 
     problem = Problem(b=args.b, s=args.s, t=args.t, n=args.n, causal=not args.no_causal)
-    if args.design == "mla_var6_plus" and args.n is None:
-        from mla_var3.runtime.bench import model_best_n
+    split = design(args.design).split
+    if split and args.n is None:
+        from mla_var3.runtime.bench import align_n, model_best_n
 
-        problem = problem.with_n(min(problem.t, max(0, round(model_best_n(dims, problem, _device(args)) / 64) * 64)))
-    elif args.design != "mla_var6_plus" and args.n is not None:
-        raise ValueError("--n applies to mla_var6_plus only")
+        problem = problem.with_n(align_n(model_best_n(dims, problem, _device(args)), problem.t))
+    elif not split and args.n is not None:
+        raise ValueError(f"--n applies to {', '.join(d.kernel for d in _TABLE if d.split)} only")
     return problem
 
 
@@ -99,23 +99,16 @@ def _fmt_problem(dims, problem, dtype) -> str:
 
 
 def _check(args, dims, problem, device) -> int:
-    import torch
-
     from mla_var3.runtime import designs as D
-    from mla_var3.testing import TOLERANCE, rel_err
+    from mla_var3.testing import TOLERANCE
 
-    inputs = D.design_inputs(args.design, dims, problem, dtype=args.dtype, device=device, seed=args.seed)
-    out = D.run(args.design, inputs)
-    ref_in = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    ref = D.reference_outputs(args.design, ref_in)
     tol = TOLERANCE[D.torch_dtype(args.dtype)]
     ok = True
-    for name, r in ref.items():
-        err = rel_err(out[name].float(), r)
-        passed = err <= tol
-        ok &= passed
-        print(f"  {name:9s} {list(out[name].shape)}: relative error {err:.3e} (tolerance {tol:.0e}) "
-              f"{'ok' if passed else 'TOO LARGE'}")
+    for name, (shape, err) in D.check(args.design, dims, problem, dtype=args.dtype, device=device,
+                                      seed=args.seed).items():
+        ok &= err <= tol
+        print(f"  {name:9s} {shape}: relative error {err:.3e} (tolerance {tol:.0e}) "
+              f"{'ok' if err <= tol else 'TOO LARGE'}")
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -172,6 +165,7 @@ def _run_once(args, dims, problem, device) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    use_interpreter_without_gpu()
     try:
         return _main(args)
     except ValueError as exc:

@@ -2,10 +2,11 @@
 
 Each design (``"flash_mla"``, ``"flash_mla_paged"``, ``"flash_attention"``, ...) maps backend
 names to launchers. The portable ``"triton"`` backend (plain ``triton.language``, tested on the
-CPU interpreter) runs everywhere; a device-specific backend (e.g. ``"gluon"`` for sm_90)
-registers with a ``supports(device)`` predicate and a higher priority, and ``select`` picks it
-automatically where it applies. Every backend of a design takes the same arguments as the
-design's public entry point (minus ``backend``).
+CPU interpreter) runs everywhere and is registered by the design's module; a device-specific
+backend (e.g. ``"gluon"`` for sm_90) is registered by its own module, in a package of
+:data:`PLUGINS` that the first lookup imports, with a ``supports(device)`` predicate and a
+higher priority, and ``select`` picks it automatically where it applies. Every backend of a
+design takes the same arguments as the design's public entry point (minus ``backend``).
 
 Example
 -------
@@ -17,10 +18,16 @@ Example
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+#: packages whose modules register device-specific backends on import (loaded by the first
+#: lookup, named here rather than imported: they build on the portable modules, which import
+#: this registry).
+PLUGINS = ("mla_var3.kernel.hopper",)
 
 
 def _always(device: torch.device) -> bool:
@@ -44,6 +51,17 @@ class Backend:
 
 
 _REGISTRY: dict[str, dict[str, Backend]] = {}
+_plugins_loaded = False
+
+
+def _table(design: str) -> dict[str, Backend]:
+    """The backends of ``design`` after the plugin packages have registered theirs."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for package in PLUGINS:
+            importlib.import_module(package)
+    return _REGISTRY.get(design, {})
 
 
 def register(design: str, name: str, launcher: Callable, *, supports: Callable[[torch.device], bool] = _always,
@@ -56,13 +74,13 @@ def register(design: str, name: str, launcher: Callable, *, supports: Callable[[
 
 def backends(design: str) -> dict[str, Backend]:
     """The registered backends of ``design`` (name -> Backend); empty if none."""
-    return dict(_REGISTRY.get(design, {}))
+    return dict(_table(design))
 
 
 def available(design: str, device: torch.device | str) -> list[str]:
     """Names of the backends of ``design`` that can run on ``device``, best first."""
     device = torch.device(device)
-    found = [b for b in _REGISTRY.get(design, {}).values() if b.supports(device)]
+    found = [b for b in _table(design).values() if b.supports(device)]
     return [b.name for b in sorted(found, key=lambda b: -b.priority)]
 
 
@@ -73,7 +91,7 @@ def select(design: str, device: torch.device | str, backend: str = "auto") -> Ca
     name picks that backend and raises ValueError if it is unknown or cannot run on ``device``.
     """
     device = torch.device(device)
-    table = _REGISTRY.get(design)
+    table = _table(design)
     if not table:
         raise ValueError(f"no backend registered for design {design!r}; known designs: {sorted(_REGISTRY)}")
     if backend == "auto":

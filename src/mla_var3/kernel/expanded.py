@@ -36,12 +36,13 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel import backends
-from mla_var3.kernel._common import (  # noqa: F401  (SMEM_LIMIT is re-exported)
-    SMEM_LIMIT,
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2, num_sms,
+from mla_var3.kernel._common import (
+    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2,
+    num_sms,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
+from mla_var3.shapes import MLADims, Problem
 
 __all__ = ["FlashAttentionConfig", "default_config", "candidate_configs", "example_launch", "flash_attention",
            "tma_compatible"]
@@ -348,7 +349,6 @@ def _splits_for(programs: int, t: int, block_n: int, sms: int) -> int:
     return max(1, min(cdiv(2 * sms, programs), t // (4 * block_n), 64))
 
 
-#: shared memory one program may request on sm_90 (Triton's OutOfResources limit)
 #: shared memory per SM on sm_90 (two programs co-reside when both fit, with 1 KiB reserved each)
 SMEM_PER_SM = 233_472
 
@@ -360,7 +360,23 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, d: int = 128, p: int
     return (block_m * (dd + pp) + num_stages * block_n * (2 * dd + pp)) * itemsize
 
 
-def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> FlashAttentionConfig:
+def _default_config(b: int, h: int, s: int, t: int, d: int, p: int, sms: int) -> FlashAttentionConfig:
+    """:func:`default_config` from the launch's sizes and the device's SM count."""
+    block_n = 64 if d + p <= 256 else 32
+    if s > 128 and smem_bytes(128, block_n, 3, d, p) <= SMEM_LIMIT:
+        programs = b * h * cdiv(s, 128)
+        return FlashAttentionConfig(128, block_n, 8, 3, _splits_for(programs, t, block_n, sms), masked_stages=1)
+    block_m = min(64, max(16, next_pow2(s)))
+    programs = b * h * cdiv(s, block_m)
+    return FlashAttentionConfig(block_m, block_n, 4, 2, _splits_for(programs, t, block_n, sms))
+
+
+def _sms(device) -> int:
+    device = torch.device(device) if device is not None else None
+    return num_sms(device.index if device is not None and device.type == "cuda" else None)
+
+
+def default_config(dims: MLADims, problem: Problem, *, device=None) -> FlashAttentionConfig:
     """Analytic default, set from measurements on an H200 (``docs/kernels/flash-attention.md``).
 
     - s <= 64: one row block covers s queries (decode pads to 16); these points are bound by
@@ -373,30 +389,19 @@ def default_config(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) ->
       rate) against 13,985 / 25,445 us for the 2-stage tile, and 6,108 us on causal prefill
       s = t = 4096, b = 4.
     Falls back to the 64-row tile when the deeper one does not fit in shared memory. Split-KV
-    when (b, h, row blocks) fill under one wave.
+    when (b, h, row blocks) fill under one wave of ``device``'s SMs (default: the current GPU).
     """
-    block_n = 64 if d + p <= 256 else 32
-    if s > 128 and smem_bytes(128, block_n, 3, d, p) <= SMEM_LIMIT:
-        programs = b * h * cdiv(s, 128)
-        return FlashAttentionConfig(128, block_n, 8, 3, _splits_for(programs, t, block_n, num_sms()), masked_stages=1)
-    block_m = min(64, max(16, next_pow2(s)))
-    programs = b * h * cdiv(s, block_m)
-    splits = _splits_for(programs, t, block_n, num_sms())
-    return FlashAttentionConfig(block_m, block_n, 4, 2, splits)
+    return _default_config(problem.b, dims.h, problem.s, problem.t, dims.d, dims.p, _sms(device))
 
 
-def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64) -> tuple[FlashAttentionConfig, ...]:
-    """The autotuning space around :func:`default_config` (tiles x warps x stages x splits, and
-    for 128-row tiles a single-stage masked loop and TMA loads with and without the lazy
-    rescale), without configs whose shared memory exceeds the sm_90 limit (TMA adds its
-    barriers, < 1 KiB, to :func:`smem_bytes`)."""
+def _candidate_configs(b: int, h: int, s: int, t: int, d: int, p: int, sms: int) -> tuple[FlashAttentionConfig, ...]:
     block_ms = sorted({min(64, max(16, next_pow2(s))), *([64, 128] if s > 64 else [])})
     out = []
     for bm, bn, warps, stages in itertools.product(block_ms, (32, 64, 128), (4, 8), (2, 3, 4)):
         if bm * bn > 128 * 128 or (bm >= 128 and warps < 8) or smem_bytes(bm, bn, stages, d, p) > SMEM_LIMIT:
             continue
         programs = b * h * cdiv(s, bm)
-        for splits in sorted({1, _splits_for(programs, t, bn, num_sms())}):
+        for splits in sorted({1, _splits_for(programs, t, bn, sms)}):
             out.append(FlashAttentionConfig(bm, bn, warps, stages, splits))
             if bm >= 128 and splits == 1:
                 out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, masked_stages=1))
@@ -404,6 +409,14 @@ def candidate_configs(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64)
                     out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, tma=True))
                     out.append(FlashAttentionConfig(bm, bn, warps, stages, splits, rescale_threshold=8.0, tma=True))
     return tuple(out)
+
+
+def candidate_configs(dims: MLADims, problem: Problem, *, device=None) -> tuple[FlashAttentionConfig, ...]:
+    """The autotuning space around :func:`default_config` (tiles x warps x stages x splits, and
+    for 128-row tiles a single-stage masked loop and TMA loads with and without the lazy
+    rescale), without configs whose shared memory exceeds the sm_90 limit (TMA adds its
+    barriers, < 1 KiB, to :func:`smem_bytes`)."""
+    return _candidate_configs(problem.b, dims.h, problem.s, problem.t, dims.d, dims.p, _sms(device))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -520,7 +533,7 @@ def example_launch(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64, *,
     """The GPU launch arguments of the kernel for a problem (contiguous inputs, pointers as type
     strings) and the config used (default: :func:`default_config`), for compiling it without a
     GPU via :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
-    config = config or default_config(b, h, s, t, d, p)
+    config = config or _default_config(b, h, s, t, d, p, num_sms())
     meta = dict(dtype=dtype, device="meta")
     q, qpe = torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, p, **meta)
     k, v, kpe = torch.empty(b, t, h, d, **meta), torch.empty(b, t, h, d, **meta), torch.empty(b, t, p, **meta)
@@ -539,30 +552,12 @@ def _flash_attention_triton(q, qpe, k, v, kpe, *, scale, causal, seqlens, config
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     if b * h * s == 0:
         return out, lse
-    config = config or default_config(b, h, s, k.shape[1], d, kpe.shape[-1])
+    config = config or _default_config(b, h, s, k.shape[1], d, kpe.shape[-1], _sms(q.device))
     _launch(q, qpe, k, v, kpe, out, lse, seqlens, scale, causal, config)
     return out, lse
 
 
-#: the Hopper kernel takes calls with more query rows than this (a program owns 128 rows; at
-#: s <= 64 the portable kernel streams the keys at the copy bandwidth with 16-64-row tiles)
-GLUON_MIN_S = 64
-
-
-def _flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
-    """The sm_90 backend of :func:`flash_attention`: the warp-specialised Gluon kernel
-    (:mod:`mla_var3.kernel.hopper.expanded_gluon`) for ``S > GLUON_MIN_S`` without ``seqlens``
-    or a portable ``config`` where its TMA loads apply, else the portable kernel."""
-    from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon, gluon_applies
-
-    if config is None and q.shape[2] > GLUON_MIN_S and gluon_applies(q, qpe, k, v, kpe, seqlens):
-        return flash_attention_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, out=out)
-    return _flash_attention_triton(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
-                                   out=out)
-
-
 backends.register("flash_attention", "triton", _flash_attention_triton)
-backends.register("flash_attention", "gluon", _flash_attention_hopper, supports=backends.gluon_hopper, priority=10)
 
 
 def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor, *,

@@ -56,11 +56,12 @@ import triton.language as tl
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2, num_sms,
+    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
 from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
+from mla_var3.shapes import MLADims, Problem
 
 __all__ = ["LatentPartConfig", "MLAVar6PlusConfig", "default_config", "candidate_configs", "example_launch",
            "expanded_persistent", "merge_partials", "mla_var6_plus"]
@@ -334,37 +335,43 @@ class MLAVar6PlusConfig:
     latent: LatentPartConfig = field(default_factory=LatentPartConfig)
     expanded: FlashAttentionConfig = field(default_factory=FlashAttentionConfig)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.latent, LatentPartConfig) or not isinstance(self.expanded, FlashAttentionConfig):
+            raise ValueError(f"MLAVar6PlusConfig takes a LatentPartConfig and a FlashAttentionConfig, got {self}")
 
-def _latent_config(b: int, h: int, s: int, o: int, rows: int, block_n: int, warps: int, stages: int) -> LatentPartConfig:
+
+def _latent_config(b: int, h: int, s: int, o: int, rows: int, block_n: int, warps: int, stages: int,
+                   sms: int) -> LatentPartConfig:
     block_s = min(next_pow2(s), rows)
     block_h = min(next_pow2(h), max(1, rows // block_s))
     block_s = max(block_s, 16 // block_h)              # pad tiny h * s up to the 16-row minimum
     programs = b * cdiv(h, block_h) * cdiv(s, block_s)
-    splits = _fa._splits_for(programs, o, block_n, num_sms())
+    splits = _fa._splits_for(programs, o, block_n, sms)
     return LatentPartConfig(block_h, block_s, block_n, warps, stages, splits)
 
 
-def default_config(b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64, k: int = 512) -> MLAVar6PlusConfig:
+def default_config(dims: MLADims, problem: Problem, *, device=None) -> MLAVar6PlusConfig:
     """Analytic default: latent rows = 32 (heads x queries) per program with 32-key blocks of Z
     and 8 warps (the 32 x 512 float32 accumulator is 64 registers per thread: no spills on
     sm_90, where 64 rows spill), split-KV for small batches; the expanded part takes the
-    expanded kernel's default for its N keys."""
-    rows = 32 if k > 256 else 64
-    latent = _latent_config(b, h, s, o, rows, 32, 8, 2)
-    return MLAVar6PlusConfig(latent, _fa.default_config(b, h, s, max(n, 1), d, p))
+    expanded kernel's default for its N keys (``problem.n``, None = 0)."""
+    b, h, s, n, sms = problem.b, dims.h, problem.s, problem.n or 0, _fa._sms(device)
+    latent = _latent_config(b, h, s, problem.t - n, 32 if dims.k > 256 else 64, 32, 8, 2, sms)
+    return MLAVar6PlusConfig(latent, _fa._default_config(b, h, s, max(n, 1), dims.d, dims.p, sms))
 
 
-def candidate_configs(b: int, h: int, s: int, o: int, n: int, d: int = 128, p: int = 64,
-                      k: int = 512) -> tuple[MLAVar6PlusConfig, ...]:
+def candidate_configs(dims: MLADims, problem: Problem, *, device=None) -> tuple[MLAVar6PlusConfig, ...]:
     """The autotuning space. The parts are tuned independently: each latent candidate (row
     groups x key blocks x warps x stages, keeping the fp32 accumulator within 64 registers per
     thread) with the expanded default, and each expanded candidate with the latent default."""
-    base = default_config(b, h, s, o, n, d, p, k)
-    latents = {_latent_config(b, h, s, o, rows, bn, warps, stages)
+    base = default_config(dims, problem, device=device)
+    b, h, s, n, sms = problem.b, dims.h, problem.s, problem.n or 0, _fa._sms(device)
+    latents = {_latent_config(b, h, s, problem.t - n, rows, bn, warps, stages, sms)
                for rows, bn, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3))
-               if rows * next_pow2(k) <= warps * 32 * 64}
+               if rows * next_pow2(dims.k) <= warps * 32 * 64}
     out = {MLAVar6PlusConfig(lat, base.expanded) for lat in latents}
-    out |= {MLAVar6PlusConfig(base.latent, exp) for exp in _fa.candidate_configs(b, h, s, max(n, 1), d, p)}
+    out |= {MLAVar6PlusConfig(base.latent, exp)
+            for exp in _fa._candidate_configs(b, h, s, max(n, 1), dims.d, dims.p, sms)}
     return (base, *sorted(out - {base}, key=repr))
 
 
@@ -516,7 +523,7 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
     kernels, ``part`` in ``("latent", "merge", "persistent")`` (the expanded part is
     :func:`mla_var3.kernel.expanded.example_launch` with t = n), and its launch options
     (num_warps, num_stages), for :func:`mla_var3.kernel.sass.compile_launch_in_subprocess`."""
-    config = config or default_config(b, h, s, o, n, d, p, k)
+    config = config or default_config(MLADims(h=h, d=d, p=p, k=k), Problem(b, s, o + n, n))
     meta = dict(dtype=dtype, device="meta")
     f32 = dict(dtype=torch.float32, device="meta")
     if part == "latent":
@@ -558,7 +565,8 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b * h * s == 0:
         return out, out_latent, lse
-    config = config or default_config(b, h, s, o_len, n_len, d, qpe.shape[-1], k)
+    config = config or default_config(MLADims(h=h, d=d, p=qpe.shape[-1], k=k), Problem(b, s, o_len + n_len, n_len),
+                                      device=dev)
     kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
     t = o_len + n_len
     if o_len == 0:
@@ -580,26 +588,6 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
 
 
 backends.register("mla_var6_plus", "triton", _mla_var6_plus_triton)
-
-
-# ----------------------------------------------------------------------------------------------
-# Hopper (sm_90): mla_var3.kernel.hopper.hybrid_hopper
-# ----------------------------------------------------------------------------------------------
-
-def _mla_var6_plus_gluon(*args, **kwargs):
-    """The sm_90 backend: :func:`mla_var3.kernel.hopper.hybrid_hopper.mla_var6_plus_hopper`
-    (imported on first use; that module builds on this one)."""
-    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
-
-    return mla_var6_plus_hopper(*args, **kwargs)
-
-
-# Opt-in (backend="gluon"), below the portable kernel in "auto": on an H200 it was no faster
-# than the Gluon absorbed kernel alone (best n at b=32, s=16 was 0; overlapped ~ sequential),
-# and 2 of the GPU tests at small widths failed on it (a TMA stride-alignment assertion with
-# NaN-padded views, and an lse error of 2.1e-4 against the 1e-4 bound); the DeepSeek-size
-# checks of benchmarks/hybrid_check.py passed. See docs/kernels/mla-var6-plus.md.
-backends.register("mla_var6_plus", "gluon", _mla_var6_plus_gluon, supports=backends.gluon_hopper, priority=-10)
 
 
 def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,

@@ -2,7 +2,9 @@
 
 Used by ``mla-var3 report`` (the README's main job): on a GPU it runs each design at a
 DeepSeek-V3-sized shape; without one it runs small shapes under Triton's interpreter, so a
-fresh CPU machine still proves the kernels compute the right function.
+fresh CPU machine still proves the kernels compute the right function. Importing this module
+selects the interpreter when there is no GPU (:func:`mla_var3.kernel.use_interpreter_without_gpu`):
+it is the check program's module, and ``mla-var3 report`` reads the choice once it is imported.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3 import kernel as K
-from mla_var3 import reference as R
+from mla_var3.kernel import use_interpreter_without_gpu
+from mla_var3.runtime import designs as D
 from mla_var3.shapes import MLADims, Problem, get_preset
-from mla_var3.testing import TOLERANCE, rel_err
+from mla_var3.testing import TOLERANCE
+
+use_interpreter_without_gpu()
 
 
 @dataclass(frozen=True)
@@ -39,37 +43,26 @@ def _shapes(on_gpu: bool) -> tuple[MLADims, list[Problem]]:
     if on_gpu:
         return get_preset("deepseek-v3"), [Problem(b=8, s=1, t=4096, n=512), Problem(b=8, s=16, t=4096, n=512)]
     # small enough for the interpreter (a few seconds), with a ragged last key block and s > 1
-    return MLADims(h=16, d=32, p=16, k=64, name="small"), [Problem(b=1, s=1, t=70, n=16), Problem(b=1, s=3, t=70, n=16)]
+    return MLADims(h=16, d=32, p=16, k=64, dv=32, name="small"), [Problem(b=1, s=1, t=70, n=16), Problem(b=1, s=3, t=70, n=16)]
 
 
 def run_selfcheck(device: str | None = None, dtype: torch.dtype = torch.bfloat16) -> list[CheckResult]:
-    """Run every design once per shape against the reference; returns one result per run."""
+    """Run every design (and the decompression) once per shape against its fp32 reference
+    (:func:`mla_var3.runtime.designs.check`; the largest relative error of its outputs); one
+    result per run."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dims, problems = _shapes(device == "cuda")
-    tol = TOLERANCE[dtype]
+    name = str(dtype).replace("torch.", "")
+    dt = {v: k for k, v in D.TORCH_DTYPES.items()}[dtype]
     results = []
     for problem in problems:
-        x = R.make_inputs(dims, problem, dtype=dtype, device=device, seed=problem.s)
         shape = f"{dims.name} b={problem.b} s={problem.s} t={problem.t}"
-        runs = {
-            "flash_mla": lambda: (K.flash_mla(x.qc, x.qpe, x.z, x.kpe, scale=x.scale)[0],
-                                  R.flash_mla(x.qc, x.qpe, x.z, x.kpe, x.scale)[0]),
-            "flash_attention": lambda: (K.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, scale=x.scale)[0],
-                                        R.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, x.scale)[0]),
-            f"mla_var6_plus n={problem.n}": lambda: _hybrid(x),
-            "decompress": lambda: (K.decompress(x.qc, x.w_uv), R.decompress(x.qc, x.w_uv)),
-        }
-        for design, run in runs.items():
+        for kernel in (*D.DESIGNS, "decompress"):
             start = time.perf_counter()
-            out, ref = run()
+            errors = D.check(kernel, dims, problem, dtype=dt, device=device, seed=problem.s)
             if device == "cuda":
                 torch.cuda.synchronize()
-            results.append(CheckResult(design, shape, str(dtype).replace("torch.", ""), rel_err(out, ref), tol,
+            label = kernel + (f" n={problem.n}" if kernel == "mla_var6_plus" else "")
+            results.append(CheckResult(label, shape, name, max(e for _, e in errors.values()), TOLERANCE[dtype],
                                        time.perf_counter() - start))
     return results
-
-
-def _hybrid(x: R.MLAInputs):
-    o, o_lat, _ = K.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale)
-    ref_o, ref_lat, _ = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale)
-    return torch.cat([o.flatten(), o_lat.flatten()]), torch.cat([ref_o.flatten(), ref_lat.flatten()])

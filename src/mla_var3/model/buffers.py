@@ -13,6 +13,8 @@ buffers ``buf [B, C, ...]`` with ``C >= T`` rows, so that an append of s tokens 
   append never changes the tokens of another container.
 - :func:`regrow` copies a view into a new, larger buffer; :func:`write_rows` writes s new rows
   at one offset (a uniform batch: a slice) or at each sequence's own offset (one index op).
+- :func:`check_seqlens`, :func:`check_new` and :func:`pad_stack` validate and join what every
+  container takes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,36 @@ import torch
 #: spare rows of a new buffer: ``max(MIN_SLACK, SLACK_FRACTION * rows)`` (and at least one step).
 MIN_SLACK = 64
 SLACK_FRACTION = 0.25
+
+
+def check_seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
+    """``seqlens [B]`` as int32 on ``device`` (default: every sequence holds ``t`` tokens)."""
+    if seqlens is None:
+        return torch.full((b,), t, dtype=torch.int32, device=device)
+    if seqlens.shape != (b,) or seqlens.dtype.is_floating_point:
+        raise ValueError(f"seqlens must be an integer [B={b}] tensor, got {list(seqlens.shape)} {seqlens.dtype}")
+    if b and (int(seqlens.min()) < 0 or int(seqlens.max()) > t):
+        raise ValueError(f"seqlens must lie in [0, T={t}], got {seqlens.tolist()}")
+    return seqlens.to(device=device, dtype=torch.int32)
+
+
+def check_new(name: str, x: torch.Tensor, b: int, tail: tuple[int, ...], ref: torch.Tensor) -> int:
+    """Check ``x`` is ``[b, s, *tail]`` with ref's dtype/device; return s."""
+    if x.dim() != 2 + len(tail) or x.shape[0] != b or tuple(x.shape[2:]) != tail:
+        want = ", ".join(["B=" + str(b), "s", *map(str, tail)])
+        raise ValueError(f"{name} must be [{want}], got {list(x.shape)}")
+    if x.dtype != ref.dtype or x.device != ref.device:
+        raise ValueError(f"{name} must be {ref.dtype} on {ref.device} like the cache, got {x.dtype} on {x.device}")
+    return x.shape[1]
+
+
+def pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack ``[L_i, ...]`` tensors into ``[len(parts), length, ...]`` with zero padding."""
+    ref = parts[0]
+    out = ref.new_zeros((len(parts), length, *ref.shape[1:]))
+    for i, part in enumerate(parts):
+        out[i, : part.shape[0]] = part
+    return out
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:

@@ -33,8 +33,8 @@ so a decode copies the cache once per ``T / 4`` steps (amortised ~4 rows per ste
 reports the buffers, and ``reserve(max_len)`` sizes them for a known context. For a ragged batch the
 zero padding past a shorter sequence's length in the *old* container may then hold the new
 tokens (never read: the lengths mask it); the new container's padding is zero. The hybrid
-cache (:mod:`mla_var3.model.hybrid_cache`, re-exported here) also maintains its window per
-step with whole-batch tensor ops (see that module).
+cache (:mod:`mla_var3.model.hybrid_cache`) also maintains its window per step with
+whole-batch tensor ops (see that module).
 
 Hybrid window and latent copies: the hybrid keeps the ``n`` newest tokens of each sequence
 expanded (``K``, ``V`` per head) and the older ``o = t - n`` latent. With
@@ -52,27 +52,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mla_var3.model.buffers import HostLengths, Store, regrow, reserve, rows_at, tensor_bytes as _nbytes, write_rows
-
-
-def _seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
-    if seqlens is None:
-        return torch.full((b,), t, dtype=torch.int32, device=device)
-    if seqlens.shape != (b,) or seqlens.dtype.is_floating_point:
-        raise ValueError(f"seqlens must be an integer [B={b}] tensor, got {list(seqlens.shape)} {seqlens.dtype}")
-    if b and (int(seqlens.min()) < 0 or int(seqlens.max()) > t):
-        raise ValueError(f"seqlens must lie in [0, T={t}], got {seqlens.tolist()}")
-    return seqlens.to(device=device, dtype=torch.int32)
-
-
-def _check_new(name: str, x: torch.Tensor, b: int, tail: tuple[int, ...], ref: torch.Tensor) -> int:
-    """Check ``x`` is ``[b, s, *tail]`` with ref's dtype/device; return s."""
-    if x.dim() != 2 + len(tail) or x.shape[0] != b or tuple(x.shape[2:]) != tail:
-        want = ", ".join(["B=" + str(b), "s", *map(str, tail)])
-        raise ValueError(f"{name} must be [{want}], got {list(x.shape)}")
-    if x.dtype != ref.dtype or x.device != ref.device:
-        raise ValueError(f"{name} must be {ref.dtype} on {ref.device} like the cache, got {x.dtype} on {x.device}")
-    return x.shape[1]
+from mla_var3.model.buffers import (HostLengths, Store, check_new, check_seqlens, pad_stack, regrow, reserve, rows_at,
+                                   tensor_bytes as _nbytes, write_rows)
+from mla_var3.model.expand import expand_kv
 
 
 def _append_rows(buf: torch.Tensor, seqlens: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -83,15 +65,6 @@ def _append_rows(buf: torch.Tensor, seqlens: torch.Tensor, new: torch.Tensor) ->
     out[:, : buf.shape[1]] = buf
     rows = seqlens.long()[:, None] + torch.arange(s, device=buf.device)
     out[torch.arange(b, device=buf.device)[:, None], rows] = new
-    return out
-
-
-def _pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
-    """Stack ``[L_i, ...]`` tensors into ``[len(parts), length, ...]`` with zero padding."""
-    ref = parts[0]
-    out = ref.new_zeros((len(parts), length, *ref.shape[1:]))
-    for i, part in enumerate(parts):
-        out[i, : part.shape[0]] = part
     return out
 
 
@@ -107,12 +80,13 @@ class LatentCache(HostLengths):
     z: torch.Tensor
     kpe: torch.Tensor
     seqlens: torch.Tensor = None  # type: ignore[assignment]
+    kind = "latent"  # what the dispatcher reads (mla_var3.designs.CACHE_KINDS)
 
     def __post_init__(self) -> None:
         if self.z.dim() != 3 or self.kpe.dim() != 3 or self.z.shape[:2] != self.kpe.shape[:2]:
             raise ValueError(f"LatentCache: z must be [B, T, K] and kpe [B, T, P], got {list(self.z.shape)} "
                              f"and {list(self.kpe.shape)}")
-        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, *self.z.shape[:2], self.z.device))
+        object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, *self.z.shape[:2], self.z.device))
         self._attach(tuple(int(x) for x in self.seqlens.tolist()), None, 0)
 
     def _attach(self, lengths: tuple[int, ...], store: Store | None, gen: int) -> None:
@@ -151,8 +125,8 @@ class LatentCache(HostLengths):
         buffers have room; otherwise (first append, a branch, buffers full) new buffers with
         spare rows. The tokens of ``self`` are never changed.
         """
-        s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
-        if _check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe) != s:
+        s = check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
+        if check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe) != s:
             raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
         lengths = tuple(L + s for L in self._lengths)
         t = self.max_len
@@ -184,10 +158,7 @@ class LatentCache(HostLengths):
 
     def to_expanded(self, w_uk: torch.Tensor, w_uv: torch.Tensor) -> "ExpandedCache":
         """Expand every token per head: ``k = w_uk[h] @ z``, ``v = z @ w_uv[h]``."""
-        from mla_var3.reference import expand_kv
-
-        k, v = expand_kv(self.z, w_uk, w_uv)
-        return ExpandedCache(k.to(self.z.dtype), v.to(self.z.dtype), self.kpe, self.seqlens)
+        return ExpandedCache(*expand_kv(self.z, w_uk, w_uv), self.kpe, self.seqlens)
 
     @staticmethod
     def stack(caches: list["LatentCache"]) -> "LatentCache":
@@ -195,8 +166,8 @@ class LatentCache(HostLengths):
         spans = [(c, i, c.lengths[i]) for c in caches for i in range(c.batch)]
         lengths = torch.tensor([L for _, _, L in spans], dtype=torch.int32, device=caches[0].z.device)
         t = max(L for _, _, L in spans)
-        return LatentCache(_pad_stack([c.z[i, :L] for c, i, L in spans], t),
-                           _pad_stack([c.kpe[i, :L] for c, i, L in spans], t), lengths)
+        return LatentCache(pad_stack([c.z[i, :L] for c, i, L in spans], t),
+                           pad_stack([c.kpe[i, :L] for c, i, L in spans], t), lengths)
 
 
 @dataclass(frozen=True)
@@ -208,12 +179,13 @@ class ExpandedCache:
     v: torch.Tensor
     kpe: torch.Tensor
     seqlens: torch.Tensor = None  # type: ignore[assignment]
+    kind = "expanded"
 
     def __post_init__(self) -> None:
         if self.k.dim() != 4 or self.v.shape != self.k.shape or self.kpe.dim() != 3 or self.kpe.shape[:2] != self.k.shape[:2]:
             raise ValueError(f"ExpandedCache: k, v must be [B, T, H, D] and kpe [B, T, P], got {list(self.k.shape)}, "
                              f"{list(self.v.shape)}, {list(self.kpe.shape)}")
-        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, *self.k.shape[:2], self.k.device))
+        object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, *self.k.shape[:2], self.k.device))
 
     @classmethod
     def empty(cls, b: int, h: int, d: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "ExpandedCache":
@@ -239,9 +211,9 @@ class ExpandedCache:
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor, kpe_new: torch.Tensor) -> "ExpandedCache":
         """Add ``k_new, v_new [B, s, H, D]``, ``kpe_new [B, s, P]`` after each sequence's tokens."""
-        s = _check_new("k_new", k_new, self.batch, tuple(self.k.shape[2:]), self.k)
-        _check_new("v_new", v_new, self.batch, tuple(self.v.shape[2:]), self.v)
-        _check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe)
+        s = check_new("k_new", k_new, self.batch, tuple(self.k.shape[2:]), self.k)
+        check_new("v_new", v_new, self.batch, tuple(self.v.shape[2:]), self.v)
+        check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe)
         if v_new.shape[1] != s or kpe_new.shape[1] != s:
             raise ValueError(f"k_new, v_new, kpe_new must add the same tokens, got {k_new.shape[1]}, "
                              f"{v_new.shape[1]}, {kpe_new.shape[1]}")
@@ -260,7 +232,7 @@ class ExpandedCache:
                 for L in [int(c.seqlens[i])]]
         lengths = torch.tensor([k.shape[0] for k, _, _ in seqs], dtype=torch.int32, device=caches[0].k.device)
         t = int(lengths.max())
-        return ExpandedCache(*(_pad_stack([s[j] for s in seqs], t) for j in range(3)), lengths)
+        return ExpandedCache(*(pad_stack([s[j] for s in seqs], t) for j in range(3)), lengths)
 
 
 @dataclass(frozen=True)
@@ -285,6 +257,7 @@ class PagedLatentCache:
     seqlens: torch.Tensor
     k: int
     free: tuple[int, ...] = field(default=())
+    kind = "paged"
 
     def __post_init__(self) -> None:
         if self.kv.dim() != 4 or self.kv.shape[2] != 1 or self.kv.shape[3] <= self.k:
@@ -294,7 +267,7 @@ class PagedLatentCache:
             raise ValueError(f"PagedLatentCache: block_table must be [B, max_blocks] int32, got "
                              f"{list(self.block_table.shape)} {self.block_table.dtype}")
         b, max_blocks = self.block_table.shape
-        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, b, max_blocks * self.block_size, self.kv.device))
+        object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, b, max_blocks * self.block_size, self.kv.device))
 
     @property
     def block_size(self) -> int:
@@ -364,8 +337,8 @@ class PagedLatentCache:
     def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
         """Write s tokens per sequence into their blocks, taking blocks from the pool (growing it
         when empty)."""
-        s = _check_new("z_new", z_new, self.batch, (self.k,), self.kv)
-        if _check_new("kpe_new", kpe_new, self.batch, (self.kv.shape[3] - self.k,), self.kv) != s:
+        s = check_new("z_new", z_new, self.batch, (self.k,), self.kv)
+        if check_new("kpe_new", kpe_new, self.batch, (self.kv.shape[3] - self.k,), self.kv) != s:
             raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
         bs = self.block_size
         lengths = self.seqlens.tolist()
@@ -392,7 +365,4 @@ class PagedLatentCache:
         return PagedLatentCache(kv, block_table, self.seqlens + s, self.k, tuple(free))
 
 
-# the hybrid cache lives in its own module (it needs the helpers above)
-from mla_var3.model.hybrid_cache import HybridCache  # noqa: E402
-
-__all__ = ["LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache"]
+__all__ = ["LatentCache", "ExpandedCache", "PagedLatentCache"]

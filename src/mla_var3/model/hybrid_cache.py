@@ -38,8 +38,11 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.model.buffers import HostLengths, Store, masked, regrow, reserve, rows_at, tensor_bytes, write_rows
-from mla_var3.model.cache import LatentCache, _check_new, _pad_stack, _seqlens
+from mla_var3.model.buffers import (HostLengths, Store, check_new, check_seqlens, masked, pad_stack, regrow, reserve,
+                                   rows_at, tensor_bytes, write_rows)
+from mla_var3.model.cache import LatentCache
+from mla_var3.model.expand import expand_kv
+from mla_var3.shapes import check_window
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class HybridCache(HostLengths):
     seqlens: torch.Tensor
     n: int
     keep_latent_window: bool = True
+    kind = "hybrid"  # what the dispatcher reads (mla_var3.designs.CACHE_KINDS)
 
     def __post_init__(self) -> None:
         b, t = self.kpe.shape[:2]
@@ -80,9 +84,8 @@ class HybridCache(HostLengths):
                 or self.k_win.shape[0] != b:
             raise ValueError(f"HybridCache: z must be [B, Tz, K], kpe [B, T, P], k_win/v_win [B, N, H, D]; got "
                              f"{list(self.z.shape)}, {list(self.kpe.shape)}, {list(self.k_win.shape)}, {list(self.v_win.shape)}")
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 0:
-            raise ValueError(f"HybridCache: n must be an integer >= 0, got {self.n!r}")
-        object.__setattr__(self, "seqlens", _seqlens(self.seqlens, b, t, self.kpe.device))
+        check_window(self.n, "HybridCache: n")
+        object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, b, t, self.kpe.device))
         if self.k_win.shape[1] != min(self.n, t):
             raise ValueError(f"HybridCache: k_win holds {self.k_win.shape[1]} tokens, expected min(n={self.n}, T={t})")
         self._attach(tuple(int(x) for x in self.seqlens.tolist()), None, 0, 0)
@@ -118,10 +121,7 @@ class HybridCache(HostLengths):
                     keep_latent_window: bool = True) -> "HybridCache":
         """Split a latent cache: the ``n`` newest tokens of each sequence are expanded (one
         batched expansion of the window tokens)."""
-        from mla_var3.reference import expand_kv
-
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"HybridCache: n must be an integer >= 0, got {n!r}")
+        check_window(n, "HybridCache: n")
         lengths = latent.seqlens.tolist()
         t = max(lengths, default=0)
         nw = min(n, t)
@@ -137,7 +137,7 @@ class HybridCache(HostLengths):
         z = masked(latent.z, sl)
         if not keep_latent_window:
             z = masked(z[:, : max((L - min(n, L) for L in lengths), default=0)], o)
-        return cls(z, masked(latent.kpe, sl), k_win.to(latent.z.dtype), v_win.to(latent.z.dtype),
+        return cls(z, masked(latent.kpe, sl), k_win, v_win,
                    latent.seqlens.to(torch.int32), n, keep_latent_window)
 
     @classmethod
@@ -145,8 +145,8 @@ class HybridCache(HostLengths):
         """Pad-stack per-sequence ``(z, kpe, k_win, v_win)`` tuples."""
         t = int(seqlens.max()) if len(parts) else 0
         tz = max((z.shape[0] for z, _, _, _ in parts), default=0)
-        return cls(_pad_stack([x[0] for x in parts], tz), _pad_stack([x[1] for x in parts], t),
-                   _pad_stack([x[2] for x in parts], min(n, t)), _pad_stack([x[3] for x in parts], min(n, t)),
+        return cls(pad_stack([x[0] for x in parts], tz), pad_stack([x[1] for x in parts], t),
+                   pad_stack([x[2] for x in parts], min(n, t)), pad_stack([x[3] for x in parts], min(n, t)),
                    seqlens.to(torch.int32), n, keep)
 
     # ----------------------------------------------------------------- properties
@@ -183,10 +183,10 @@ class HybridCache(HostLengths):
         """Add s tokens per sequence (their latent ``z_new [B,s,K]``, RoPE key ``kpe_new [B,s,P]``
         and expanded ``k_new, v_new [B,s,H,D]``); the window keeps the n newest, its oldest
         tokens move to the latent part (their ``z`` is already there). See the module docstring."""
-        s = _check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
+        s = check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
         for name, x, tail in (("kpe_new", kpe_new, (self.kpe.shape[2],)), ("k_new", k_new, tuple(self.k_win.shape[2:])),
                               ("v_new", v_new, tuple(self.v_win.shape[2:]))):
-            if _check_new(name, x, self.batch, tail, self.kpe) != s:
+            if check_new(name, x, self.batch, tail, self.kpe) != s:
                 raise ValueError(f"{name} has {x.shape[1]} tokens, z_new {s}")
         step = _Step(self, s)
         st = self._store

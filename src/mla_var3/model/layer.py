@@ -9,7 +9,8 @@ Projections (per token ``x [hidden]``)::
     k_nope, v = kv_b_proj(z) split per head into d + dv                                   (naive)
     out    = o_proj(attention)
 
-Paths (``mode``):
+Paths (``mode``, one per design of :mod:`mla_var3.designs`, each run by
+:func:`mla_var3.model.attention.run_design`):
 
 * ``"naive"``: expand K, V per head and run :func:`flash_attention` over an
   :class:`ExpandedCache`.
@@ -18,6 +19,8 @@ Paths (``mode``):
   :func:`decompress` with ``W_UV``.
 * ``"hybrid"``: MLAvar6+ over a :class:`HybridCache` (o oldest latent, n newest expanded),
   output ``o + decompress(o_latent)``.
+* ``"auto"``: the dispatcher picks the design per call over a latent, paged or hybrid cache
+  (:func:`mla_var3.model.attention.mla_attention`).
 
 Each call appends the s new tokens to the cache (created empty when ``cache`` is None) and
 returns the new cache; the new tokens are the last s keys of each sequence (causal rule
@@ -38,14 +41,21 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
+from mla_var3.designs import CACHE_KINDS, DESIGNS
+from mla_var3.dispatch.decide import CacheInfo
 from mla_var3.model import weights as W
-from mla_var3.model.backend import attention_fn
-from mla_var3.model.cache import ExpandedCache, HybridCache, LatentCache, PagedLatentCache
+from mla_var3.model.attention import mla_attention, run_design
+from mla_var3.model.cache import ExpandedCache, LatentCache, PagedLatentCache
 from mla_var3.model.config import MLAConfig
+from mla_var3.model.expand import expand_kv
+from mla_var3.model.hybrid_cache import HybridCache
 from mla_var3.model.rope import apply_rope, compute_dtype, rope_cos_sin, rope_inv_freq
+from mla_var3.shapes import check_window
 
-MODES = ("naive", "absorbed", "hybrid")
-_CACHE_FOR_MODE = {"naive": (ExpandedCache,), "absorbed": (LatentCache, PagedLatentCache), "hybrid": (HybridCache,)}
+MODES = tuple(d.mode for d in DESIGNS)
+_CACHE_TYPES = {c.kind: c for c in (ExpandedCache, LatentCache, PagedLatentCache, HybridCache)}
+#: the cache kinds each mode runs over ("auto": the dispatcher's).
+_CACHE_FOR_MODE = {**{d.mode: d.mode_caches for d in DESIGNS}, "auto": CACHE_KINDS}
 
 
 class RMSNorm(nn.Module):
@@ -163,9 +173,6 @@ class MLALayer(nn.Module):
         return self._absorbed
 
     # ----------------------------------------------------------------- forward
-    def _fn(self, name: str, device):
-        return attention_fn(name, device, self.backend)
-
     def project(self, hidden_states: torch.Tensor, positions: torch.Tensor):
         """``q_nope [B,H,S,D]``, ``q_pe [B,H,S,P]`` (rotated), ``z [B,S,K]`` (normed latent),
         ``kpe [B,S,P]`` (rotated) for the new tokens."""
@@ -185,16 +192,16 @@ class MLALayer(nn.Module):
         return q_nope.contiguous(), q_pe.contiguous(), z.contiguous(), kpe.contiguous()
 
     def expand(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``k_nope, v [B, S, H, D]`` of latent tokens ``z [B, S, K]`` through ``kv_b_proj``."""
-        c = self.cfg
-        kv = self.kv_b_proj(z).view(*z.shape[:2], c.h, c.d + c.dv)
-        return kv[..., : c.d].contiguous(), kv[..., c.d:].contiguous()
+        """``k_nope, v [B, S, H, D]`` of latent tokens ``z [B, S, K]`` (the per-head blocks of
+        ``kv_b_proj``)."""
+        w = self.absorbed
+        return expand_kv(z, w.w_uk, w.w_uv)
 
-    def _check_inputs(self, hidden_states, positions, cache, mode):
+    def _check_inputs(self, hidden_states, positions, cache, mode, n):
         c = self.cfg
         dtype = self.kv_b_proj.weight.dtype
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode not in _CACHE_FOR_MODE:
+            raise ValueError(f"mode must be one of {(*MODES, 'auto')}, got {mode!r}")
         if hidden_states.dim() != 3 or hidden_states.shape[2] != c.hidden or hidden_states.shape[1] < 1:
             raise ValueError(f"hidden_states must be [B, S>=1, hidden={c.hidden}], got {list(hidden_states.shape)}")
         if hidden_states.dtype != dtype or hidden_states.device != self.kv_b_proj.weight.device:
@@ -204,11 +211,41 @@ class MLALayer(nn.Module):
             raise ValueError(f"positions must be an integer [B, S]={list(hidden_states.shape[:2])} tensor, "
                              f"got {list(positions.shape)} {positions.dtype}")
         if cache is not None:
-            if not isinstance(cache, _CACHE_FOR_MODE[mode]):
-                want = " or ".join(t.__name__ for t in _CACHE_FOR_MODE[mode])
+            if mode == "auto":
+                CacheInfo.of(cache)  # ValueError for an ExpandedCache or another object
+            kinds = _CACHE_FOR_MODE[mode]
+            if getattr(cache, "kind", None) not in kinds:
+                want = " or ".join(_CACHE_TYPES[k].__name__ for k in kinds)
                 raise ValueError(f"mode {mode!r} needs a {want}, got a {type(cache).__name__}")
             if cache.batch != hidden_states.shape[0]:
                 raise ValueError(f"cache holds {cache.batch} sequences, hidden_states {hidden_states.shape[0]}")
+        if n is None or mode not in ("hybrid", "auto"):   # the other modes keep no window
+            return
+        if cache is None:
+            check_window(n)
+        elif cache.kind != "hybrid":
+            raise ValueError(f"n={n} needs a HybridCache; the cache is a {type(cache).__name__}")
+        elif n != cache.n:
+            raise ValueError(f"hybrid window n={n} differs from the cache's n={cache.n} (a cache keeps its n)")
+
+    def _empty_cache(self, mode: str, n: int | None, b: int, dtype, device):
+        """The cache a call without one starts: the mode's own, for "auto" a LatentCache (a
+        HybridCache of window ``n`` when ``n`` is given); the hybrid's window defaults to
+        ``cfg.hybrid_n``."""
+        c = self.cfg
+        kw = dict(dtype=dtype, device=device)
+        if mode == "hybrid" or (mode == "auto" and n is not None):
+            return HybridCache.empty(b, c.h, c.d, c.k, c.p, c.hybrid_n if n is None else n, **kw)
+        if mode == "naive":
+            return ExpandedCache.empty(b, c.h, c.d, c.p, **kw)
+        return LatentCache.empty(b, c.k, c.p, **kw)
+
+    def _append(self, cache, z: torch.Tensor, kpe: torch.Tensor):
+        """The cache with the new tokens: latents, their expansion, or both, as its kind keeps them."""
+        if cache.kind in ("latent", "paged"):
+            return cache.append(z, kpe)
+        k_new, v_new = self.expand(z)
+        return cache.append(k_new, v_new, kpe) if cache.kind == "expanded" else cache.append(z, kpe, k_new, v_new)
 
     def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor, cache=None, mode: str = "absorbed",
                 n: int | None = None):
@@ -220,82 +257,30 @@ class MLALayer(nn.Module):
         positions : Tensor [B, S] int
             RoPE positions of the new tokens (usually ``seqlens[b] + arange(S)``).
         cache : ExpandedCache (naive), LatentCache or PagedLatentCache (absorbed), HybridCache
-            (hybrid), or None for an empty one.
-        mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`)
+            (hybrid), any but an ExpandedCache ("auto"), or None for an empty one.
+        mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`:
+            ``self.dispatcher`` (default one per device type), ``self.auto_design`` (force a
+            design, default 'auto'); the decision is left in ``self.last_decision``)
         n : int, optional
-            Hybrid window (newest tokens kept expanded); defaults to the cache's n, else
-            ``cfg.hybrid_n``. A cache keeps the n it was made with.
+            Hybrid window (newest tokens kept expanded) of a new HybridCache: defaults to
+            ``cfg.hybrid_n`` in mode "hybrid"; in mode "auto" it makes the new cache a
+            HybridCache. A cache keeps the n it was made with.
 
         Returns
         -------
         out : Tensor [B, S, hidden]
         cache : the cache with the new tokens appended.
         """
-        if mode == "auto":  # the dispatcher picks the design per call (mla_var3.dispatch)
-            from mla_var3.dispatch.run import auto_forward
-
-            return auto_forward(self, hidden_states, positions, cache, n)
-        self._check_inputs(hidden_states, positions, cache, mode)
+        self._check_inputs(hidden_states, positions, cache, mode, n)
         q_nope, q_pe, z, kpe = self.project(hidden_states, positions)
-        if mode == "naive":
-            o, cache = self._naive(q_nope, q_pe, z, kpe, cache)
-        elif mode == "absorbed":
-            o, cache = self._absorbed_path(q_nope, q_pe, z, kpe, cache)
-        else:
-            o, cache = self._hybrid(q_nope, q_pe, z, kpe, cache, n)
         b, s = hidden_states.shape[:2]
-        o = o.to(hidden_states.dtype).transpose(1, 2).reshape(b, s, self.cfg.h * self.cfg.dv)
-        return self.o_proj(o), cache
-
-    def _naive(self, q_nope, q_pe, z, kpe, cache):
-        c = self.cfg
-        k_new, v_new = self.expand(z)
-        if cache is None:
-            cache = ExpandedCache.empty(z.shape[0], c.h, c.d, c.p, dtype=z.dtype, device=z.device)
-        cache = cache.append(k_new, v_new, kpe)
-        seqlens = None if cache.uniform else cache.seqlens
-        o, _ = self._fn("flash_attention", z.device)(q_nope, q_pe, cache.k, cache.v, cache.kpe,
-                                                       scale=c.softmax_scale, causal=True, seqlens=seqlens)
-        return o, cache
-
-    def _absorbed_path(self, q_nope, q_pe, z, kpe, cache):
-        c = self.cfg
-        w = self.absorbed
-        qc = self._fn("absorb_query", z.device)(q_nope, w.w_uk).to(z.dtype)
-        if cache is None:
-            cache = LatentCache.empty(z.shape[0], c.k, c.p, dtype=z.dtype, device=z.device)
-        cache = cache.append(z, kpe)
-        if isinstance(cache, PagedLatentCache):
-            o_latent, _ = self._fn("flash_mla_paged", z.device)(qc, q_pe, cache.kv, cache.block_table, cache.seqlens,
-                                                                scale=c.softmax_scale, causal=True)
+        cache = self._append(cache if cache is not None else self._empty_cache(mode, n, b, z.dtype, z.device), z, kpe)
+        w, c = self.absorbed, self.cfg
+        if mode == "auto":
+            o, self.last_decision = mla_attention(q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale,
+                                                  design=getattr(self, "auto_design", "auto"),
+                                                  dispatcher=getattr(self, "dispatcher", None), backend=self.backend)
         else:
-            seqlens = None if cache.uniform else cache.seqlens
-            o_latent, _ = self._fn("flash_mla", z.device)(qc, q_pe, cache.z, cache.kpe, scale=c.softmax_scale,
-                                                          causal=True, seqlens=seqlens)
-        return self._fn("decompress", z.device)(o_latent.to(z.dtype), w.w_uv), cache
-
-    def _hybrid(self, q_nope, q_pe, z, kpe, cache, n):
-        c = self.cfg
-        if cache is None:
-            n = c.hybrid_n if n is None else n
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise ValueError(f"hybrid window n must be an integer >= 0, got {n!r}")
-            cache = HybridCache.empty(z.shape[0], c.h, c.d, c.k, c.p, n, dtype=z.dtype, device=z.device)
-        elif n is not None and n != cache.n:
-            raise ValueError(f"hybrid window n={n} differs from the cache's n={cache.n} (a cache keeps its n)")
-        w = self.absorbed
-        k_new, v_new = self.expand(z)
-        cache = cache.append(z, kpe, k_new, v_new)
-        qc = self._fn("absorb_query", z.device)(q_nope, w.w_uk).to(z.dtype)
-        fn, decompress = self._fn("mla_var6_plus", z.device), self._fn("decompress", z.device)
-
-        def attend(rows: slice, parts):
-            z_old, kpe_all, k_win, v_win = parts
-            o, o_latent, _ = fn(q_nope[rows], q_pe[rows], qc[rows], z_old, kpe_all, k_win, v_win,
-                                scale=c.softmax_scale, causal=True)
-            return decompress(o_latent.to(z.dtype), w.w_uv, o.to(z.dtype))
-
-        if cache.uniform:
-            return attend(slice(None), cache.parts()), cache
-        outs = [attend(slice(b, b + 1), cache.parts(b)) for b in range(cache.batch)]
-        return torch.cat(outs), cache
+            o = run_design(mode, q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale, backend=self.backend)
+        o = o.to(hidden_states.dtype).transpose(1, 2).reshape(b, s, c.h * c.dv)
+        return self.o_proj(o), cache

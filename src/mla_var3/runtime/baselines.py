@@ -27,8 +27,6 @@ import torch
 from mla_var3.runtime.designs import design_inputs, torch_dtype
 from mla_var3.shapes import MLADims, Problem
 
-BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
-
 #: the cost model (analysis.cost name) each baseline is measured against.
 COST_MODEL = {"torch_eager_absorbed": "flash_mla", "torch_sdpa_expanded": "flash_attention",
               "flashmla_official": "flash_mla", "flashinfer_mla": "flash_mla"}
@@ -126,12 +124,17 @@ def make_torch_sdpa_expanded(dims: MLADims, problem: Problem, dtype: str, device
     return Baseline("torch_sdpa_expanded", call, f"sdpa:{backend}" + (" (bottom-right attn_mask)" if mask is not None else ""))
 
 
-def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
-    if importlib.util.find_spec("flash_mla") is None:
-        raise BaselineUnavailable("flash_mla package not importable")
+def _import_for_cuda(package: str, device):
+    """``package`` imported, or BaselineUnavailable when it is missing or ``device`` is not CUDA."""
+    if importlib.util.find_spec(package) is None:
+        raise BaselineUnavailable(f"{package} package not importable")
     if torch.device(device).type != "cuda":
-        raise BaselineUnavailable("flash_mla needs a CUDA device")
-    import flash_mla
+        raise BaselineUnavailable(f"{package} needs a CUDA device")
+    return importlib.import_module(package)
+
+
+def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
+    flash_mla = _import_for_cuda("flash_mla", device)
 
     b, s, t, h, k, p = problem.b, problem.s, problem.t, dims.h, dims.k, dims.p
     block = 64
@@ -151,11 +154,7 @@ def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) 
 
 
 def make_flashinfer_mla(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
-    if importlib.util.find_spec("flashinfer") is None:
-        raise BaselineUnavailable("flashinfer package not importable")
-    if torch.device(device).type != "cuda":
-        raise BaselineUnavailable("flashinfer needs a CUDA device")
-    import flashinfer
+    flashinfer = _import_for_cuda("flashinfer", device)
 
     b, s, t, h, k, p = problem.b, problem.s, problem.t, dims.h, dims.k, dims.p
     x = design_inputs("flash_mla", dims, problem, dtype=dtype, device=device)
@@ -183,6 +182,7 @@ MAKERS = {
     "flashmla_official": make_flashmla_official,
     "flashinfer_mla": make_flashinfer_mla,
 }
+BASELINES = tuple(MAKERS)
 
 
 def make_baseline(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> Baseline:

@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mla_var3.designs import KERNELS
 from mla_var3.runtime import designs as D
 from mla_var3.runtime.records import BASELINE, DESIGN, Record, fill_roofline, fill_timing
 from mla_var3.shapes import MLADims, Problem
 
 DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 512, 1024)
 DEFAULT_B = (32, 64)
-DEFAULT_BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
 #: the hybrid's n sweep, as fractions of t (plus the model's optimum).
 N_SWEEP_FRACTIONS = (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 N_ALIGN = 64
@@ -68,7 +68,8 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
-def _align(n: float, t: int) -> int:
+def align_n(n: float, t: int) -> int:
+    """A hybrid split n rounded to a multiple of ``N_ALIGN`` within [0, t]."""
     return int(min(t, max(0, round(n / N_ALIGN) * N_ALIGN)))
 
 
@@ -89,7 +90,7 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
             base = Problem(b=b, s=s, t=spec.t, causal=spec.causal)
             for name in spec.designs:
                 if name == "mla_var6_plus":
-                    ns = spec.n if isinstance(spec.n, tuple) else (_align(model_best_n(spec.dims, base, device), spec.t),)
+                    ns = spec.n if isinstance(spec.n, tuple) else (align_n(model_best_n(spec.dims, base, device), spec.t),)
                     for n in ns:
                         points.append(Point(name, DESIGN, base.with_n(min(n, spec.t)),
                                             {"n_choice": "model optimum" if spec.n == "auto" else "given"}))
@@ -100,8 +101,8 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
     if "mla_var6_plus" in spec.designs and spec.sweep_s is not None and spec.sweep_s <= spec.t:
         for b in spec.bs:
             base = Problem(b=b, s=spec.sweep_s, t=spec.t, causal=spec.causal)
-            best = _align(model_best_n(spec.dims, base, device), spec.t)
-            ns = sorted({_align(f * spec.t, spec.t) for f in N_SWEEP_FRACTIONS} | {best})
+            best = align_n(model_best_n(spec.dims, base, device), spec.t)
+            ns = sorted({align_n(f * spec.t, spec.t) for f in N_SWEEP_FRACTIONS} | {best})
             for n in ns:
                 points.append(Point("mla_var6_plus", DESIGN, base.with_n(n),
                                     {"sweep": "n", "model_best_n": best}))
@@ -204,7 +205,7 @@ class Runner:
         pr, spec = point.problem, self.spec
         rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
                      dtype=spec.dtype, extra=dict(point.extra))
-        model_name = D.COST_MODEL[point.name] if point.kind == DESIGN else BL_COST[point.name]
+        model_name = KERNELS[point.name].cost_model if point.kind == DESIGN else BL_COST[point.name]
         rec.cost_model = model_name
         design_for_prediction = point.name if point.kind == DESIGN else model_name
         try:

@@ -1,7 +1,8 @@
 """The one adapter between the measurement code and the kernel / analysis modules.
 
 Every lookup of a kernel launcher, its launch-config functions and the inputs it takes goes
-through here, so a renamed function is a one-line change in this file.
+through here; which kernels exist, where they live and what they cost comes from the design
+table (:mod:`mla_var3.designs`).
 
 Designs measured: ``flash_attention`` (expanded), ``flash_mla`` (absorbed), ``mla_var6_plus``
 (hybrid); stages ``absorb_query`` and ``decompress`` around the absorbed designs.
@@ -10,35 +11,16 @@ Designs measured: ``flash_attention`` (expanded), ``flash_mla`` (absorbed), ``ml
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from mla_var3.designs import DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.shapes import MLADims, Problem
 
-#: the three attention designs.
-DESIGNS = ("flash_attention", "flash_mla", "mla_var6_plus")
-
-#: launcher name -> module that defines it (and its default_config / candidate_configs).
-KERNEL_MODULES = {
-    "flash_attention": "mla_var3.kernel.expanded",
-    "flash_mla": "mla_var3.kernel.absorbed",
-    "mla_var6_plus": "mla_var3.kernel.hybrid",
-    "absorb_query": "mla_var3.kernel.gemm",
-    "decompress": "mla_var3.kernel.gemm",
-}
-
-#: the cost model that counts what each launcher must move (analysis.cost.COST_MODELS names).
-#: Our expanded kernel reads the RoPE key once per token, hence the shared-KPE model.
-COST_MODEL = {
-    "flash_attention": "flash_attention_shared_kpe",
-    "flash_mla": "flash_mla",
-    "mla_var6_plus": "mla_var6_plus",
-    "absorb_query": "absorb_query",
-    "decompress": "decompress",
-}
+#: the three attention designs, by kernel name.
+DESIGNS = tuple(d.kernel for d in _TABLE)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -61,72 +43,18 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(TORCH_DTYPES)}") from None
 
 
-def kernel_module(name: str):
-    """The module of launcher ``name`` (ImportError when it does not exist yet)."""
-    return importlib.import_module(KERNEL_MODULES[name])
-
-
-def available(name: str) -> bool:
-    """True when launcher ``name`` can be imported."""
-    try:
-        return hasattr(kernel_module(name), name)
-    except ImportError:
-        return False
-
-
-def launcher(name: str) -> Callable:
-    return getattr(kernel_module(name), name)
-
-
-def _call_matching(fn: Callable, pool: dict):
-    """Call ``fn`` with the arguments of ``pool`` its signature names (others left default)."""
-    params = inspect.signature(fn).parameters
-    kwargs = {k: v for k, v in pool.items() if k in params}
-    missing = [k for k, p in params.items()
-               if p.default is inspect.Parameter.empty and k not in kwargs
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if missing:
-        raise TypeError(f"{fn.__module__}.{fn.__name__} needs {missing}, not known to the measurement adapter")
-    return fn(**kwargs)
-
-
-def _config_pool(name: str, dims: MLADims, problem: Problem, dtype: str, device) -> dict:
-    """Arguments a config function may ask for, by parameter name (per launcher where names clash)."""
-    pool = dict(dims=dims, problem=problem, b=problem.b, h=dims.h, s=problem.s, t=problem.t, n=problem.n or 0,
-                o=problem.o, d=dims.d, p=dims.p, k=dims.k, dv=dims.dv, causal=problem.causal,
-                dtype=torch_dtype(dtype), device=torch.device(device))
-    if name == "flash_mla":
-        pool["rows"] = dims.h * problem.s                        # rows of one sequence: heads x queries
-    elif name == "absorb_query":
-        pool.update(rows=problem.b * problem.s, kin=dims.d, nout=dims.k)
-    elif name == "decompress":
-        pool.update(rows=problem.b * problem.s, kin=dims.k, nout=dims.dv)
-    return pool
-
-
-def _config_fn(name: str, kind: str) -> Callable | None:
-    """The module's ``default_config`` / ``candidate_configs`` for launcher ``name`` (a module
-    holding two launchers may name them ``<kind>_<launcher>`` or ``<launcher>_<kind>``)."""
-    mod = kernel_module(name)
-    for attr in (f"{name}_{kind}", f"{kind}_{name}", kind):
-        if hasattr(mod, attr):
-            return getattr(mod, attr)
-    return None
-
-
-def default_config(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda"):
-    """The launcher's analytic default config, or None when the module has none."""
-    fn = _config_fn(name, "default_config")
-    return None if fn is None else _call_matching(fn, _config_pool(name, dims, problem, dtype, device))
-
-
 def candidate_configs(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> list:
-    """The launcher's autotuning space (at least the default), or [] when it has none."""
-    fn = _config_fn(name, "candidate_configs")
-    if fn is None:
-        cfg = default_config(name, dims, problem, dtype, device)
-        return [] if cfg is None else [cfg]
-    return list(_call_matching(fn, _config_pool(name, dims, problem, dtype, device)))
+    """Launcher ``name``'s autotuning space (its default among them; ``dtype`` does not change
+    it). The design modules take ``(dims, problem)`` themselves; the absorbed module keeps its
+    launcher's sizes and the GEMM module serves two launchers, so their sizes are spelled out."""
+    fn, pr, device = importlib.import_module(KERNELS[name].module).candidate_configs, problem, torch.device(device)
+    if name == "flash_mla":              # rows of one sequence: heads x queries
+        return list(fn(pr.b, dims.h * pr.s, pr.t, dims.k, dims.p, device=device))
+    if name == "absorb_query":           # rows = b * s; per head d -> k
+        return list(fn(pr.b * pr.s, dims.d, dims.k))
+    if name == "decompress":             # rows = b * s; per head k -> dv
+        return list(fn(pr.b * pr.s, dims.k, dims.dv))
+    return list(fn(dims, pr, device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,27 +98,28 @@ def design_inputs(name: str, dims: MLADims, problem: Problem, *, dtype: str = "b
 
 
 # --------------------------------------------------------------------------------------------
-# references (fp32, mla_var3.reference)
+# runs, and the check against the fp32 reference (mla_var3.reference)
 
 
-def reference_outputs(name: str, inputs: dict) -> dict[str, torch.Tensor]:
-    """fp32 reference outputs of launcher ``name`` on ``inputs`` (names -> tensors)."""
+def check(name: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16", device="cuda",
+          seed: int = 0) -> dict[str, tuple[list[int], float]]:
+    """Run launcher ``name`` on :func:`design_inputs` and its fp32 reference on the same inputs
+    (upcast): each output's shape and relative error (``mla_var3.testing.rel_err``)."""
     from mla_var3 import reference
+    from mla_var3.testing import rel_err
 
-    fn = getattr(reference, name)
-    out = fn(**inputs)
-    if name == "flash_attention":
-        return {"o": out[0], "lse": out[1]}
-    if name == "flash_mla":
-        return {"o_latent": out[0], "lse": out[1]}
-    if name == "mla_var6_plus":
-        return {"o": out[0], "o_latent": out[1], "lse": out[2]}
-    return {"out": out}
+    inputs = design_inputs(name, dims, problem, dtype=dtype, device=device, seed=seed)
+    out = run(name, inputs)
+    ref = _named(name, getattr(reference, name)(**{k: v.float() if isinstance(v, torch.Tensor) else v
+                                                    for k, v in inputs.items()}))
+    return {k: (list(out[k].shape), rel_err(out[k].float(), r)) for k, r in ref.items()}
 
 
 def output_names(name: str) -> tuple[str, ...]:
-    return {"flash_attention": ("o", "lse"), "flash_mla": ("o_latent", "lse"),
-            "mla_var6_plus": ("o", "o_latent", "lse")}.get(name, ("out",))
+    if name not in DESIGNS:
+        return ("out",)
+    d = _design(name)
+    return ("o", "o_latent", "lse") if d.split else ("o_latent", "lse") if d.latent else ("o", "lse")
 
 
 def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
@@ -208,11 +137,12 @@ def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
 
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
     """Run launcher ``name`` (with ``config`` when given) and name its outputs."""
-    fn = launcher(name)
-    out = fn(**inputs) if config is None else fn(**inputs, config=config)
-    if not isinstance(out, tuple):
-        out = (out,)
-    return dict(zip(output_names(name), out))
+    fn = KERNELS[name].load()
+    return _named(name, fn(**inputs) if config is None else fn(**inputs, config=config))
+
+
+def _named(name: str, out) -> dict[str, torch.Tensor]:
+    return dict(zip(output_names(name), out if isinstance(out, tuple) else (out,)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,26 +164,28 @@ def pipeline(design: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16
              configs: dict | None = None, seed: int = 0) -> list[Stage]:
     """The stages of ``design`` in order, each ready to time.
 
-    flash_attention: attention. flash_mla: absorb → attention (+ split-KV combine, inside the
-    launcher) → decompress. mla_var6_plus: absorb → attention (hybrid) → decompress (added to o).
+    The design's ``pipeline`` (:mod:`mla_var3.designs`): flash_attention: attention. flash_mla:
+    absorb → attention (+ split-KV combine, inside the launcher) → decompress. mla_var6_plus:
+    absorb → attention (hybrid) → decompress (added to o).
     ``configs`` maps launcher names to launch configs (default: each launcher's own default).
     """
     configs = configs or {}
+    d = _design(design)
     inputs = design_inputs(design, dims, problem, dtype=dtype, device=device, seed=seed)
     attn_cfg = configs.get(design)
-    attn = Stage("attention", design, lambda: run(design, inputs, attn_cfg), COST_MODEL[design], attn_cfg)
-    if design == "flash_attention":
+    attn = Stage("attention", design, lambda: run(design, inputs, attn_cfg), KERNELS[design].cost_model, attn_cfg)
+    if not d.latent:
         return [attn]
     absorb_in = design_inputs("absorb_query", dims, problem, dtype=dtype, device=device, seed=seed + 1)
     dec_in = design_inputs("decompress", dims, problem, dtype=dtype, device=device, seed=seed + 2)
-    if design == "mla_var6_plus":
-        dec_in["o"] = design_inputs("flash_attention", dims, problem, dtype=dtype, device=device, seed=seed + 3)["q"]
+    if d.split:                                    # the expanded part's o, added to
+        dec_in["o"] = design_inputs("absorb_query", dims, problem, dtype=dtype, device=device, seed=seed + 3)["q_nope"]
     ab_cfg, de_cfg = configs.get("absorb_query"), configs.get("decompress")
     return [
         Stage("absorb", "absorb_query", lambda: run("absorb_query", absorb_in, ab_cfg), "absorb_query", ab_cfg),
         attn,
         Stage("decompress", "decompress", lambda: run("decompress", dec_in, de_cfg),
-              "decompress+o" if design == "mla_var6_plus" else "decompress", de_cfg),
+              "decompress+o" if d.split else "decompress", de_cfg),
     ]
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mla_var3.designs import design as design_of
 from mla_var3.runtime import designs as D
 from mla_var3.runtime.records import Record, fill_roofline, fill_timing
 
@@ -45,8 +46,8 @@ def stage_records(design: str, dims, problem, dtype: str, device: str, ceilings,
     from mla_var3.runtime.bench import pick_config
     from mla_var3.runtime.timing import time_fn
 
-    names = [design] if design == "flash_attention" else ["absorb_query", design, "decompress"]
-    picked = {name: pick_config(name, dims, problem, dtype, device, cache=cache) for name in names}
+    picked = {name: pick_config(name, dims, problem, dtype, device, cache=cache)
+              for name in design_of(design).pipeline}
     stages = D.pipeline(design, dims, problem, dtype=dtype, device=device, seed=seed,
                         configs={name: cfg for name, (cfg, _) in picked.items()})
     records, total = [], Cost(0, 0)

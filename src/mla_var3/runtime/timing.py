@@ -110,17 +110,16 @@ def _plan_reps(estimate_s: float, reps: int, min_reps: int, max_seconds: float) 
     return max(min_reps, min(reps, int(max_seconds / estimate_s)))
 
 
-def _time_cpu(fn: Callable[[], object], warmup: int, reps: int, min_reps: int, max_seconds: float) -> Timing:
-    t0 = time.perf_counter()
-    for _ in range(max(1, warmup)):
-        fn()
-    estimate = (time.perf_counter() - t0) / max(1, warmup)
-    n = _plan_reps(estimate, reps, min_reps, max_seconds)
-    samples = []
-    for _ in range(n):
+def _time_cpu(fn: Callable[[], object], warmup: int, reps: int, min_reps: int, max_seconds: float,
+              setup: Callable[[], object]) -> Timing:
+    def once() -> float:
+        setup()
         start = time.perf_counter()
         fn()
-        samples.append((time.perf_counter() - start) * 1e6)
+        return time.perf_counter() - start
+
+    estimate = sum(once() for _ in range(max(1, warmup))) / max(1, warmup)
+    samples = [once() * 1e6 for _ in range(_plan_reps(estimate, reps, min_reps, max_seconds))]
     return summarize(samples, method="perf-counter", gpu=False, l2="not flushed (CPU fallback)")
 
 
@@ -157,12 +156,19 @@ def _capture(fn: Callable[[], object], device):
         return None
 
 
-def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device) -> Timing:
+def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup) -> Timing:
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     flush = flush_buffer(device) if flush_l2 else None
+
+    def prepare() -> None:                       # outside the timed window
+        setup()
+        if flush is not None:
+            flush.zero_()                         # write > 2x L2: the inputs are evicted
+
     for _ in range(max(1, warmup)):
+        setup()
         fn()
     torch.cuda.synchronize(device)
 
@@ -174,8 +180,7 @@ def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, dev
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(3):
-        if flush is not None:
-            flush.zero_()
+        prepare()
         run()
     end.record()
     torch.cuda.synchronize(device)
@@ -185,8 +190,7 @@ def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, dev
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
-        if flush is not None:
-            flush.zero_()                         # write > 2x L2: the inputs are evicted
+        prepare()
         starts[i].record()
         run()
         ends[i].record()
@@ -197,7 +201,8 @@ def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, dev
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
-            max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None) -> Timing:
+            max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None,
+            setup: Callable[[], object] | None = None) -> Timing:
     """Time ``fn()`` (no arguments; its result is ignored) with the package's one primitive.
 
     Parameters
@@ -216,6 +221,9 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
         Overwrite a > 2x L2 buffer before every repetition (GPU only).
     device : torch.device or None
         CUDA device to time on (default: the current one). CPU when CUDA is unavailable.
+    setup : callable, optional
+        Run before every call, outside the timed window, e.g. to restore state a call consumes
+        (a cache it extends in place); no CUDA graph then.
 
     Returns
     -------
@@ -231,8 +239,9 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
 
     on_gpu = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     if not on_gpu:
-        return _time_cpu(fn, warmup, reps, min_reps, max_seconds)
-    return _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device)
+        return _time_cpu(fn, warmup, reps, min_reps, max_seconds, setup or (lambda: None))
+    return _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph and setup is None, flush_l2, device,
+                      setup or (lambda: None))
 
 
 def host_time_us(fn: Callable[[], object], *, calls: int = 300, warmup: int = 10) -> float:

@@ -45,10 +45,11 @@ from __future__ import annotations
 import torch
 import triton
 
+from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
-from mla_var3.kernel.expanded import tma_compatible
+from mla_var3.kernel.expanded import _flash_attention_triton, tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
-from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -57,8 +58,8 @@ if GLUON_AVAILABLE:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
 
-__all__ = ["BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "smem_bytes", "gluon_applies", "compile_for_sm90",
-           "flash_attention_gluon"]
+__all__ = ["BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "GLUON_MIN_S", "smem_bytes", "gluon_applies",
+           "compile_for_sm90", "flash_attention_gluon", "flash_attention_hopper"]
 
 BLOCK_M = 128          # query rows per program: two consumer warpgroups of 64
 HALF_M = 64            # rows per consumer warpgroup (one wgmma M tile)
@@ -330,8 +331,7 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     -------
     o : [B, H, S, D] in q's dtype;  lse : [B, H, S] float32 (natural log)
     """
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
     b, h, s, d = q.shape
@@ -370,13 +370,30 @@ def flash_attention_gluon(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v
     return o, lse
 
 
+#: the Hopper kernel takes calls with more query rows than this (a program owns 128 rows; at
+#: s <= 64 the portable kernel streams the keys at the copy bandwidth with 16-64-row tiles)
+GLUON_MIN_S = 64
+
+
+def flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
+    """The sm_90 backend of :func:`mla_var3.kernel.expanded.flash_attention`: the
+    warp-specialised Gluon kernel for ``S > GLUON_MIN_S`` without ``seqlens`` or a portable
+    ``config`` where its TMA loads apply, else the portable kernel."""
+    if config is None and q.shape[2] > GLUON_MIN_S and gluon_applies(q, qpe, k, v, kpe, seqlens):
+        return flash_attention_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, out=out)
+    return _flash_attention_triton(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
+                                   out=out)
+
+
+backends.register("flash_attention", "gluon", flash_attention_hopper, supports=backends.gluon_hopper, priority=10)
+
+
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                      dtype: str = "bf16", causal: bool = True, pingpong: bool = DEFAULT_PINGPONG,
                      capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 

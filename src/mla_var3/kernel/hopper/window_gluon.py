@@ -39,7 +39,7 @@ import triton
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
 from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
-from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -329,8 +329,7 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     Returns ``(o [B, H, S, D] in q's dtype or ``out``, lse [B, H, S] float32)``; inputs must
     satisfy :func:`window_applies` (ValueError otherwise).
     """
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
     if block_n not in (64, 128) or stages < 1 or programs < 1:
@@ -365,8 +364,7 @@ def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = D
                      stages: int = DEFAULT_STAGES, dtype: str = "bf16", causal: bool = True, capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
+    _base.require_gluon()
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 

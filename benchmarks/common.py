@@ -1,0 +1,111 @@
+"""What the check scripts of this folder share: the run's environment record, seeded inputs, a
+time budget, timed rows through the package's one timing primitive
+(:func:`mla_var3.runtime.timing.time_fn`), error text and the JSON record.
+
+The scripts import it as a sibling module (``python benchmarks/<script>.py`` puts this folder
+first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+#: DeepSeek-V3's per-head widths (the expanded and window checks' default shapes)
+H, D, P, K = 128, 128, 64, 512
+
+
+def environment(**extra) -> dict:
+    """The package's environment record (device, clocks, versions, commit, timestamp) plus ``extra``."""
+    from mla_var3.runtime.environment import environment as package_environment
+
+    return {**package_environment(), **extra}
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def randn(device, dtype: torch.dtype, seed: int = 0) -> Callable[..., torch.Tensor]:
+    """``f(*shape, std=1.0)``: seeded N(0, std²) values drawn on ``device``, stored in ``dtype``."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return lambda *shape, std=1.0: (torch.randn(*shape, generator=gen, device=device) * std).to(dtype)
+
+
+def expanded_inputs(b: int, s: int, t: int, h: int, d: int, p: int, dtype, device, seed: int = 0):
+    """q [b,h,s,d], qpe [b,h,s,p], k, v [b,t,h,d], kpe [b,t,p] of the expanded design."""
+    r = randn(device, dtype, seed)
+    return r(b, h, s, d), r(b, h, s, p), r(b, t, h, d), r(b, t, h, d), r(b, t, p)
+
+
+def expanded_flops(b: int, s: int, t: int, h: int = H, d: int = D, p: int = P) -> float:
+    """FLOPs of expanded attention, ``2bhst(2d + p)`` (causal not discounted): the cost model's."""
+    from mla_var3.analysis.cost import flash_attention
+    from mla_var3.shapes import MLADims, Problem
+
+    return float(flash_attention(MLADims(h=h, d=d, p=p, dv=d), Problem(b, s, t)).flops)
+
+
+def sdpa_call(q, qpe, k, v, kpe, causal: bool):
+    """cuDNN attention through PyTorch SDPA on per-head materialised ``d + p`` wide keys: (call, mask kind)."""
+    import torch.nn.functional as F
+
+    b, h, s, d = q.shape
+    t, p = k.shape[1], kpe.shape[-1]
+    qf = torch.cat([q, qpe], dim=-1)
+    kf = torch.cat([k, kpe[:, :, None, :].expand(b, t, h, p)], dim=-1).transpose(1, 2).contiguous()
+    vf = v.transpose(1, 2).contiguous()
+    scale = (d + p) ** -0.5
+    if causal and s == t:
+        return lambda: F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale), "is_causal"
+    if causal and s > 1:
+        mask = torch.arange(t, device=q.device)[None, :] <= t - s + torch.arange(s, device=q.device)[:, None]
+        return lambda: F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale), "bottom-right attn_mask"
+    return lambda: F.scaled_dot_product_attention(qf, kf, vf, scale=scale), "no mask"
+
+
+class Budget:
+    """A run's time budget in seconds, counted from its creation."""
+
+    def __init__(self, seconds: float):
+        self.start, self.seconds = time.perf_counter(), seconds
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+
+def timed(rows: list, label: str, fn: Callable[[], object], *, budget: Budget | None = None,
+          timing: dict | None = None, **info) -> float | None:
+    """Time ``fn`` with ``time_fn(**timing)`` and append a row (``label``, ``info``, ``us``, ``p10``,
+    ``p90``, ``method``; or ``skipped`` once the budget is spent, or ``error``) to ``rows``; the
+    median in µs, or None."""
+    from mla_var3.runtime.timing import time_fn
+
+    row = dict(label=label, **info)
+    rows.append(row)
+    if budget is not None and budget.left() < 0:
+        row["skipped"] = "time budget"
+        return None
+    try:
+        t = time_fn(fn, **(timing or {}))
+    except Exception as exc:  # a failing variant must not end the run
+        row["error"] = error_text(exc, 400)
+        print(f"  {label} {info}: {row['error']}", flush=True)
+        return None
+    row.update(us=t.median_us, p10=t.p10_us, p90=t.p90_us, method=t.method)
+    print(f"  {label:58s} {t.median_us:10.1f} us", flush=True)
+    return t.median_us
+
+
+def write_json(path, data) -> None:
+    """``data`` as indented JSON at ``path`` (its folder created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)

@@ -1,0 +1,184 @@
+"""Running an MLA attention design over a cache: the one path every caller takes.
+
+:func:`run_design` runs one design (:mod:`mla_var3.designs`) for the per-head queries of the s
+new tokens over a cache that already holds them and returns the attention output
+``O [B, H, S, DV]`` (before ``o_proj``). :class:`~mla_var3.model.MLALayer` calls it in every
+mode; :func:`mla_attention`, the engine's entry point (as FlashMLA's
+``flash_mla_with_kvcache``), asks the :class:`~mla_var3.dispatch.Dispatcher` for a
+:class:`~mla_var3.dispatch.Decision` first (``MLALayer(mode="auto")`` goes through it).
+
+=========  =======================================================================================
+design     over a cache of kind (``cache.kind``)
+=========  =======================================================================================
+expanded   expanded: its K, V. latent, paged, hybrid: K, V rebuilt from the latents for the call
+absorbed   latent, hybrid (with latent copies of its window): ``flash_mla``; paged: ``flash_mla_paged``
+hybrid     hybrid: o latent + n expanded tokens per sequence, ``n <= window`` (default the window)
+=========  =======================================================================================
+
+Functions come from :func:`mla_var3.model.backend.attention_fn`: the Triton kernels for CUDA
+tensors, the fp32 references elsewhere (``backend="kernel"`` runs the kernels under Triton's
+interpreter on a CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mla_var3.designs import design as _design
+from mla_var3.dispatch.decide import CacheInfo, Decision, Dispatcher, dims_for_dtype
+from mla_var3.model.backend import attention_fn
+from mla_var3.model.buffers import pad_stack
+from mla_var3.model.expand import expand_kv
+from mla_var3.shapes import MLADims, Problem
+
+_DEFAULT: dict[str, Dispatcher] = {}
+
+
+def default_dispatcher(device: torch.device | str) -> Dispatcher:
+    """One shared :class:`Dispatcher` per torch device type: the detected GPU on CUDA, h200 elsewhere."""
+    kind = torch.device(device).type
+    if kind not in _DEFAULT:
+        _DEFAULT[kind] = Dispatcher(device=None if kind == "cuda" else "h200")
+    return _DEFAULT[kind]
+
+
+def _seqlens(cache):
+    return None if cache.uniform else cache.seqlens
+
+
+def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.Tensor, w_uv: torch.Tensor,
+               *, scale: float, n: int | None = None, backend: str = "auto") -> torch.Tensor:
+    """Attention of the s new tokens over ``cache`` (which holds them last) with ``design``.
+
+    Parameters
+    ----------
+    design : a design name or alias (:func:`mla_var3.designs.design`)
+    q_nope : [B, H, S, D], q_pe : [B, H, S, P]   queries (RoPE applied)
+    cache : ExpandedCache, LatentCache, PagedLatentCache or HybridCache
+    w_uk : [H, D, K], w_uv : [H, K, DV]   absorbed weights (``MLALayer.absorbed``)
+    scale : softmax scale
+    n : the hybrid's split (newest tokens read expanded, at most the cache's window; default the window)
+    backend : 'auto', 'reference' or 'kernel' (:mod:`mla_var3.model.backend`)
+
+    Returns ``O [B, H, S, DV]`` (in the kernels' or references' dtype). Inputs are not
+    validated here: :func:`mla_attention` and the layer do that.
+    """
+    d = _design(design)
+
+    def fn(name: str):
+        return attention_fn(name, q_nope.device, backend)
+
+    if not d.latent:                          # expanded
+        if cache.kind == "expanded":
+            k, v, kpe = cache.k, cache.v, cache.kpe
+        elif cache.kind == "hybrid":
+            k, v, kpe = _expanded_from_hybrid(cache, w_uk, w_uv)
+        else:
+            latent = cache.to_latent() if cache.kind == "paged" else cache
+            k, v = expand_kv(latent.z, w_uk, w_uv)
+            kpe = latent.kpe
+        o, _ = fn(d.kernel)(q_nope, q_pe, k, v, kpe, scale=scale, causal=True, seqlens=_seqlens(cache))
+        return o
+    dt = q_nope.dtype
+    qc = fn("absorb_query")(q_nope, w_uk).to(dt)
+    if not d.split:                           # absorbed
+        if cache.kind == "paged":
+            o_latent, _ = fn("flash_mla_paged")(qc, q_pe, cache.kv, cache.block_table, cache.seqlens, scale=scale,
+                                                causal=True)
+        else:  # a LatentCache, or a HybridCache with latent copies of its window (z holds every token)
+            o_latent, _ = fn(d.kernel)(qc, q_pe, cache.z, cache.kpe, scale=scale, causal=True,
+                                       seqlens=_seqlens(cache))
+        return fn("decompress")(o_latent.to(dt), w_uv)
+    split, decompress = fn(d.kernel), fn("decompress")
+    n = cache.n if n is None else n
+
+    def attend(rows: slice, parts):
+        z_old, kpe, k_new, v_new = parts
+        o, o_latent, _ = split(q_nope[rows], q_pe[rows], qc[rows], z_old, kpe, k_new, v_new, scale=scale, causal=True)
+        return decompress(o_latent.to(dt), w_uv, o.to(dt))
+
+    if cache.uniform:
+        return attend(slice(None), _hybrid_parts(cache, n, None))
+    return torch.cat([attend(slice(i, i + 1), _hybrid_parts(cache, n, i)) for i in range(cache.batch)])
+
+
+def _hybrid_parts(cache, n: int, b: int | None):
+    """(z_old, kpe, k_new, v_new) of a hybrid cache for a split of n <= window newest expanded tokens."""
+    z_old, kpe, k_win, v_win = cache.parts(b)
+    t = kpe.shape[1]
+    n_b = min(n, t)
+    n_win = k_win.shape[1]
+    if n_b == n_win:
+        return z_old, kpe, k_win, v_win
+    # a smaller split: the older window tokens are read as latent (their z is kept)
+    rows = slice(None) if b is None else slice(b, b + 1)
+    return cache.z[rows, : t - n_b], kpe, k_win[:, n_win - n_b:], v_win[:, n_win - n_b:]
+
+
+def _expanded_from_hybrid(cache, w_uk, w_uv):
+    """K, V, KPE [B, T, ...] of a hybrid cache: latent part expanded, window copied (padded)."""
+    seqs = []
+    for i in range(cache.batch):
+        z_old, kpe, k_win, v_win = cache.parts(i)
+        k_old, v_old = expand_kv(z_old, w_uk, w_uv)
+        seqs.append((torch.cat((k_old, k_win), 1)[0], torch.cat((v_old, v_win), 1)[0], kpe[0]))
+    return [pad_stack([seq[j] for seq in seqs], cache.max_len) for j in range(3)]
+
+
+def _check(q_nope, q_pe, cache, w_uk, w_uv) -> tuple[int, int, int, int, int, int]:
+    if q_nope.dim() != 4 or q_pe.dim() != 4 or q_pe.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(f"q_nope must be [B, H, S, D] and q_pe [B, H, S, P] with the same B, H, S, got "
+                         f"{list(q_nope.shape)} and {list(q_pe.shape)}")
+    b, h, s, d = q_nope.shape
+    p = q_pe.shape[3]
+    if w_uk.dim() != 3 or tuple(w_uk.shape[:2]) != (h, d):
+        raise ValueError(f"w_uk must be [H={h}, D={d}, K], got {list(w_uk.shape)}")
+    k = w_uk.shape[2]
+    if w_uv.dim() != 3 or tuple(w_uv.shape[:2]) != (h, k):
+        raise ValueError(f"w_uv must be [H={h}, K={k}, DV], got {list(w_uv.shape)}")
+    info = CacheInfo.of(cache)
+    if cache.batch != b:
+        raise ValueError(f"the cache holds {cache.batch} sequences, the queries {b}")
+    if b and int(cache.seqlens.min()) < s:
+        raise ValueError(f"every sequence must hold the s={s} new tokens (cache seqlens >= s), got "
+                         f"{cache.seqlens.tolist()}: append them to the cache before attention")
+    width = (cache.k, cache.kv.shape[3] - cache.k) if info.kind == "paged" else (cache.z.shape[2], cache.kpe.shape[2])
+    if width != (k, p):
+        raise ValueError(f"the cache holds latents of width K={width[0]} and RoPE keys P={width[1]}, the "
+                         f"weights and queries need K={k}, P={p}")
+    if info.kind == "hybrid" and tuple(cache.k_win.shape[2:]) != (h, d):
+        raise ValueError(f"the hybrid window holds [H, D]={list(cache.k_win.shape[2:])} per token, the queries "
+                         f"need [{h}, {d}]")
+    return b, h, s, d, p, k
+
+
+def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.Tensor, w_uv: torch.Tensor, *,
+                  scale: float, design: str = "auto", n: int | None = None, dispatcher: Dispatcher | None = None,
+                  backend: str = "auto") -> tuple[torch.Tensor, Decision]:
+    """MLA attention of the s new tokens over a cache that already holds them.
+
+    Parameters
+    ----------
+    q_nope : [B, H, S, D]   no-RoPE query
+    q_pe : [B, H, S, P]     RoPE query (rotated)
+    cache : LatentCache, PagedLatentCache or HybridCache, holding the S new tokens last
+    w_uk : [H, D, K], w_uv : [H, K, DV]   absorbed weights (``MLALayer.absorbed``)
+    scale : softmax scale (``MLAConfig.softmax_scale``)
+    design : 'auto' (decide) or a design to force ('absorbed', 'hybrid', 'expanded' or an alias)
+    n : hybrid split to force (<= the cache's window)
+    dispatcher : the :class:`Dispatcher` (default: :func:`default_dispatcher`)
+    backend : 'auto', 'reference' or 'kernel' (see :mod:`mla_var3.model.backend`)
+
+    Returns
+    -------
+    o : [B, H, S, DV] in q_nope's dtype
+    decision : Decision
+
+    Ragged batches (different ``cache.seqlens``) are decided at t = the longest sequence.
+    """
+    b, h, s, d, p, k = _check(q_nope, q_pe, cache, w_uk, w_uv)
+    dims, dtype = dims_for_dtype(MLADims(h=h, d=d, p=p, k=k, dv=w_uv.shape[2], name="call"), q_nope.dtype)
+    dispatcher = dispatcher or default_dispatcher(q_nope.device)
+    decision = dispatcher.decide(dims, Problem(b=b, s=s, t=cache.max_len), CacheInfo.of(cache), design, n)
+    o = run_design(decision.design, q_nope, q_pe, cache, w_uk, w_uv, scale=scale, n=decision.n, backend=backend)
+    return o.to(q_nope.dtype), decision

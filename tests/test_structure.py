@@ -1,0 +1,298 @@
+"""The package's structure, read from its source: imports flow one way, the designs are named
+in one table, and importing the package changes nothing in the process.
+
+The import graph is built with ``ast`` from every ``import`` statement of ``src/mla_var3``, at
+any depth (a lazy import inside a function is a dependency too). ``import a.b.c`` and
+``from a.b import c`` point at the module ``a.b.c`` when it exists, else at the package; the
+package ``__init__`` a submodule import runs first is not an edge (every ``__init__`` that
+re-exports its submodules would be a cycle). Imports by name through ``importlib`` (the design
+table's entry points, the backend registry's plugin packages) are not edges: they name a module
+without using its code.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mla_var3 import designs
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "mla_var3"
+
+#: import cycles still in the package, in modules being rewritten elsewhere; delete an entry
+#: when its cycle is gone (the test fails until then, so the list cannot go stale).
+KNOWN_CYCLES = {
+    # the CLI package split: the subcommands import cli's private helpers, cli imports them
+    frozenset({"mla_var3.cli", "mla_var3.dispatch.explain", "mla_var3.runtime.commands"}),
+    # the absorbed Gluon kernel and its seesaw schedule (the absorbed kernel's paged rewrite)
+    frozenset({"mla_var3.kernel.hopper.absorbed_gluon", "mla_var3.kernel.hopper.absorbed_seesaw"}),
+}
+
+#: imports against the one-way rules, in modules being rewritten elsewhere (delete when gone).
+KNOWN_BACK_IMPORTS = {
+    # the absorbed design still registers its own Gluon backend (the paged rewrite moves it)
+    ("mla_var3.kernel.absorbed", "mla_var3.kernel.hopper.absorbed_gluon"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def _resolve(name: str) -> str:
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(module: str) -> set[str]:
+    """The package's modules ``module`` imports (at any depth of its source)."""
+    out = set()
+    is_package = MODULES[module].name == "__init__.py"
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            out |= {_resolve(a.name) for a in node.names if a.name.split(".")[0] == "mla_var3"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                base = f"{parent}.{base}".rstrip(".")
+            if base.split(".")[0] != "mla_var3":
+                continue
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else _resolve(base) for a in node.names}
+    out.discard(module)
+    return out
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    assert "mla_var3.model.attention" in GRAPH["mla_var3.model.layer"]
+    # a function-level import is an edge: the kernel CLI's import of the measurement adapter
+    assert "mla_var3.runtime.designs" in GRAPH["mla_var3.kernel.__main__"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
+
+
+def test_no_import_cycles_but_the_known_ones():
+    found = _cycles(GRAPH)
+    new = found - KNOWN_CYCLES
+    assert not new, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in new)
+    gone = KNOWN_CYCLES - found
+    assert not gone, f"cycles gone, delete them from KNOWN_CYCLES: {gone}"
+
+
+def _edges(source: str, target: str) -> set[tuple[str, str]]:
+    """Imports from modules under ``source`` to modules under ``target`` (dotted prefixes)."""
+    def under(module: str, prefix: str) -> bool:
+        return module == prefix or module.startswith(prefix + ".")
+
+    return {(a, b) for a, targets in GRAPH.items() if under(a, source) for b in targets if under(b, target)}
+
+
+@pytest.mark.parametrize("source,target,allowed", [
+    # the dispatcher decides without torch or the model; the model asks it
+    ("mla_var3.dispatch", "mla_var3.model", set()),
+    # the portable kernels never import the Hopper ones: those register themselves; the
+    # registry only asks the Gluon guard whether Gluon imports
+    ("mla_var3.kernel.absorbed", "mla_var3.kernel.hopper", KNOWN_BACK_IMPORTS),
+    ("mla_var3.kernel.expanded", "mla_var3.kernel.hopper", set()),
+    ("mla_var3.kernel.hybrid", "mla_var3.kernel.hopper", set()),
+    ("mla_var3.kernel.gemm", "mla_var3.kernel.hopper", set()),
+    ("mla_var3.kernel.combine", "mla_var3.kernel.hopper", set()),
+    ("mla_var3.kernel.backends", "mla_var3.kernel.hopper", {("mla_var3.kernel.backends",
+                                                             "mla_var3.kernel.hopper._gluon")}),
+    # the hybrid cache builds on the latent one, not the other way round
+    ("mla_var3.model.cache", "mla_var3.model.hybrid_cache", set()),
+    # the design table and the shapes are leaves
+    ("mla_var3.designs", "mla_var3", set()),
+    ("mla_var3.shapes", "mla_var3", set()),
+])
+def test_imports_flow_one_way(source, target, allowed):
+    assert _edges(source, target) == allowed
+
+
+# --------------------------------------------------------------------------- the design table
+
+#: every name the table gives a design: canonical, kernel, layer mode, aliases
+NAMES = {n for d in designs.DESIGNS for n in (d.name, d.kernel, d.mode, *d.aliases)}
+
+
+def _str_elements(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Dict):
+        elements = [k for k in node.keys if k is not None]
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        elements = node.elts
+    else:
+        return []
+    return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def test_lists_of_designs_only_in_the_table():
+    """No tuple, list, set or dict literal outside ``designs.py`` names two designs (an
+    ``__all__`` of function names aside): every list of designs is read from the table."""
+    exports = {id(node.value) for tree in TREES.values() for node in ast.walk(tree)
+               if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)}
+    found = []
+    for module, tree in TREES.items():
+        if module == "mla_var3.designs":
+            continue
+        for node in ast.walk(tree):
+            named = {designs.design(s).name for s in _str_elements(node) if s in NAMES}
+            if len(named) >= 2 and id(node) not in exports:
+                found.append(f"{module}:{node.lineno}")
+    assert not found, f"lists of designs outside mla_var3.designs: {found}"
+
+
+def _compared_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants compared (==, !=, in) with a variable called design, designs, mode or kernel."""
+    def ident(node):
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(ident(s) in ("design", "designs", "m_design", "mode", "kernel") for s in sides):
+                out += [(node.lineno, s.value) for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+                out += [(node.lineno, v) for s in sides for v in _str_elements(s)]
+    return out
+
+
+def test_design_names_compared_anywhere_are_the_tables():
+    """Every design name the CLI, the dispatcher, the layer and the bench compare against is a
+    name the table knows (a stale or misspelt name fails here). The forbidden-to-edit modules
+    (cli.py, dispatch/explain.py, runtime/commands.py) are read too: they pass."""
+    unknown = [f"{module}:{line} {value!r}" for module, tree in TREES.items()
+               for line, value in _compared_names(tree) if value not in NAMES | {"auto"}]
+    assert not unknown, unknown
+
+
+def test_consumers_read_the_table():
+    import importlib
+
+    import mla_var3
+    from mla_var3 import cli
+    from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL
+
+    (cost, measured, kernel, kernel_cli, backend, layer, bench, runtime_designs) = (
+        importlib.import_module(f"mla_var3.{m}") for m in (
+            "analysis.cost", "dispatch.measured", "kernel", "kernel.__main__", "model.backend", "model.layer",
+            "runtime.bench", "runtime.designs"))
+
+    table = designs.DESIGNS
+    kernels = tuple(d.kernel for d in table)
+    assert DESIGNS == tuple(d.name for d in table)
+    assert dict(KERNEL) == {d.name: d.kernel for d in table}
+    assert set(ALIASES) | set(DESIGNS) == NAMES
+    assert CACHE_KINDS == designs.CACHE_KINDS
+    assert layer.MODES == tuple(d.mode for d in table)
+    assert runtime_designs.DESIGNS == kernels == tuple(cost.DESIGNS) == measured.KERNELS == kernel_cli.DESIGNS
+    assert bench.BenchSpec(dims=None).designs == kernels
+    assert backend.FUNCTIONS == tuple(designs.KERNELS)
+    assert set(designs.KERNELS) <= set(mla_var3.__all__) and set(designs.KERNELS) <= set(kernel.__all__)
+    parser = kernel_cli._parser()
+    assert next(a for a in parser._actions if a.dest == "design").choices == kernels
+    explain = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["explain"]
+    assert set(next(a for a in explain._actions if a.dest == "design").choices) == NAMES | {"auto"}
+
+
+def test_the_table_names_what_exists():
+    """Each kernel's module defines it and its config type; each design module takes the one
+    config signature ``(dims, problem, *, device=None)``."""
+    import importlib
+    import inspect
+
+    from mla_var3.analysis.cost import COST_MODELS
+    from mla_var3.shapes import Problem, get_preset
+
+    dims = get_preset("deepseek-v3")
+    for k in designs.KERNELS.values():
+        module = importlib.import_module(k.module)
+        assert callable(getattr(module, k.name)) and isinstance(getattr(module, k.config), type), k
+        assert k.cost_model in COST_MODELS, k
+    for d in designs.DESIGNS:
+        assert designs.design(d.kernel) is designs.design(d.mode) is designs.design(d.name) is d
+        module = importlib.import_module(designs.KERNELS[d.kernel].module)
+        config_type = getattr(module, designs.KERNELS[d.kernel].config)
+        if d.name == "absorbed":
+            continue  # its module keeps its launcher's sizes (runtime.designs adapts them)
+        for fn in (module.default_config, module.candidate_configs):
+            assert list(inspect.signature(fn).parameters) == ["dims", "problem", "device"], fn
+        problem = Problem(b=2, s=4, t=256, n=64 if d.split else None)
+        assert isinstance(module.default_config(dims, problem), config_type)
+        assert module.default_config(dims, problem) in module.candidate_configs(dims, problem)
+    with pytest.raises(ValueError, match="unknown design 'flashinfer'"):
+        designs.design("flashinfer")
+
+
+# ------------------------------------------------------------------------------ side effects
+
+
+def test_importing_the_package_leaves_the_environment_alone():
+    """Importing every library module (the programs' own modules aside: they select Triton's
+    interpreter for themselves) sets no environment variable, TRITON_INTERPRET included; the
+    design table, the dispatcher and the analysis import without torch."""
+    programs = {"mla_var3.__main__", "mla_var3.kernel.__main__", "mla_var3.kernel.selfcheck"}
+    library = sorted(m for m in MODULES if m not in programs)
+    code = ("import os, sys\n"
+            "import mla_var3.designs, mla_var3.dispatch, mla_var3.analysis, mla_var3.shapes\n"
+            "assert 'torch' not in sys.modules, 'torch imported by the torch-free modules'\n"
+            "before = dict(os.environ)\n"
+            f"for m in {library!r}: __import__(m)\n"
+            "changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}\n"
+            "assert not changed, changed\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_benchmarks_readme_lists_the_scripts():
+    folder = SRC.parent / "benchmarks"
+    readme = (folder / "README.md").read_text()
+    listed = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and ".py`" in line}
+    assert listed == {p.name for p in folder.glob("*.py")} - {"common.py"}
