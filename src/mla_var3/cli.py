@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import warnings
 from typing import Callable
 
-from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, DeviceFileError, detect_device, get_device, load_devices
+from mla_var3._io import finite_json, quote, show_path
+
+from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, detect_device, get_device, load_devices
 from mla_var3.shapes import DEFAULT_MODEL, DTYPE_BYTES, Problem, get_preset
 
 PROG = "mla-var3"
@@ -41,41 +45,82 @@ class _Parser(argparse.ArgumentParser):
 
 
 # --- argument types ---------------------------------------------------------------------
+# Every number a command takes goes through one of these: a bad value is an argparse error
+# naming the flag. Integers stop at MAX_INT and numbers at MAX_NUMBER, far above any real
+# shape or size, so the cost models' arithmetic (which turns products of them into floats)
+# stays finite; NaN and infinity are refused.
+
+#: the largest integer argument (2**53: every integer up to it is exact as a float).
+MAX_INT = 2**53
+#: the largest non-integer argument (GB, parameters, seconds).
+MAX_NUMBER = 1e15
+#: the largest byte count (--window-budget).
+MAX_BYTES = float(2**63)
+
+
+def _bad(kind: str, text: str, limit: str = "") -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"expected {kind}{limit}, got {quote(text)}")
+
+
+def _parse_int(text: str, kind: str, low: int) -> int:
+    try:
+        value = int(text.strip())
+    except (ValueError, AttributeError):
+        raise _bad(kind, text) from None
+    if value < low:
+        raise _bad(kind, text)
+    if value > MAX_INT:
+        raise _bad(kind, text, " of at most 2**53")
+    return value
+
+
+def _parse_number(text: str, kind: str, low: float, allow_low: bool, high: float = MAX_NUMBER) -> float:
+    try:
+        value = float(text.strip())
+    except (ValueError, AttributeError):
+        raise _bad(kind, text) from None
+    if not math.isfinite(value) or value < low or (value == low and not allow_low):
+        raise _bad(kind, text)
+    if value > high:
+        raise _bad(kind, text, f" of at most {high:g}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    """An integer in [1, MAX_INT]."""
+    return _parse_int(text, "a positive integer", 1)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    """An integer in [0, MAX_INT]."""
+    return _parse_int(text, "a non-negative integer", 0)
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    """A finite number in (0, MAX_NUMBER]."""
+    return _parse_number(text, "a positive number", 0.0, allow_low=False)
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number in [0, MAX_NUMBER]."""
+    return _parse_number(text, "a non-negative number", 0.0, allow_low=True)
+
+
+def path_arg(text: str) -> str:
+    """A file or folder path: any non-empty text (the command says what is wrong with the file)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def n_arg(text: str) -> int | str:
     """``auto`` or a non-negative integer (the hybrid's n)."""
-    return "auto" if text.strip().lower() == "auto" else nonneg_int(text)
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return nonneg_int(text)
+    except argparse.ArgumentTypeError:
+        raise _bad("'auto' or a non-negative integer", text) from None
 
 
 _BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -92,9 +137,11 @@ def window_budget_arg(text: str) -> float | str:
     try:
         value = float(num) * _BYTE_UNITS[unit]
     except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"expected 'latent' or bytes such as 4718592, 4.5MB, 4.5MiB; got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative byte count, got {text!r}")
+        raise _bad("'latent' or bytes such as 4718592, 4.5MB, 4.5MiB", text) from None
+    if not math.isfinite(value) or value < 0:
+        raise _bad("a non-negative byte count", text)
+    if value > MAX_BYTES:
+        raise _bad("a byte count", text, " of at most 2**63")
     return value
 
 
@@ -121,9 +168,14 @@ def int_list(text: str, *, allow_zero: bool = False) -> list[int]:
     return [parse(part.strip()) for part in text.split(",") if part.strip()] or _raise_empty(text, allow_zero)
 
 
+def nonneg_int_list(text: str) -> list[int]:
+    """A comma-separated list of non-negative integers."""
+    return int_list(text, allow_zero=True)
+
+
 def _raise_empty(text: str, allow_zero: bool = False):
     kind = "non-negative" if allow_zero else "positive"
-    raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind} integers, got {text!r}")
+    raise _bad(f"a comma-separated list of {kind} integers", text)
 
 
 # --- shared options -------------------------------------------------------------------------
@@ -137,10 +189,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{dim}", type=positive_int, help=f"override {what}")
 
 
+def add_devices_file_arg(p: argparse.ArgumentParser) -> None:
+    """--devices-file."""
+    p.add_argument("--devices-file", type=path_arg, metavar="JSON", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+
+
 def add_device_args(p: argparse.ArgumentParser, default: str | None = DEFAULT_DEVICE) -> None:
     """--device, --devices-file, --ceilings."""
     p.add_argument("--device", default=default, help=f"device key (see `{PROG} devices`; default {default or 'detected'})")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     p.add_argument("--ceilings", default="measured", choices=("measured", "datasheet"),
                    help="roofline ceilings: measured when the device has them (default), or datasheet")
 
@@ -184,7 +241,8 @@ def _table(title: str, columns: list[str], rows: list[list], right_from: int = 1
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2))
+    """``obj`` as JSON on stdout. NaN and infinity (which JSON lacks) are written as null."""
+    print(json.dumps(finite_json(obj), indent=2, allow_nan=False))
 
 
 def _us(seconds: float) -> str:
@@ -273,6 +331,8 @@ def _cmd_regime(args) -> int:
     dims, dev = dims_from_args(args), device_from_args(args)
     for s in args.s or []:
         Problem(b=args.b, s=s, t=args.t)  # validates s <= t
+    if args.sweep and not args.plot_n:
+        raise ValueError("--sweep is the measured sweep drawn by --plot-n; give --plot-n PNG too")
     guide = regime_guide(dims, dev, args.b, args.t, args.s, args.ceilings, args.fa_model)
     budget_rows, budget_note = _budget_rows(args, dims, dev)
     if args.plot_n:
@@ -318,7 +378,15 @@ def _plot_n(args, dims, dev) -> None:
     from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
 
     s = (args.s or [16])[0]
-    measured = load_n_sweep(args.sweep, args.b, s) if args.sweep else None
+    measured = None
+    if args.sweep:
+        try:
+            measured = load_n_sweep(args.sweep, args.b, s)
+        except ValueError as exc:
+            raise ValueError(f"--sweep: {exc}") from None
+        if not measured:
+            raise ValueError(f"--sweep {show_path(args.sweep)} has no n sweep (one label measured at two or more n) "
+                             f"at b={args.b}, s={s}; pick them with --b and --s")
     budget = window_budget_bytes(args.window_budget, dims, args.t)
     path = plot_time_vs_n(dims, dev, args.b, s, args.t, Path(args.plot_n), args.ceilings, measured, budget, args.tp)
     print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
@@ -353,9 +421,9 @@ def _add_regime(sub) -> None:
     p.add_argument("--fa-model", default="flash_attention", choices=("flash_attention", "flash_attention_shared_kpe"),
                    help="FlashAttention byte count: seed (RoPE key per head) or shared RoPE key")
     add_budget_args(p)
-    p.add_argument("--plot-n", metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
+    p.add_argument("--plot-n", type=path_arg, metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
                                                   "the predicted optimum marked")
-    p.add_argument("--sweep", metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
+    p.add_argument("--sweep", type=path_arg, metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
     add_device_args(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_regime)
@@ -408,13 +476,13 @@ def _add_memory(sub) -> None:
                        description="KV-cache accounting and how much cache fits next to the weights.")
     add_model_args(p)
     p.add_argument("--device", default=DEFAULT_DEVICE, help=f"device key (default {DEFAULT_DEVICE})")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--context", type=positive_int, default=32768, help="tokens per sequence (default 32768)")
     p.add_argument("--n", type=nonneg_int, default=1024, help="hybrid: newest tokens kept expanded (default 1024)")
     p.add_argument("--params", type=positive_float, help="total parameter count (default: the preset's published count)")
     p.add_argument("--weight-dtype", choices=sorted(DTYPE_BYTES), help="weight element type (default: the checkpoint's)")
-    p.add_argument("--reserve-gb", type=float, help="activation/workspace reserve in GB (default 10%% of memory)")
+    p.add_argument("--reserve-gb", type=nonneg_float, help="activation/workspace reserve in GB (default 10%% of memory)")
     p.add_argument("--memory-gb", type=positive_float, help="device memory in GB (default: the device's)")
     add_json_arg(p)
     p.set_defaults(func=_cmd_memory)
@@ -456,7 +524,7 @@ def _cmd_devices(args) -> int:
 
 def _add_devices(sub) -> None:
     p = sub.add_parser("devices", help="the devices table with ridge points", description="Known devices and their ceilings.")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_devices)
 
@@ -530,7 +598,7 @@ def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the regime guide, memory table and plots to a folder",
                        description="Regime guide + memory table (Markdown/JSON) and PNG plots for the detected GPU "
                                    "(or h200 when there is none).")
-    p.add_argument("--out", default="mla_var3_report", help="output folder (default ./mla_var3_report/)")
+    p.add_argument("--out", type=path_arg, default="mla_var3_report", help="output folder (default ./mla_var3_report/)")
     add_model_args(p)
     add_device_args(p, default=None)
     p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
@@ -557,13 +625,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    """A message of several lines (a list of problems) as one line."""
+    return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
     return 2
 
 
+def _warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"{PROG}: warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    """Run the CLI; returns the exit status (0 ok, 2 bad input). Warnings are one line each."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -574,12 +651,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    shown = warnings.showwarning
+    warnings.showwarning = _warning
     try:
         return int(args.func(args) or 0)
-    except (ValueError, DeviceFileError, CLIError) as e:
+    except (ValueError, CLIError, argparse.ArgumentTypeError) as e:   # DeviceFileError is a ValueError
         return _error(str(e))
     except OSError as e:
         return _error(f"{e.strerror or e}: {e.filename}" if getattr(e, "filename", None) else str(e))
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":
