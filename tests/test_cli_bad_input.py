@@ -19,14 +19,17 @@ BIG = "1" + "0" * 400
 #: one bad invocation per command at least (a new command must add its own here).
 BAD_PER_COMMAND = {
     "cost": [["cost", "--design", "flash_mla", "--t", BIG], ["cost", "--design", "flash_mla", "--b", "nan"]],
-    "regime": [["regime", "--sweep", "x.json"], ["regime", "--s", "1,inf"]],
+    "regime": [["regime", "--sweep", "x.json"], ["regime", "--s", "1,inf"], ["regime", "--plot-n", "."],
+               ["regime", "--plot-n", "no_extension"]],
     "memory": [["memory", "--reserve-gb", "nan"], ["memory", "--reserve-gb", "inf", "--json"]],
     "devices": [["devices", "--devices-file", ""], ["devices", "--write", "x.json"]],
-    "report": [["report", "--b", "-1"], ["report", "--out", ""]],
+    "report": [["report", "--b", "-1"], ["report", "--out", ""], ["report", "--format", ""],
+               ["report", "--format", "md,html"]],
     "bench": [["bench", "--b", "abc"], ["bench", "--s", "0"], ["bench", "--n=-3"], ["bench", "--designs", "magic"],
               ["bench", "--interpret", "--s", "100", "--t", "64"]],
     "autotune": [["autotune", "--clear", "extra"]],
-    "explain": [["explain", "--results", ""], ["explain", "--window", "4", "--cache", "latent"]],
+    "explain": [["explain", "--results", ""], ["explain", "--window", "4", "--cache", "latent"],
+                ["explain", "--no-latent-window", "--cache", "paged"]],
 }
 
 NUMERIC_TYPES = {cli.positive_int, cli.nonneg_int, cli.positive_float, cli.nonneg_float, cli.n_arg,
@@ -194,3 +197,13 @@ def test_multi_line_errors_become_one_line(capsys):
     finally:
         cli._EXTRA_COMMANDS.remove(parser_add)
     assert_one_line_error(code, err, "weights do not match:; missing a; missing b")
+
+
+@pytest.mark.parametrize("extra", [["--h", "12"], ["--p", "8", "--d", "64"], ["--context", "1", "--t", "1", "--b", "1"]],
+                         ids=["h not divisible by 8", "custom dims", "context 1"])
+def test_report_terminal_tables_follow_the_report_options(capsys, tmp_path, extra):
+    """The memory table printed by `report` used flags the report does not have (--n 1024 beyond a
+    short --context, tp = 8 for any h, --params for custom dims) and failed after writing."""
+    code, out, err = run(capsys, ["report", "--no-kernel-check", "--out", str(tmp_path / "r")] + extra)
+    assert code == 0, err
+    assert (tmp_path / "r" / "report.md").exists()

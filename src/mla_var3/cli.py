@@ -378,6 +378,9 @@ def _plot_n(args, dims, dev) -> None:
     from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
 
     s = (args.s or [16])[0]
+    out = Path(args.plot_n)
+    if out.is_dir() or not out.suffix:
+        raise ValueError(f"--plot-n {show_path(out)}: expected an image file name such as time_vs_n.png")
     measured = None
     if args.sweep:
         try:
@@ -388,7 +391,7 @@ def _plot_n(args, dims, dev) -> None:
             raise ValueError(f"--sweep {show_path(args.sweep)} has no n sweep (one label measured at two or more n) "
                              f"at b={args.b}, s={s}; pick them with --b and --s")
     budget = window_budget_bytes(args.window_budget, dims, args.t)
-    path = plot_time_vs_n(dims, dev, args.b, s, args.t, Path(args.plot_n), args.ceilings, measured, budget, args.tp)
+    path = plot_time_vs_n(dims, dev, args.b, s, args.t, out, args.ceilings, measured, budget, args.tp)
     print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
 
 
@@ -541,8 +544,7 @@ def _cmd_report(args) -> int:
     else:
         dev, note = detect_device(args.devices_file)
     Problem(b=args.b, s=1, t=args.t)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, formats, args.context, note)
+    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, args.format, args.context, note)
     _print_report_tables(args, dev)
     status = 0
     if args.kernel_check:
@@ -554,19 +556,39 @@ def _cmd_report(args) -> int:
     return status
 
 
+def report_formats_arg(text: str) -> list[str]:
+    """A non-empty comma list of report formats (md, json)."""
+    from mla_var3.analysis.report import REPORT_FORMATS
+
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    bad = [f for f in formats if f not in REPORT_FORMATS]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(REPORT_FORMATS)}, got {quote(text)}")
+    return formats
+
+
 def _print_report_tables(args, dev) -> None:
     """The report's regime guide and memory table on the terminal: the ``regime`` and
     ``memory`` commands run with the report's model, device and sizes (the capacity plan at
-    tp = 8, a common serving layout; report.md has tp = 1 and 8)."""
+    tp = 8, a common serving layout, when 8 divides h; report.md has tp = 1 and 8). A model
+    without a published parameter count (dims overridden) has no capacity plan, as in report.md."""
+    from mla_var3.analysis.memory import PUBLISHED_WEIGHTS
+
+    dims = dims_from_args(args)
     shared = ["--model", args.model, "--dtype", args.dtype, "--device", dev.key]
     for dim in ("h", "d", "p", "k"):
         if getattr(args, dim) is not None:
             shared += [f"--{dim}", str(getattr(args, dim))]
     if args.devices_file:
         shared += ["--devices-file", args.devices_file]
+    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings]]
+    if dims.name in PUBLISHED_WEIGHTS:
+        commands.append(["memory", "--context", str(args.context), "--n", str(min(1024, args.context)),
+                         "--tp", "8" if dims.h % 8 == 0 else "1"])
+    else:
+        print(f"no capacity plan: no published parameter count for {dims.name}")
     parser = build_parser()
-    for command in (["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings],
-                    ["memory", "--context", str(args.context), "--tp", "8"]):
+    for command in commands:
         sub = parser.parse_args(command + shared)
         sub.func(sub)
 
@@ -604,7 +626,7 @@ def _add_report(sub) -> None:
     p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
     p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
     p.add_argument("--context", type=positive_int, default=32768, help="memory table: tokens per sequence (default 32768)")
-    p.add_argument("--format", default="md,json", help="md, json or md,json (default)")
+    p.add_argument("--format", type=report_formats_arg, default="md,json", help="md, json or md,json (default)")
     p.add_argument("--kernel-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every kernel once against the fp32 reference (default on; exit 1 on a failure)")
     p.set_defaults(func=_cmd_report)

@@ -67,6 +67,8 @@ def explain(args) -> int:
         window = args.t if args.window is None else args.window
     elif args.window is not None:
         raise ValueError(f"--window applies to --cache hybrid only, not {args.cache}")
+    elif args.no_latent_window:
+        raise ValueError(f"--no-latent-window applies to --cache hybrid only, not {args.cache}")
     info = CacheInfo(args.cache, window, not args.no_latent_window)
     _check_results_files("--results", args.results or [])
     if args.autotune_cache is not None:           # a named cache must exist; a corrupt one only warns
