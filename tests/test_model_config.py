@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import types
 
+import numpy as np
 import pytest
 
 from mla_var3.model import MLAConfig, YarnScaling
@@ -55,18 +56,22 @@ def test_an_object_without_the_keys_names_them():
     (True, "must be an integer, got True"),
     (float("nan"), "must be an integer"),
     (float("inf"), "must be an integer"),
-    (-64, "must be an integer >= 1"),
-    (0, "must be an integer >= 1"),
+    (-64, r"must be an integer in \[1, 2\*\*53\]"),
+    (0, r"must be an integer in \[1, 2\*\*53\]"),
+    (10**400, r"must be an integer in \[1, 2\*\*53\], got 1000"),
     ([64], "must be an integer"),
-], ids=["float", "word", "numeric string", "bool", "nan", "inf", "negative", "zero", "list"])
+    (np.bool_(True), "must be an integer"),
+], ids=["float", "word", "numeric string", "bool", "nan", "inf", "negative", "zero", "huge", "list", "numpy bool"])
 def test_integer_keys_refuse_other_values_by_name(key, value, words):
     with pytest.raises(ValueError, match=rf"from_hf_config: {key} {words}"):
         MLAConfig.from_hf_config(dict(DEEPSEEK_V3_HF, **{key: value}))
 
 
-def test_integral_floats_are_integers():
-    cfg = MLAConfig.from_hf_config(dict(DEEPSEEK_V3_HF, kv_lora_rank=512.0))
-    assert cfg.k == 512 and isinstance(cfg.k, int)
+@pytest.mark.parametrize("value", [512.0, np.int64(512), np.int32(512), np.float64(512.0)], ids=repr)
+def test_integral_values_are_integers(value):
+    """JSON may say 512.0; a config built in numpy holds numpy integers."""
+    cfg = MLAConfig.from_hf_config(dict(DEEPSEEK_V3_HF, kv_lora_rank=value, rope_theta=np.float32(10000.0)))
+    assert cfg.k == 512 and type(cfg.k) is int and type(cfg.rope_theta) is float
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -125,3 +130,8 @@ def test_yarn_scaling_checks_every_field(field, value):
     kwargs = {"factor": 40.0, "original_max_position_embeddings": 4096, field: value}
     with pytest.raises(ValueError, match=f"YarnScaling: {field}"):
         YarnScaling(**kwargs)
+
+
+def test_scaled_refuses_a_bool_divisor():
+    with pytest.raises(ValueError, match="div must be a positive integer, got True"):
+        MLAConfig.from_preset("deepseek-v3").scaled(div=True)

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 
 #: the longest piece of a user's text quoted back in a message.
 _QUOTE = 60
+#: the largest integer taken from a user (2**53: every integer up to it is exact as a float).
+MAX_INT = 2**53
 #: the largest JSON file read (results and caches are kilobytes to a few megabytes).
 MAX_READ_BYTES = 64 * 2**20
 

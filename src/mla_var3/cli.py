@@ -18,6 +18,7 @@ import sys
 import warnings
 from typing import Callable
 
+from mla_var3 import _io
 from mla_var3._io import finite_json, quote, show_path
 
 from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, detect_device, get_device, load_devices
@@ -51,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
 # stays finite; NaN and infinity are refused.
 
 #: the largest integer argument (2**53: every integer up to it is exact as a float).
-MAX_INT = 2**53
+MAX_INT = _io.MAX_INT
 #: the largest non-integer argument (GB, parameters, seconds).
 MAX_NUMBER = 1e15
 #: the largest byte count (--window-budget).

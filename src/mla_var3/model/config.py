@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mla_var3._io import quote
+from mla_var3._io import MAX_INT, quote
 from mla_var3.shapes import MLADims, get_preset
 
 #: RoPE facts of the public DeepSeek-V3 config.json (``rope_scaling`` block and ``rope_theta``).
@@ -36,20 +37,27 @@ DEEPSEEK_V3_ROPE = dict(
 DEFAULT_HYBRID_N = 64
 
 
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"      # numpy's bool too
+
+
 def _check_int(where: str, name: str, value, *, low: int = 1) -> int:
-    """``value`` as an int: an int (not a bool) or an integral float (``512.0``) >= ``low``."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an int in [``low``, 2**53]: an integer (numpy's too, not a bool) or an
+    integral float (``512.0``)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not _is_bool(value):
+        if math.isfinite(value) and float(value).is_integer():
+            value = int(value)
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{where}: {name} must be an integer, got {quote(value)}")
-    if value < low:
-        raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
+    value = int(value)
+    if not low <= value <= MAX_INT:
+        raise ValueError(f"{where}: {name} must be an integer in [{low}, 2**53], got {quote(value)}")
     return value
 
 
 def _check_number(where: str, name: str, value, *, positive: bool = False) -> float:
-    """``value`` as a float: a finite int or float (not a bool), > 0 with ``positive``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float: a finite real number (numpy's too, not a bool), > 0 with ``positive``."""
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ValueError(f"{where}: {name} must be a number, got {quote(value)}")
     try:
         value = float(value)
@@ -232,7 +240,7 @@ class MLAConfig:
         Ratios between the widths and the RoPE convention are kept; ``h`` defaults to
         ``max(1, h // div)``. p is kept even; every width is at least ``min_width``.
         """
-        if not isinstance(div, int) or div <= 0:
+        if not isinstance(div, int) or isinstance(div, bool) or div <= 0:
             raise ValueError(f"scaled: div must be a positive integer, got {div!r}")
 
         def shrink(x: int) -> int:
