@@ -175,3 +175,26 @@ def test_oversized_file_is_refused(tmp_path):
     path = _write(tmp_path, "big.json", b"[" + b" " * 100 + b"]")
     with pytest.raises(_io.InputFileError, match="big.json.*larger than"):
         _io.read_bytes(path, "results file", limit=50)
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_key_given_twice_is_refused(tmp_path, loader):
+    path = _write(tmp_path, "dup.json", b'{"records": [], "sweep": [], "records": [], "sweep": []}')
+    with pytest.raises(ValueError, match=r"dup.json' is ambiguous: key '(records|sweep)' appears twice"):
+        LOADERS[loader](path)
+
+
+@pytest.mark.parametrize("text,words", [
+    ('{"H200": {"name": "a", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1}, '
+     '"h200": {"name": "b", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1}}', "'h200' is given twice"),
+    ('{" ": {"name": "a", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1}}', "key must not be empty"),
+])
+def test_device_keys_are_unique_and_not_empty(tmp_path, text, words):
+    with pytest.raises(DeviceFileError, match=words):
+        load_devices(_write(tmp_path, "devs.json", text.encode()))
+
+
+def test_huge_integers_in_rows_are_refused(tmp_path):
+    path = _write(tmp_path, "results.json", json.dumps({"records": [dict(GOOD_RECORD, t=10**400)]}).encode())
+    with pytest.raises(ValueError, match=r"record 0: 't' must be an integer of at most 2\*\*53"):
+        load_results(path)

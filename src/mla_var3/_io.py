@@ -104,6 +104,20 @@ def read_bytes(path: str | os.PathLike, what: str, error: type[InputFileError] =
     return data
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object, refusing a key given twice (``json.loads`` would keep the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str | bytes, where: str, expect: type | None = dict,
                error: type[InputFileError] = InputFileError):
     """Parse JSON ``text`` (``where`` names its source in messages) and check its top-level type."""
@@ -116,7 +130,9 @@ def parse_json(text: str | bytes, where: str, expect: type | None = dict,
     if not text.strip():
         raise error(f"{where} is empty")
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise error(f"{where} is ambiguous: key {quote(exc.args[0])} appears twice in one object") from None
     except json.JSONDecodeError as exc:
         hint = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
         raise error(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{hint}") from None
@@ -163,6 +179,8 @@ def field_problem(value, kind: str) -> str | None:
     if kind.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             return f"must be an integer, got {quote(value)}"
+        if abs(value) > MAX_INT:
+            return f"must be an integer of at most 2**53, got {quote(value)}"
     elif kind.startswith("number"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"must be a number, got {quote(value)}"

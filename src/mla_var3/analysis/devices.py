@@ -189,7 +189,16 @@ def parse_devices(text: str | bytes, where: str = "devices file") -> dict[str, D
 def _devices_from_json(raw, where: str) -> dict[str, Device]:
     if not isinstance(raw, dict):
         raise DeviceFileError(f"{where} must hold a JSON object of devices, got {json_type(raw)}")
-    return {k.lower(): _parse_device(where, k.lower(), v) for k, v in raw.items() if not k.startswith("_")}
+    devices: dict[str, Device] = {}
+    for key, entry in raw.items():
+        if key.startswith("_"):                   # comments such as "_sources"
+            continue
+        if not key.strip():
+            raise DeviceFileError(f"{where}: a device key must not be empty")
+        if key.lower() in devices:
+            raise DeviceFileError(f"{where}: device {quote(key.lower())} is given twice (keys ignore case)")
+        devices[key.lower()] = _parse_device(where, key.lower(), entry)
+    return devices
 
 
 @functools.cache
