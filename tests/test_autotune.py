@@ -159,3 +159,119 @@ def test_budget_stops_after_best_so_far(cache):
     assert res.config == Cfg(1) and len(res.trials) == 1
     assert any("time budget" in l for l in lines)
     assert cache.get("k")["tried"] == 1 and cache.get("k")["candidates"] == 4
+
+
+# --- a corrupt cache is never fatal -------------------------------------------------------------
+
+DAMAGED = [b"\xff\xfe\x00\x81random", b'{"format": 1, "entries": {"a": {"conf', b"", b"  ", b"[1, 2]", b"null",
+           b'{"entries": [1]}', b'{"format": 1}']
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_put_rewrites_a_corrupt_file_atomically(cache, content):
+    cache.path.parent.mkdir(parents=True)
+    cache.path.write_bytes(content)
+    with pytest.warns(UserWarning, match="corrupt autotune cache ignored: .*autotune.json"):
+        cache.put("k", {"block": 16}, time_us=2.0)
+    data = json.loads(cache.path.read_text())
+    assert data["entries"]["k"]["config"] == {"block": 16}
+    assert [p.name for p in cache.path.parent.iterdir()] == ["autotune.json"]    # no temp file left
+
+
+def test_a_directory_for_the_cache_warns_and_tuning_still_returns(tmp_path):
+    path = tmp_path / "autotune.json"
+    path.mkdir()
+    cache = at.AutotuneCache(path)
+    with pytest.warns(UserWarning, match="it is a directory"):
+        assert cache.entries() == {}
+    with pytest.warns(UserWarning):          # unreadable, then not writable: the tuned config is still used
+        res = at.autotune("d", [Cfg(16)], lambda c: (lambda: None), key="k", cache=cache,
+                          timer=fake_timer([1.0]), log=None)
+    assert res.config == Cfg(16) and not res.from_cache
+
+
+BAD_ENTRIES = {
+    "not an object": 3,
+    "no config": {"time_us": 1.0},
+    "config not an object": {"config": [16]},
+    "empty config": {"config": {}},
+    "NaN in config": {"config": {"block": float("nan")}},
+    "negative time": {"config": {"block": 16}, "time_us": -1.0},
+    "zero time": {"config": {"block": 16}, "time_us": 0},
+    "NaN time": {"config": {"block": 16}, "time_us": float("nan")},
+    "infinite time": {"config": {"block": 16}, "time_us": float("inf")},
+    "string time": {"config": {"block": 16}, "time_us": "3"},
+    "bool time": {"config": {"block": 16}, "time_us": True},
+    "backend not a string": {"config": {"block": 16}, "time_us": 1.0, "backend": 3},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_ENTRIES))
+def test_invalid_entries_are_absent_retuned_and_dropped_from_the_file(cache, name):
+    cache.path.parent.mkdir(parents=True)
+    good = {"config": {"block": 32, "warps": 4}, "time_us": 5.0}
+    text = json.dumps({"format": 1, "entries": {"bad": BAD_ENTRIES[name], "good": good}})   # NaN written as NaN
+    cache.path.write_text(text)
+    with pytest.warns(UserWarning, match="ignoring 1 invalid entry"):
+        assert set(cache.entries()) == {"good"}
+    with pytest.warns(UserWarning):
+        res = at.autotune("d", [Cfg(16), Cfg(32)], lambda c: (lambda: None), key="bad", cache=cache,
+                          timer=fake_timer([3.0, 4.0]), log=None)
+    assert res.config == Cfg(16) and not res.from_cache and res.time_us == 3.0
+    entries = json.loads(cache.path.read_text())["entries"]                   # strict JSON: no NaN left
+    assert entries["bad"]["config"] == {"block": 16, "warps": 4} and entries["good"] == good
+
+
+@pytest.mark.parametrize("stored", [
+    {"block": 24, "warps": 4},        # a tiling the enumerator never produces
+    {"block": "16", "warps": 4},      # the right number as a string
+    {"block": 16.0, "warps": 4},      # ... as a float
+    {"block": 16, "warps": True},     # True == 1 in Python, not a warp count
+    {"block": 16},                    # a field missing
+])
+def test_configs_that_are_not_candidates_are_never_returned_from_cache(cache, stored):
+    cands = [Cfg(16), Cfg(32), Cfg(16, warps=1)]
+    cache.put("k", stored, time_us=1.0)
+    assert at.restore_config(stored, cands) is None
+    res = at.autotune("d", cands, lambda c: (lambda: None), key="k", cache=cache, timer=fake_timer([3.0, 2.0, 4.0]),
+                      log=None)
+    assert not res.from_cache and res.config == Cfg(32)
+
+
+def test_put_refuses_an_invalid_entry_and_keeps_the_file(cache):
+    cache.put("a", {"block": 64}, time_us=1.0)
+    before = cache.path.read_text()
+    for bad in ({"time_us": float("nan")}, {"time_us": -2.0}):
+        with pytest.raises(ValueError, match="time_us"):
+            cache.put("b", {"block": 32}, **bad)
+    with pytest.raises(ValueError, match="config"):
+        cache.put("b", {"block": object()})
+    assert cache.path.read_text() == before
+
+
+def test_cli_lists_a_corrupt_cache_with_a_one_line_warning(tmp_path, monkeypatch, capsys):
+    from mla_var3 import cli
+
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path))
+    (tmp_path / at.CACHE_FILE).write_bytes(b"\x00\xff" * 50)
+    for argv in (["autotune"], ["explain", "--b", "4", "--t", "256"]):
+        assert cli.main(argv) == 0
+        err = capsys.readouterr().err
+        assert err.startswith("mla-var3: warning: corrupt autotune cache ignored") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("time_us", [-300.0, float("nan"), float("inf"), 0.0])
+def test_explain_never_shows_an_invalid_cached_time_as_measured(tmp_path, capsys, time_us):
+    import triton
+
+    from mla_var3 import cli
+
+    path = tmp_path / "autotune.json"
+    key = at.cache_key("NVIDIA H200", "flash_mla", get_preset("deepseek-v3"), Problem(32, 16, 4096), "bf16",
+                       triton.__version__)
+    path.write_text(json.dumps({"format": 1, "entries": {key: {"config": {"block_m": 64}, "time_us": time_us}}}))
+    code = cli.main(["explain", "--s", "16", "--autotune-cache", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "invalid entry" in err and err.count("\n") == 1
+    d = json.loads(out)
+    assert all(e["measured_s"] is None for e in d["estimates"]) and d["source"] == "model"

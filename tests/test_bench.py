@@ -173,3 +173,20 @@ def test_autotune_command_show_and_clear(tmp_path, capsys):
     assert "1 tuned configs" in capsys.readouterr().out
     assert cli.main(["autotune", "--clear"]) == 0
     assert not AutotuneCache().path.exists()
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(bs=()), "bs must be a non-empty tuple"),
+    (dict(ss=(0,)), "ss must be"),
+    (dict(ss=[1, 2]), "ss must be"),
+    (dict(t=True), "t must be"),
+    (dict(n=(-1,)), "n must be"),
+    (dict(designs=("magic",)), "unknown design"),
+    (dict(point_seconds=float("nan")), "point_seconds"),
+    (dict(max_seconds=float("inf")), "max_seconds"),
+    (dict(reps=0), "reps must be"),
+])
+def test_bench_spec_refuses_bad_values(change, words):
+    """interpret_spec(ss=()) raised 'max() arg is an empty sequence'; NaN budgets never stop."""
+    with pytest.raises(ValueError, match=f"BenchSpec: {words}"):
+        B.BenchSpec(dims=get_preset("deepseek-v3"), **change)

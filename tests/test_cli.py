@@ -159,12 +159,12 @@ def test_no_torch_at_import():
 def test_int_lists_reject_zero_except_where_it_is_a_valid_value():
     import argparse
 
-    from mla_var3.runtime.commands import _csv_ints
+    from mla_var3.runtime.commands import _n_list
 
     with pytest.raises(argparse.ArgumentTypeError, match="positive"):
         cli.int_list("0,4")
     assert cli.int_list("1, 4") == [1, 4]
     # the hybrid's split n = 0 is the absorbed design: `mla-var3 bench --n 0,256,...` must accept it
-    assert _csv_ints("0,256", allow_zero=True) == (0, 256)
+    assert _n_list("0,256") == (0, 256) and _n_list("auto") == "auto"
     with pytest.raises(argparse.ArgumentTypeError, match="non-negative"):
-        _csv_ints("-1", allow_zero=True)
+        _n_list("-1")

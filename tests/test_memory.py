@@ -1,9 +1,11 @@
 """KV-cache accounting and the capacity planner, pinned to hand-computed values."""
 
+import math
+
 import pytest
 
 from mla_var3.analysis.memory import (
-    cache_layouts, cache_total_bytes, expanded_cache_bytes, gqa_bytes_per_token, hybrid_cache_bytes,
+    cache_layouts, cache_total_bytes, expanded_cache_bytes, gqa_bytes_per_token, hybrid_cache_bytes, max_window_n,
     mha_bytes_per_token, mla_bytes_per_token, mla_cache_bytes, mqa_bytes_per_token, paged_cache_bytes, plan_capacity,
 )
 from mla_var3.shapes import MLADims, get_preset
@@ -105,3 +107,34 @@ def test_window_bytes_and_cap_by_hand():
         window_bytes(V3, 4, tp=3)
     with pytest.raises(ValueError, match=">= 0 bytes"):
         max_window_n(V3, -1.0)
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(device_memory_bytes=math.nan), "device memory"),
+    (dict(device_memory_bytes=math.inf), "device memory"),
+    (dict(device_memory_bytes=0.0), "device memory"),
+    (dict(reserve_bytes=math.nan), "reserve"),
+    (dict(reserve_bytes=-1.0), "reserve"),
+    (dict(reserve_bytes=math.inf), "reserve"),
+    (dict(params=math.nan), "params"),
+    (dict(params="1e9"), "params"),
+    (dict(reserve_fraction=math.nan), "reserve_fraction"),
+    (dict(reserve_fraction=1.5), "reserve_fraction"),
+    (dict(tp=True), "tp"),
+])
+def test_plan_capacity_refuses_nan_infinite_and_wrong_amounts(kwargs, words):
+    """NaN made every comparison false: the plan came back silently empty (0 tokens)."""
+    args = dict(device_memory_bytes=141e9) | kwargs
+    with pytest.raises(ValueError, match=f"plan_capacity: {words}"):
+        plan_capacity(get_preset("deepseek-v3"), **args)
+
+
+@pytest.mark.parametrize("budget", [math.nan, math.inf, -1.0, "4MB"])
+def test_max_window_n_refuses_non_finite_budgets(budget):
+    with pytest.raises(ValueError, match="window budget"):
+        max_window_n(get_preset("deepseek-v3"), budget)
+
+
+def test_cache_layouts_needs_kv_groups():
+    with pytest.raises(ValueError, match="gqa_groups"):
+        cache_layouts(get_preset("deepseek-v3"), gqa_groups=0)

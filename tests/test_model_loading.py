@@ -3,6 +3,7 @@ prefix, shards, FP8 block scales), clear errors for bad weights, and the absorpt
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -132,3 +133,125 @@ def test_absorbed_weights_layout_and_caching():
     assert views.w_uk.data_ptr() == layer.kv_b_proj.weight.data_ptr()
     with pytest.raises(ValueError, match=r"kv_b_proj.weight must be \[h\*\(d\+dv\)"):
         absorbed_weights(weight[:-1], cfg.h, cfg.d, cfg.dv)
+
+
+# --- refused checkpoints: every cause names the key or the file ------------------------------------
+
+FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("fp8", FLOAT8, ids=str)
+@pytest.mark.parametrize("key", ["kv_b_proj.weight", "q_b_proj.weight", "o_proj.weight"])
+def test_fp8_weight_without_its_scales_is_refused(fp8, key):
+    cfg = cfg_for()
+    sd = prefixed(MLALayer.random(cfg, dtype=torch.float32))
+    sd[PREFIX + key] = (sd[PREFIX + key] * 100).to(fp8)     # stored / scale: would load 100x too large
+    with pytest.raises(ValueError, match=rf"{PREFIX}{key} is {fp8}.*{PREFIX}{key}_scale_inv is missing"):
+        MLALayer.from_state_dict(cfg, sd, prefix=PREFIX)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda w, s: (w.float(), s), "block scales belong to float8 weights only"),            # already dequantised
+    (lambda w, s: (w, s.to(torch.int32)), "weight_scale_inv must hold float32/bf16 scales"),
+    (lambda w, s: (w, s * float("nan")), "NaN or infinite scales"),
+    (lambda w, s: (w, s.repeat(2, 1)), r"weight_scale_inv must be \[1, 1\]"),
+])
+def test_bad_fp8_scales_are_refused_by_key(change, match):
+    cfg = cfg_for()
+    sd = prefixed(MLALayer.random(cfg, dtype=torch.float32))
+    weight, scale = change(sd[PREFIX + "kv_b_proj.weight"].to(torch.float8_e4m3fn), torch.tensor([[0.5]]))
+    sd[PREFIX + "kv_b_proj.weight"], sd[PREFIX + "kv_b_proj.weight_scale_inv"] = weight, scale
+    with pytest.raises(ValueError, match=match) as info:
+        MLALayer.from_state_dict(cfg, sd, prefix=PREFIX)
+    assert "kv_b_proj.weight" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool, torch.complex64])
+def test_non_floating_weights_are_refused(dtype):
+    cfg = cfg_for()
+    sd = prefixed(MLALayer.random(cfg, dtype=torch.float32))
+    sd[PREFIX + "o_proj.weight"] = sd[PREFIX + "o_proj.weight"].to(dtype)
+    with pytest.raises(ValueError, match=rf"{PREFIX}o_proj.weight has dtype {dtype}"):
+        MLALayer.from_state_dict(cfg, sd, prefix=PREFIX)
+
+
+def test_numpy_values_are_converted():
+    cfg = cfg_for()
+    layer = MLALayer.random(cfg, dtype=torch.float32, seed=5)
+    as_numpy = {key: value.numpy() for key, value in prefixed(layer).items()}
+    as_numpy[PREFIX + "o_proj.weight"] = as_numpy[PREFIX + "o_proj.weight"].T.copy().T      # not C-contiguous
+    same_layer(MLALayer.from_state_dict(cfg, as_numpy, prefix=PREFIX), layer, cfg)
+
+
+@pytest.mark.parametrize("value,match", [
+    ([[1.0, 2.0]], "must be a torch.Tensor or a numpy array, got list"),
+    (3.0, "got float"),
+    (None, "got NoneType"),
+    ("weights.bin", "got str"),
+    (np.array([["a", "b"]]), "numeric array"),
+    (np.float32(1.0), "numeric array"),
+    (torch.empty(2, 2, device="meta"), "meta device"),
+    (torch.eye(2).to_sparse(), "dense tensor"),
+], ids=["list", "float", "None", "str", "numpy strings", "numpy scalar", "meta", "sparse"])
+def test_other_values_are_refused_by_key(value, match):
+    cfg = cfg_for()
+    sd = prefixed(MLALayer.random(cfg, dtype=torch.float32))
+    sd[PREFIX + "kv_a_layernorm.weight"] = value
+    with pytest.raises(ValueError, match=rf"{PREFIX}kv_a_layernorm.weight.*{match}"):
+        MLALayer.from_state_dict(cfg, sd, prefix=PREFIX)
+
+
+@pytest.mark.parametrize("state_dict,match", [
+    (None, "state_dict must be a mapping"),
+    ([("a", torch.zeros(1))], "state_dict must be a mapping"),
+    ({3: torch.zeros(1)}, "keys must be strings, got 3"),
+])
+def test_state_dict_itself_must_be_a_mapping_of_strings(state_dict, match):
+    with pytest.raises(ValueError, match=match):
+        MLALayer.from_state_dict(cfg_for(), state_dict)
+
+
+def _safetensors_bytes(tmp_path):
+    path = tmp_path / "good.safetensors"
+    save_file({"a": torch.zeros(8, 8)}, str(path))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind,make,match", [
+    ("truncated", lambda good: good[:-10], "truncated"),
+    ("header only", lambda good: good[:8], "truncated, or not a safetensors file"),
+    ("too short", lambda good: good[:5], "has 5 bytes: too short"),
+    ("empty", lambda good: b"", "is empty"),
+    ("random bytes", lambda good: bytes(range(256)) * 4, "truncated, or not a safetensors file"),
+    ("absurd header", lambda good: (2**62).to_bytes(8, "little") + b"{}", "announces a 4,611,686,018,427,387,904-byte"),
+    ("header not JSON", lambda good: (5).to_bytes(8, "little") + b"xxxxx", "cannot be read: invalid JSON"),
+])
+def test_unreadable_safetensors_name_the_file(tmp_path, kind, make, match):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(make(_safetensors_bytes(tmp_path)))
+    with pytest.raises(ValueError, match=match) as info:
+        MLALayer.from_safetensors(cfg_for(), path)
+    assert str(path) in str(info.value)
+
+
+def test_safetensors_paths_that_are_not_files(tmp_path):
+    cfg = cfg_for()
+    with pytest.raises(ValueError, match=r"cannot read safetensors file .*nope.safetensors.*: no such file"):
+        MLALayer.from_safetensors(cfg, tmp_path / "nope.safetensors")
+    with pytest.raises(ValueError, match=rf"cannot read safetensors file '{tmp_path}': it is a directory"):
+        MLALayer.from_safetensors(cfg, tmp_path)
+    for paths, match in (([], "no files given"), (None, "a path or a list of paths"), ([None], "expected a path")):
+        with pytest.raises(ValueError, match=match):
+            MLALayer.from_safetensors(cfg, paths)
+
+
+def test_absorbed_weights_are_detached_unless_asked():
+    cfg = cfg_for()
+    weight = torch.randn(cfg.h * 2 * cfg.d, cfg.k, dtype=F64, requires_grad=True)
+    assert not absorbed_weights(weight, cfg.h, cfg.d, cfg.dv).w_uk.requires_grad
+    live = absorbed_weights(weight, cfg.h, cfg.d, cfg.dv, detach=False)
+    (live.w_uk.sum() + 2 * live.w_uv.sum()).backward()
+    d = cfg.d
+    expected = torch.ones_like(weight).view(cfg.h, 2 * d, cfg.k)
+    expected[:, d:] = 2
+    torch.testing.assert_close(weight.grad, expected.view_as(weight))

@@ -1,5 +1,7 @@
 """Regime guide: closed-form hybrid split vs brute force, crossovers, the seed's regimes."""
 
+import math
+
 import pytest
 
 from mla_var3.analysis.cost import flash_attention, flash_mla
@@ -242,3 +244,24 @@ def test_plot_time_vs_n_model_and_sweep(tmp_path):
     for name, m in (("model.png", None), ("sweep.png", measured)):
         out = plot_time_vs_n(V3, dev, 32, 16, 4096, tmp_path / name, measured=m, window_budget_bytes=4_718_592)
         assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(memory_budget_bytes=math.nan), "memory budget"),
+    (dict(memory_budget_bytes=math.inf), "memory budget"),
+    (dict(memory_budget_bytes=-1.0), "memory budget"),
+    (dict(tp=0), "tp must be a positive divisor"),
+    (dict(tp=True), "tp must be a positive divisor"),
+    (dict(t=0), "t must be a positive integer"),
+])
+def test_max_hybrid_n_refuses_bad_budgets_and_sizes(kwargs, words):
+    """NaN gave 'cannot convert float NaN to integer', tp = 0 a ZeroDivisionError."""
+    args = dict(b=32, t=4096, memory_budget_bytes=1e12) | kwargs
+    with pytest.raises(ValueError, match=words):
+        max_hybrid_n(V3, **args)
+
+
+@pytest.mark.parametrize("b,t", [(32, 0), (0, 4096), (32, 2.5)])
+def test_crossover_refuses_sizes_instead_of_saying_never(b, t):
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        crossover_s(V3, b, t)

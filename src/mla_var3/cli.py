@@ -14,9 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Callable
 
-from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, DeviceFileError, detect_device, get_device, load_devices
+from mla_var3._argtypes import (  # noqa: F401  (re-exported: the command modules use cli.<type>)
+    MAX_BYTES, MAX_INT, MAX_NUMBER, int_list, n_arg, nonneg_float, nonneg_int, nonneg_int_list, path_arg,
+    positive_float, positive_int, window_budget_arg,
+)
+from mla_var3._io import finite_json, quote, show_path
+
+from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, detect_device, get_device, load_devices
 from mla_var3.shapes import DEFAULT_MODEL, DTYPE_BYTES, Problem, get_preset
 
 PROG = "mla-var3"
@@ -40,62 +47,7 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"{self.prog}: {message}")
 
 
-# --- argument types ---------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def n_arg(text: str) -> int | str:
-    """``auto`` or a non-negative integer (the hybrid's n)."""
-    return "auto" if text.strip().lower() == "auto" else nonneg_int(text)
-
-
-_BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def window_budget_arg(text: str) -> float | str:
-    """``latent`` (the latent cache's own size per sequence per layer) or bytes, e.g.
-    ``4718592``, ``4.5MB``, ``4.5MiB``."""
-    low = text.strip().lower().replace(" ", "")
-    if low == "latent":
-        return "latent"
-    num = low.rstrip("bikmg")
-    unit = low[len(num):] or "b"
-    try:
-        value = float(num) * _BYTE_UNITS[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"expected 'latent' or bytes such as 4718592, 4.5MB, 4.5MiB; got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative byte count, got {text!r}")
-    return value
+# --- the hybrid's window budget ---------------------------------------------------------------
 
 
 def window_budget_bytes(value, dims, t: int) -> float | None:
@@ -115,17 +67,6 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degree: each rank holds h/tp heads of the window (default 1)")
 
 
-def int_list(text: str, *, allow_zero: bool = False) -> list[int]:
-    """A comma-separated list of positive integers (non-negative with ``allow_zero``)."""
-    parse = nonneg_int if allow_zero else positive_int
-    return [parse(part.strip()) for part in text.split(",") if part.strip()] or _raise_empty(text, allow_zero)
-
-
-def _raise_empty(text: str, allow_zero: bool = False):
-    kind = "non-negative" if allow_zero else "positive"
-    raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind} integers, got {text!r}")
-
-
 # --- shared options -------------------------------------------------------------------------
 
 
@@ -137,10 +78,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{dim}", type=positive_int, help=f"override {what}")
 
 
+def add_devices_file_arg(p: argparse.ArgumentParser) -> None:
+    """--devices-file."""
+    p.add_argument("--devices-file", type=path_arg, metavar="JSON", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+
+
 def add_device_args(p: argparse.ArgumentParser, default: str | None = DEFAULT_DEVICE) -> None:
     """--device, --devices-file, --ceilings."""
     p.add_argument("--device", default=default, help=f"device key (see `{PROG} devices`; default {default or 'detected'})")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     p.add_argument("--ceilings", default="measured", choices=("measured", "datasheet"),
                    help="roofline ceilings: measured when the device has them (default), or datasheet")
 
@@ -184,7 +130,8 @@ def _table(title: str, columns: list[str], rows: list[list], right_from: int = 1
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2))
+    """``obj`` as JSON on stdout. NaN and infinity (which JSON lacks) are written as null."""
+    print(json.dumps(finite_json(obj), indent=2, allow_nan=False))
 
 
 def _us(seconds: float) -> str:
@@ -273,6 +220,8 @@ def _cmd_regime(args) -> int:
     dims, dev = dims_from_args(args), device_from_args(args)
     for s in args.s or []:
         Problem(b=args.b, s=s, t=args.t)  # validates s <= t
+    if args.sweep and not args.plot_n:
+        raise ValueError("--sweep is the measured sweep drawn by --plot-n; give --plot-n PNG too")
     guide = regime_guide(dims, dev, args.b, args.t, args.s, args.ceilings, args.fa_model)
     budget_rows, budget_note = _budget_rows(args, dims, dev)
     if args.plot_n:
@@ -318,9 +267,20 @@ def _plot_n(args, dims, dev) -> None:
     from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
 
     s = (args.s or [16])[0]
-    measured = load_n_sweep(args.sweep, args.b, s) if args.sweep else None
+    out = Path(args.plot_n)
+    if out.is_dir() or not out.suffix:
+        raise ValueError(f"--plot-n {show_path(out)}: expected an image file name such as time_vs_n.png")
+    measured = None
+    if args.sweep:
+        try:
+            measured = load_n_sweep(args.sweep, args.b, s)
+        except ValueError as exc:
+            raise ValueError(f"--sweep: {exc}") from None
+        if not measured:
+            raise ValueError(f"--sweep {show_path(args.sweep)} has no n sweep (one label measured at two or more n) "
+                             f"at b={args.b}, s={s}; pick them with --b and --s")
     budget = window_budget_bytes(args.window_budget, dims, args.t)
-    path = plot_time_vs_n(dims, dev, args.b, s, args.t, Path(args.plot_n), args.ceilings, measured, budget, args.tp)
+    path = plot_time_vs_n(dims, dev, args.b, s, args.t, out, args.ceilings, measured, budget, args.tp)
     print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
 
 
@@ -353,9 +313,9 @@ def _add_regime(sub) -> None:
     p.add_argument("--fa-model", default="flash_attention", choices=("flash_attention", "flash_attention_shared_kpe"),
                    help="FlashAttention byte count: seed (RoPE key per head) or shared RoPE key")
     add_budget_args(p)
-    p.add_argument("--plot-n", metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
+    p.add_argument("--plot-n", type=path_arg, metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
                                                   "the predicted optimum marked")
-    p.add_argument("--sweep", metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
+    p.add_argument("--sweep", type=path_arg, metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
     add_device_args(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_regime)
@@ -408,13 +368,13 @@ def _add_memory(sub) -> None:
                        description="KV-cache accounting and how much cache fits next to the weights.")
     add_model_args(p)
     p.add_argument("--device", default=DEFAULT_DEVICE, help=f"device key (default {DEFAULT_DEVICE})")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--context", type=positive_int, default=32768, help="tokens per sequence (default 32768)")
     p.add_argument("--n", type=nonneg_int, default=1024, help="hybrid: newest tokens kept expanded (default 1024)")
     p.add_argument("--params", type=positive_float, help="total parameter count (default: the preset's published count)")
     p.add_argument("--weight-dtype", choices=sorted(DTYPE_BYTES), help="weight element type (default: the checkpoint's)")
-    p.add_argument("--reserve-gb", type=float, help="activation/workspace reserve in GB (default 10%% of memory)")
+    p.add_argument("--reserve-gb", type=nonneg_float, help="activation/workspace reserve in GB (default 10%% of memory)")
     p.add_argument("--memory-gb", type=positive_float, help="device memory in GB (default: the device's)")
     add_json_arg(p)
     p.set_defaults(func=_cmd_memory)
@@ -456,7 +416,7 @@ def _cmd_devices(args) -> int:
 
 def _add_devices(sub) -> None:
     p = sub.add_parser("devices", help="the devices table with ridge points", description="Known devices and their ceilings.")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${DEVICES_ENV})")
+    add_devices_file_arg(p)
     add_json_arg(p)
     p.set_defaults(func=_cmd_devices)
 
@@ -473,8 +433,7 @@ def _cmd_report(args) -> int:
     else:
         dev, note = detect_device(args.devices_file)
     Problem(b=args.b, s=1, t=args.t)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, formats, args.context, note)
+    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, args.format, args.context, note)
     _print_report_tables(args, dev)
     status = 0
     if args.kernel_check:
@@ -486,19 +445,39 @@ def _cmd_report(args) -> int:
     return status
 
 
+def report_formats_arg(text: str) -> list[str]:
+    """A non-empty comma list of report formats (md, json)."""
+    from mla_var3.analysis.report import REPORT_FORMATS
+
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    bad = [f for f in formats if f not in REPORT_FORMATS]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(REPORT_FORMATS)}, got {quote(text)}")
+    return formats
+
+
 def _print_report_tables(args, dev) -> None:
     """The report's regime guide and memory table on the terminal: the ``regime`` and
     ``memory`` commands run with the report's model, device and sizes (the capacity plan at
-    tp = 8, a common serving layout; report.md has tp = 1 and 8)."""
+    tp = 8, a common serving layout, when 8 divides h; report.md has tp = 1 and 8). A model
+    without a published parameter count (dims overridden) has no capacity plan, as in report.md."""
+    from mla_var3.analysis.memory import PUBLISHED_WEIGHTS
+
+    dims = dims_from_args(args)
     shared = ["--model", args.model, "--dtype", args.dtype, "--device", dev.key]
     for dim in ("h", "d", "p", "k"):
         if getattr(args, dim) is not None:
             shared += [f"--{dim}", str(getattr(args, dim))]
     if args.devices_file:
         shared += ["--devices-file", args.devices_file]
+    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings]]
+    if dims.name in PUBLISHED_WEIGHTS:
+        commands.append(["memory", "--context", str(args.context), "--n", str(min(1024, args.context)),
+                         "--tp", "8" if dims.h % 8 == 0 else "1"])
+    else:
+        print(f"no capacity plan: no published parameter count for {dims.name}")
     parser = build_parser()
-    for command in (["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings],
-                    ["memory", "--context", str(args.context), "--tp", "8"]):
+    for command in commands:
         sub = parser.parse_args(command + shared)
         sub.func(sub)
 
@@ -530,13 +509,13 @@ def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the regime guide, memory table and plots to a folder",
                        description="Regime guide + memory table (Markdown/JSON) and PNG plots for the detected GPU "
                                    "(or h200 when there is none).")
-    p.add_argument("--out", default="mla_var3_report", help="output folder (default ./mla_var3_report/)")
+    p.add_argument("--out", type=path_arg, default="mla_var3_report", help="output folder (default ./mla_var3_report/)")
     add_model_args(p)
     add_device_args(p, default=None)
     p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
     p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
     p.add_argument("--context", type=positive_int, default=32768, help="memory table: tokens per sequence (default 32768)")
-    p.add_argument("--format", default="md,json", help="md, json or md,json (default)")
+    p.add_argument("--format", type=report_formats_arg, default="md,json", help="md, json or md,json (default)")
     p.add_argument("--kernel-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every kernel once against the fp32 reference (default on; exit 1 on a failure)")
     p.set_defaults(func=_cmd_report)
@@ -557,13 +536,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    """A message of several lines (a list of problems) as one line."""
+    return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
     return 2
 
 
+def _warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"{PROG}: warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    """Run the CLI; returns the exit status (0 ok, 2 bad input). Warnings are one line each."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -574,12 +562,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    shown = warnings.showwarning
+    warnings.showwarning = _warning
     try:
         return int(args.func(args) or 0)
-    except (ValueError, DeviceFileError, CLIError) as e:
+    except (ValueError, CLIError, argparse.ArgumentTypeError) as e:   # DeviceFileError is a ValueError
         return _error(str(e))
     except OSError as e:
         return _error(f"{e.strerror or e}: {e.filename}" if getattr(e, "filename", None) else str(e))
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

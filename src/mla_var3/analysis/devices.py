@@ -20,12 +20,12 @@ Example
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
+
+from mla_var3._io import InputFileError, json_type, load_json, parse_json, quote, show_path
 
 #: environment variable naming a user devices file (merged over the built-in table).
 DEVICES_ENV = "MLA_VAR3_DEVICES"
@@ -36,9 +36,14 @@ CEILING_KINDS = ("measured", "datasheet")
 
 _REQUIRED = ("name", "bf16_tflops", "bandwidth_gbs", "memory_gb")
 _OPTIONAL_NUMBERS = ("fp8_tflops", "sms", "l2_mb", "smem_per_sm_kb")
+#: the largest value a device number may have (TFLOP/s, GB/s, GB, SMs, MB, KB): far above any
+#: device, and small enough that the roofline arithmetic (x 1e12, ratios) stays finite.
+MAX_DEVICE_NUMBER = 1e9
+#: the smallest positive value (a ceiling near zero would make predicted times overflow).
+MIN_DEVICE_NUMBER = 1e-6
 
 
-class DeviceFileError(ValueError):
+class DeviceFileError(InputFileError):
     """A devices JSON file that cannot be read or does not have the expected shape."""
 
 
@@ -132,19 +137,22 @@ def _number(where: str, key: str, value, *, optional: bool) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise DeviceFileError(f"{where}: {key!r} must be a positive number, got {value!r}")
+        raise DeviceFileError(f"{where}: {key!r} must be a positive number, got {quote(value)}")
+    if not MIN_DEVICE_NUMBER <= value <= MAX_DEVICE_NUMBER:
+        raise DeviceFileError(f"{where}: {key!r} must be between {MIN_DEVICE_NUMBER:g} and {MAX_DEVICE_NUMBER:g}, "
+                              f"got {value!r}")
     return value
 
 
 def _parse_device(where: str, key: str, entry) -> Device:
-    here = f"{where}: device {key!r}"
+    here = f"{where}: device {quote(key)}"
     if not isinstance(entry, dict):
-        raise DeviceFileError(f"{here} must be a JSON object, got {type(entry).__name__}")
+        raise DeviceFileError(f"{here} must be a JSON object, got {json_type(entry)}")
     missing = [k for k in _REQUIRED if k not in entry]
     if missing:
         raise DeviceFileError(f"{here} is missing {', '.join(missing)}")
-    if not isinstance(entry["name"], str):
-        raise DeviceFileError(f"{here}: 'name' must be a string")
+    if not isinstance(entry["name"], str) or not entry["name"].strip():
+        raise DeviceFileError(f"{here}: 'name' must be a non-empty string, got {quote(entry['name'])}")
     numbers = {k: _number(here, k, entry[k], optional=False) for k in _REQUIRED[1:]}
     numbers.update({k: _number(here, k, entry.get(k), optional=True) for k in _OPTIONAL_NUMBERS})
     measured = entry.get("measured")
@@ -154,30 +162,43 @@ def _parse_device(where: str, key: str, entry) -> Device:
         for k, v in measured.items():
             if k != "source":
                 _number(f"{here} measured", k, v, optional=False)
+        if "source" in measured and not isinstance(measured["source"], str):
+            raise DeviceFileError(f"{here}: measured 'source' must be a string, got {quote(measured['source'])}")
     match = entry.get("match", [])
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         raise DeviceFileError(f"{here}: 'match' must be a list of strings")
     sources = entry.get("sources", {})
     if not isinstance(sources, dict):
         raise DeviceFileError(f"{here}: 'sources' must be a JSON object")
+    if entry.get("sms") is not None and not isinstance(entry["sms"], int):
+        raise DeviceFileError(f"{here}: 'sms' must be an integer, got {quote(entry['sms'])}")
     return Device(
         key=key, name=entry["name"], match=tuple(m.lower() for m in match), sources=dict(sources),
         measured=dict(measured) if measured else None, **numbers,
     )
 
 
-def parse_devices(text: str, where: str = "devices file") -> dict[str, Device]:
+def parse_devices(text: str | bytes, where: str = "devices file") -> dict[str, Device]:
     """Parse the JSON text of a devices file into ``{key: Device}`` (keys lower-cased).
 
     Raises :class:`DeviceFileError` with the file and device named on any problem.
     """
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DeviceFileError(f"{where} is not valid JSON: {e}") from None
+    return _devices_from_json(parse_json(text, where, expect=None, error=DeviceFileError), where)
+
+
+def _devices_from_json(raw, where: str) -> dict[str, Device]:
     if not isinstance(raw, dict):
-        raise DeviceFileError(f"{where} must hold a JSON object of devices, got {type(raw).__name__}")
-    return {k.lower(): _parse_device(where, k.lower(), v) for k, v in raw.items() if not k.startswith("_")}
+        raise DeviceFileError(f"{where} must hold a JSON object of devices, got {json_type(raw)}")
+    devices: dict[str, Device] = {}
+    for key, entry in raw.items():
+        if key.startswith("_"):                   # comments such as "_sources"
+            continue
+        if not key.strip():
+            raise DeviceFileError(f"{where}: a device key must not be empty")
+        if key.lower() in devices:
+            raise DeviceFileError(f"{where}: device {quote(key.lower())} is given twice (keys ignore case)")
+        devices[key.lower()] = _parse_device(where, key.lower(), entry)
+    return devices
 
 
 @functools.cache
@@ -189,14 +210,14 @@ def _builtin() -> dict[str, Device]:
 def load_devices(path: str | os.PathLike | None = None) -> dict[str, Device]:
     """The built-in devices merged with a user file (``path``, else ``$MLA_VAR3_DEVICES``)."""
     devices = dict(_builtin())
-    path = path or os.environ.get(DEVICES_ENV) or None
-    if path:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise DeviceFileError(f"cannot read devices file {str(p)!r}: {e.strerror or e}") from None
-        devices.update(parse_devices(text, f"devices file {str(p)!r}"))
+    if path is None:
+        path = os.environ.get(DEVICES_ENV) or None
+        what = f"devices file (${DEVICES_ENV})"
+    else:
+        what = "devices file"
+    if path is not None:
+        raw = load_json(path, what, expect=None, error=DeviceFileError)
+        devices.update(_devices_from_json(raw, f"{what} {show_path(path)}"))
     return devices
 
 

@@ -30,6 +30,7 @@ Example
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mla_var3.shapes import MLADims, dtype_bytes
@@ -49,6 +50,16 @@ def _check_sizes(where: str, **sizes: int) -> None:
     for name, v in sizes.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{where}: {name} must be a non-negative integer, got {v!r}")
+
+
+def _check_amount(where: str, name: str, value, *, positive: bool = False) -> float:
+    """A finite real number >= 0 (> 0 with ``positive``): NaN would make every comparison
+    false and the plan silently empty."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        kind = "positive" if positive else "non-negative"
+        raise ValueError(f"{where}: {name} must be a finite {kind} number, got {value!r}")
+    return value
 
 
 # --- per layer, agreed with the cache containers of the layer -------------------------------
@@ -88,8 +99,10 @@ def window_bytes(dims: MLADims, n: int, tp: int = 1) -> int:
 def max_window_n(dims: MLADims, window_budget_bytes: float, tp: int = 1) -> int:
     """Largest n whose window (:func:`window_bytes`, per sequence per layer per rank) fits
     ``window_budget_bytes``: ``floor(budget / ((h/tp)·(d + dv)·w))``."""
-    if not window_budget_bytes >= 0:
-        raise ValueError(f"max_window_n: the window budget must be >= 0 bytes, got {window_budget_bytes!r}")
+    if isinstance(window_budget_bytes, bool) or not isinstance(window_budget_bytes, (int, float)) \
+            or not math.isfinite(window_budget_bytes) or window_budget_bytes < 0:
+        raise ValueError(f"max_window_n: the window budget must be a finite number >= 0 bytes, "
+                         f"got {window_budget_bytes!r}")
     per_token = window_bytes(dims, 1, tp)
     return int(window_budget_bytes // per_token)
 
@@ -147,6 +160,8 @@ def cache_layouts(dims: MLADims, context: int = 4096, n: int = 1024, gqa_groups:
     MHA/GQA/MQA use the model's own head dims: K = d + p (RoPE inside the head), V = dv.
     """
     _check_sizes("cache_layouts", context=context, n=n)
+    if not isinstance(gqa_groups, int) or isinstance(gqa_groups, bool) or gqa_groups < 1:
+        raise ValueError(f"cache_layouts: gqa_groups must be a positive integer, got {gqa_groups!r}")
     if n > context:
         raise ValueError(f"cache_layouts: hybrid window n={n} exceeds the context {context}")
     w, dk = dims.w, dims.d + dims.p
@@ -215,26 +230,27 @@ def plan_capacity(
     token per layer, replicated on every rank (each rank's heads need the whole latent);
     'expanded' stores 2·h·d + p, whose per-head part is split over the tp ranks.
     """
-    if not isinstance(tp, int) or tp < 1 or dims.h % tp:
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or dims.h % tp:
         raise ValueError(f"plan_capacity: tp must be a positive divisor of h={dims.h}, got {tp!r}")
     _check_sizes("plan_capacity", context=context)
     if context == 0:
         raise ValueError("plan_capacity: context must be positive")
-    if device_memory_bytes <= 0:
-        raise ValueError(f"plan_capacity: device memory must be positive, got {device_memory_bytes!r}")
+    _check_amount("plan_capacity", "device memory (bytes)", device_memory_bytes, positive=True)
+    if reserve_bytes is not None:
+        _check_amount("plan_capacity", "reserve (bytes)", reserve_bytes)
+    if not (isinstance(reserve_fraction, (int, float)) and not isinstance(reserve_fraction, bool)
+            and 0 <= reserve_fraction < 1):
+        raise ValueError(f"plan_capacity: reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     published = PUBLISHED_WEIGHTS.get(dims.name)
     if params is None:
         if published is None:
             raise ValueError(f"plan_capacity: no published parameter count for {dims.name!r}; pass params (CLI: --params)")
         params = published[0]
-    if params <= 0:
-        raise ValueError(f"plan_capacity: params must be positive, got {params!r}")
+    _check_amount("plan_capacity", "params", params, positive=True)
     if weight_dtype is None:
         weight_dtype = published[1] if published else "bf16"
     wbytes = dtype_bytes(weight_dtype)
     reserve = reserve_fraction * device_memory_bytes if reserve_bytes is None else reserve_bytes
-    if reserve < 0:
-        raise ValueError(f"plan_capacity: reserve must be non-negative, got {reserve!r}")
     if layout == "mla":
         per_token = dims.layers * mla_bytes_per_token(dims)
     elif layout == "expanded":

@@ -125,18 +125,36 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
 def load_n_sweep(path, b: int | None = None, s: int | None = None) -> dict[str, list[tuple[int, float]]]:
     """Measured time vs n from a ``benchmarks/hybrid_check.py`` JSON (its ``sweep``: rows with
     ``label``, ``b``, ``s``, ``n``, ``us``): ``{label: [(n, µs), ...]}`` sorted by n, for one
-    (b, s) (default: the first row's). Rows at a single n (the pure kernels) are dropped."""
-    import json
+    (b, s) (default: the first row's). Rows with ``us`` null (not measured) are skipped; labels
+    measured at a single n (the pure kernels) are dropped.
 
-    rows = [r for r in json.loads(Path(path).read_text()).get("sweep", []) if r.get("us") is not None]
-    if not rows:
+    Raises :class:`~mla_var3._io.InputFileError` (a ValueError) naming the file, and the row
+    and key where it applies, when the file is unreadable, not JSON, has no ``sweep`` list, or
+    a row lacks a field or holds a wrong type (``us`` must be a finite positive time).
+    """
+    from mla_var3._io import InputFileError, check_field, load_json, quote, show_path
+
+    where = f"sweep file {show_path(path)}"
+    rows = check_field(load_json(path, "sweep file"), "sweep", "list", where)
+    checked = []
+    for i, row in enumerate(rows):
+        here = f"{where}: sweep row {i}"
+        if not isinstance(row, dict):
+            raise InputFileError(f"{here} must be a JSON object, got {quote(row)}")
+        us = check_field(row, "us", "number>0", here, optional=True)
+        label = check_field(row, "label", "str", here)
+        rb, rs = check_field(row, "b", "int>0", here), check_field(row, "s", "int>0", here)
+        n = check_field(row, "n", "int>=0", here)
+        if us is not None:
+            checked.append((label, rb, rs, n, float(us)))
+    if not checked:
         return {}
-    b = rows[0]["b"] if b is None else b
-    s = rows[0]["s"] if s is None else s
+    b = checked[0][1] if b is None else b
+    s = checked[0][2] if s is None else s
     out: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["b"] == b and r["s"] == s:
-            out.setdefault(r["label"], []).append((int(r["n"]), float(r["us"])))
+    for label, rb, rs, n, us in checked:
+        if rb == b and rs == s:
+            out.setdefault(label, []).append((n, us))
     return {label: sorted(pts) for label, pts in out.items() if len({n for n, _ in pts}) > 1}
 
 

@@ -119,6 +119,13 @@ def max_hybrid_n(dims: MLADims, b: int, t: int, memory_budget_bytes: float, tp: 
     Per rank the latent part is replicated (every rank needs it for its heads); the expanded
     part holds only the rank's h/tp heads. Raises ValueError when even n = 0 does not fit.
     """
+    Problem(b=b, s=1, t=t)                        # validates b and t
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or dims.h % tp:
+        raise ValueError(f"max_hybrid_n: tp must be a positive divisor of h={dims.h}, got {tp!r}")
+    if isinstance(memory_budget_bytes, bool) or not isinstance(memory_budget_bytes, (int, float)) \
+            or not math.isfinite(memory_budget_bytes) or memory_budget_bytes < 0:
+        raise ValueError(f"max_hybrid_n: the memory budget must be a finite number >= 0 bytes, "
+                         f"got {memory_budget_bytes!r}")
     rank_dims = dims.replace(h=dims.h // tp, name=dims.name)
 
     def total(n: int) -> int:
@@ -266,6 +273,7 @@ def crossover_s(
 ) -> int | None:
     """Smallest integer s in [1, t] where ``fast`` (default FlashAttention) is predicted faster
     than ``slow`` (default FlashMLA); None when it never is."""
+    Problem(b=b, s=1, t=t)                        # validates b and t
     _, ceil = resolve_ceilings(device, dims, ceilings)
     slow_m, fast_m = get_cost_model(slow), get_cost_model(fast)
     for s in range(1, t + 1):

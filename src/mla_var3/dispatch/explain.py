@@ -12,20 +12,29 @@ Example::
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from mla_var3 import cli
 from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL, CacheInfo, Dispatcher, regime_of
 from mla_var3.shapes import Problem
 
 
+def _check_results_files(flag: str, paths) -> None:
+    """Read each benchmark results file once up front: a bad one is one error naming the flag,
+    the file and what is wrong with it."""
+    from mla_var3.runtime.records import load_results
+
+    for path in paths:
+        try:
+            load_results(path)
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+
+
 def _grid(args, dims, dev) -> int:
     """``--grid RESULTS``: the model's choice vs the measured-fastest design at every point."""
     from mla_var3.dispatch.decide import grid_check
 
-    for path in args.grid:
-        if not Path(path).is_file():
-            raise ValueError(f"--grid {path}: no such file")
+    _check_results_files("--grid", args.grid)
     rows = grid_check(args.grid, dims, dev, dtype=args.dtype)
     if args.json:
         cli._print_json(rows)
@@ -58,10 +67,17 @@ def explain(args) -> int:
         window = args.t if args.window is None else args.window
     elif args.window is not None:
         raise ValueError(f"--window applies to --cache hybrid only, not {args.cache}")
+    elif args.no_latent_window:
+        raise ValueError(f"--no-latent-window applies to --cache hybrid only, not {args.cache}")
     info = CacheInfo(args.cache, window, not args.no_latent_window)
-    for path in args.results or []:
-        if not Path(path).is_file():
-            raise ValueError(f"--results {path}: no such file")
+    _check_results_files("--results", args.results or [])
+    if args.autotune_cache is not None:           # a named cache must exist; a corrupt one only warns
+        from mla_var3._io import check_file
+
+        try:
+            check_file(args.autotune_cache, "autotune cache")
+        except ValueError as exc:
+            raise ValueError(f"--autotune-cache: {exc}") from None
     dispatcher = Dispatcher(dev, ceilings=args.ceilings, use_measured=not args.no_measured,
                             results=tuple(args.results or ()), autotune_path=args.autotune_cache, dtype=args.dtype,
                             window_budget_bytes=cli.window_budget_bytes(args.window_budget, dims, args.t))
@@ -126,11 +142,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-budget", type=cli.window_budget_arg, metavar="BYTES|latent",
                    help="cap the hybrid's window per sequence per layer (n·h·2d·w): bytes or 'latent' = t·(k+p)·w")
     cli.add_device_args(p)
-    p.add_argument("--results", action="append", metavar="PATH",
+    p.add_argument("--results", action="append", type=cli.path_arg, metavar="PATH",
                    help="benchmark results.json with measured times (repeatable)")
-    p.add_argument("--autotune-cache", metavar="PATH", help="autotune cache file (default: the user cache)")
+    p.add_argument("--autotune-cache", type=cli.path_arg, metavar="PATH", help="autotune cache file (default: the user cache)")
     p.add_argument("--no-measured", action="store_true", help="ignore measured times: the model alone")
-    p.add_argument("--grid", action="append", metavar="RESULTS",
+    p.add_argument("--grid", action="append", type=cli.path_arg, metavar="RESULTS",
                    help="instead: the model's choice vs the measured-fastest design at every point of a "
                         "benchmark results.json (repeatable)")
     cli.add_json_arg(p)

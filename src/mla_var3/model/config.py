@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mla_var3._io import MAX_INT, quote
 from mla_var3.shapes import MLADims, get_preset
 
 #: RoPE facts of the public DeepSeek-V3 config.json (``rope_scaling`` block and ``rope_theta``).
@@ -33,6 +35,43 @@ DEEPSEEK_V3_ROPE = dict(
 
 #: default hybrid window (newest tokens kept expanded) when a call gives no ``n``.
 DEFAULT_HYBRID_N = 64
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"      # numpy's bool too
+
+
+def _check_int(where: str, name: str, value, *, low: int = 1) -> int:
+    """``value`` as an int in [``low``, 2**53]: an integer (numpy's too, not a bool) or an
+    integral float (``512.0``)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not _is_bool(value):
+        if math.isfinite(value) and float(value).is_integer():
+            value = int(value)
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where}: {name} must be an integer, got {quote(value)}")
+    value = int(value)
+    if not low <= value <= MAX_INT:
+        raise ValueError(f"{where}: {name} must be an integer in [{low}, 2**53], got {quote(value)}")
+    return value
+
+
+def _check_number(where: str, name: str, value, *, positive: bool = False) -> float:
+    """``value`` as a float: a finite real number (numpy's too, not a bool), > 0 with ``positive``."""
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{where}: {name} must be a number, got {quote(value)}")
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{where}: {name} must be a finite{' positive' if positive else ''} number, got {value!r}")
+    return value
+
+
+def _check_bool(where: str, name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {name} must be true or false, got {quote(value)}")
+    return value
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -74,11 +113,13 @@ class YarnScaling:
     truncate: bool = True
 
     def __post_init__(self) -> None:
-        if not self.factor > 0:
-            raise ValueError(f"YarnScaling: factor must be > 0, got {self.factor!r}")
-        if not self.original_max_position_embeddings > 0:
-            raise ValueError("YarnScaling: original_max_position_embeddings must be > 0, "
-                             f"got {self.original_max_position_embeddings!r}")
+        _check_number("YarnScaling", "factor", self.factor, positive=True)
+        _check_int("YarnScaling", "original_max_position_embeddings", self.original_max_position_embeddings)
+        for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            _check_number("YarnScaling", name, getattr(self, name))
+        if self.attention_factor is not None:
+            _check_number("YarnScaling", "attention_factor", self.attention_factor, positive=True)
+        _check_bool("YarnScaling", "truncate", self.truncate)
 
     @property
     def cos_sin_factor(self) -> float:
@@ -147,19 +188,26 @@ class MLAConfig:
         for field in ("hidden", "h", "d", "p", "k", "dv", "layers"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"MLAConfig: {field} must be a positive integer, got {value!r}")
-        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0):
-            raise ValueError(f"MLAConfig: q_lora_rank must be a positive integer or None, got {self.q_lora_rank!r}")
+                raise ValueError(f"MLAConfig: {field} must be a positive integer, got {quote(value)}")
+        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or isinstance(self.q_lora_rank, bool)
+                                             or self.q_lora_rank <= 0):
+            raise ValueError(f"MLAConfig: q_lora_rank must be a positive integer or None, got {quote(self.q_lora_rank)}")
+        _check_number("MLAConfig", "rope_theta", self.rope_theta, positive=True)
+        _check_number("MLAConfig", "rms_norm_eps", self.rms_norm_eps, positive=True)
+        _check_bool("MLAConfig", "rope_interleave", self.rope_interleave)
+        _check_bool("MLAConfig", "attention_bias", self.attention_bias)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
+            raise ValueError(f"MLAConfig: rope_scaling must be a YarnScaling or None, got {quote(self.rope_scaling)}")
+        if not isinstance(self.name, str):
+            raise ValueError(f"MLAConfig: name must be a string, got {quote(self.name)}")
         if self.p % 2:
             raise ValueError(f"MLAConfig: the RoPE dim p must be even (pairs are rotated), got {self.p}")
         if self.d != self.dv:
             # The designs' layouts share one D for K, V, Q and O (seed layouts).
             raise ValueError(f"MLAConfig: v_head_dim dv={self.dv} must equal qk_nope_head_dim d={self.d} "
                              "(the designs' layouts share one head dim D)")
-        if not isinstance(self.hybrid_n, int) or self.hybrid_n < 0:
-            raise ValueError(f"MLAConfig: hybrid_n must be an integer >= 0, got {self.hybrid_n!r}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"MLAConfig: rope_theta must be > 0, got {self.rope_theta!r}")
+        if not isinstance(self.hybrid_n, int) or isinstance(self.hybrid_n, bool) or self.hybrid_n < 0:
+            raise ValueError(f"MLAConfig: hybrid_n must be an integer >= 0, got {quote(self.hybrid_n)}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -192,7 +240,7 @@ class MLAConfig:
         Ratios between the widths and the RoPE convention are kept; ``h`` defaults to
         ``max(1, h // div)``. p is kept even; every width is at least ``min_width``.
         """
-        if not isinstance(div, int) or div <= 0:
+        if not isinstance(div, int) or isinstance(div, bool) or div <= 0:
             raise ValueError(f"scaled: div must be a positive integer, got {div!r}")
 
         def shrink(x: int) -> int:
@@ -226,55 +274,99 @@ class MLAConfig:
         return cls.from_dims(get_preset(name), **overrides)
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> "MLAConfig":
-        """From a HF DeepSeek-V2/V3 ``config.json`` dict.
+    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> "MLAConfig":
+        """From a HF DeepSeek-V2/V3 ``config.json`` dict, or a config object (a transformers
+        ``PretrainedConfig``, or any object with these attributes).
 
         Reads hidden_size, num_attention_heads, q_lora_rank (may be null), kv_lora_rank,
         qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta, rope_scaling or
-        rope_parameters (``"yarn"`` or none/``"default"``), rope_interleave (default True),
-        rms_norm_eps, attention_bias, num_hidden_layers. Unknown keys are ignored; a missing
-        required key or an unsupported RoPE type is a ValueError.
+        rope_parameters (an object: ``"yarn"`` or none/``"default"``), rope_interleave (default
+        True), rms_norm_eps, attention_bias, num_hidden_layers. Unknown keys are ignored. A
+        missing required key, a value of the wrong type (``512.7`` or ``"abc"`` for a width,
+        ``"false"`` for a flag, NaN for a number), or an unsupported RoPE type is a ValueError
+        naming the key.
         """
+        where = "MLAConfig.from_hf_config"
+        config = _config_mapping(config, where)
         required = ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
                     "qk_rope_head_dim", "v_head_dim")
         missing = [key for key in required if config.get(key) is None]
         if missing:
-            raise ValueError(f"MLAConfig.from_hf_config: missing keys {missing}")
-        rope_params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+            raise ValueError(f"{where}: missing keys {missing}")
+        ints = {key: _check_int(where, key, config[key]) for key in required}
+        rope_key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+        rope_params = config.get(rope_key) or {}
+        if not isinstance(rope_params, Mapping):
+            raise ValueError(f"{where}: {rope_key} must be an object (or null), got {quote(rope_params)}")
         theta = rope_params.get("rope_theta", config.get("rope_theta", 10000.0))
+        theta = _check_number(where, "rope_theta", 10000.0 if theta is None else theta, positive=True)
         rope_type = rope_params.get("rope_type", rope_params.get("type", "default")) if rope_params else "default"
         scaling = None
         if rope_type == "yarn":
-            factor = rope_params.get("factor")
-            original = rope_params.get("original_max_position_embeddings")
-            if factor is None:
-                if original is None or config.get("max_position_embeddings") is None:
-                    raise ValueError("MLAConfig.from_hf_config: YaRN needs rope 'factor' or both "
-                                     "'max_position_embeddings' and 'original_max_position_embeddings'")
-                factor = config["max_position_embeddings"] / original
-            if original is None:
-                raise ValueError("MLAConfig.from_hf_config: YaRN needs 'original_max_position_embeddings'")
-            scaling = YarnScaling(
-                factor=float(factor), original_max_position_embeddings=int(original),
-                beta_fast=float(rope_params.get("beta_fast") or 32.0),
-                beta_slow=float(rope_params.get("beta_slow") or 1.0),
-                mscale=float(rope_params.get("mscale") or 0.0),
-                mscale_all_dim=float(rope_params.get("mscale_all_dim") or 0.0),
-                attention_factor=rope_params.get("attention_factor"),
-                truncate=bool(rope_params.get("truncate", True)),
-            )
+            scaling = _yarn_from_hf(config, rope_params, f"{where}: {rope_key}")
         elif rope_type not in (None, "default"):
-            raise ValueError(f"MLAConfig.from_hf_config: unsupported rope type {rope_type!r} "
-                             "(supported: 'default', 'yarn')")
+            raise ValueError(f"{where}: unsupported rope type {quote(rope_type)} (supported: 'default', 'yarn')")
+        q_lora_rank = config.get("q_lora_rank")
+        layers = config.get("num_hidden_layers")
+        name = config.get("model_type")
         return cls(
-            hidden=int(config["hidden_size"]), h=int(config["num_attention_heads"]),
-            d=int(config["qk_nope_head_dim"]), p=int(config["qk_rope_head_dim"]),
-            k=int(config["kv_lora_rank"]), dv=int(config["v_head_dim"]),
-            q_lora_rank=None if config.get("q_lora_rank") is None else int(config["q_lora_rank"]),
-            rope_theta=float(theta), rope_scaling=scaling,
-            rope_interleave=bool(config.get("rope_interleave", True)),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            attention_bias=bool(config.get("attention_bias", False)),
-            layers=int(config.get("num_hidden_layers") or 1),
-            name=str(config.get("model_type") or "custom"),
+            hidden=ints["hidden_size"], h=ints["num_attention_heads"], d=ints["qk_nope_head_dim"],
+            p=ints["qk_rope_head_dim"], k=ints["kv_lora_rank"], dv=ints["v_head_dim"],
+            q_lora_rank=None if q_lora_rank is None else _check_int(where, "q_lora_rank", q_lora_rank),
+            rope_theta=theta, rope_scaling=scaling,
+            rope_interleave=_check_bool(where, "rope_interleave", _default(config, "rope_interleave", True)),
+            rms_norm_eps=_check_number(where, "rms_norm_eps", _default(config, "rms_norm_eps", 1e-6), positive=True),
+            attention_bias=_check_bool(where, "attention_bias", _default(config, "attention_bias", False)),
+            layers=1 if layers is None else _check_int(where, "num_hidden_layers", layers),
+            name=name if isinstance(name, str) and name else "custom",
         )
+
+
+#: the keys :meth:`MLAConfig.from_hf_config` reads (from a config object: its attributes).
+HF_CONFIG_KEYS = ("hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                  "qk_rope_head_dim", "v_head_dim", "rope_theta", "rope_scaling", "rope_parameters",
+                  "rope_interleave", "rms_norm_eps", "attention_bias", "num_hidden_layers", "model_type",
+                  "max_position_embeddings")
+
+
+def _config_mapping(config, where: str) -> Mapping[str, Any]:
+    """A config.json dict as it is; a config object as the dict of its :data:`HF_CONFIG_KEYS`
+    attributes (a transformers ``PretrainedConfig`` included)."""
+    if isinstance(config, Mapping):
+        return config
+    if config is None or isinstance(config, (str, bytes, int, float, list, tuple, set)):
+        raise ValueError(f"{where}: config must be a config.json dict or a config object "
+                         f"(e.g. transformers' PretrainedConfig), got {quote(config)}")
+    return {key: getattr(config, key) for key in HF_CONFIG_KEYS if hasattr(config, key)}
+
+
+def _default(config: Mapping[str, Any], key: str, default):
+    """``config[key]``, or ``default`` when the key is absent or null."""
+    value = config.get(key)
+    return default if value is None else value
+
+
+def _yarn_from_hf(config: Mapping[str, Any], rope: Mapping[str, Any], where: str) -> YarnScaling:
+    """The YaRN block of a HF config (``factor`` may be implied by the two context lengths)."""
+    factor = rope.get("factor")
+    original = rope.get("original_max_position_embeddings")
+    if factor is None:
+        if original is None or config.get("max_position_embeddings") is None:
+            raise ValueError(f"{where}: YaRN needs rope 'factor' or both "
+                             "'max_position_embeddings' and 'original_max_position_embeddings'")
+        longest = _check_int(where, "max_position_embeddings", config["max_position_embeddings"])
+        factor = longest / _check_int(where, "original_max_position_embeddings", original)
+    if original is None:
+        raise ValueError(f"{where}: YaRN needs 'original_max_position_embeddings'")
+    attention_factor = rope.get("attention_factor")
+    return YarnScaling(
+        factor=_check_number(where, "factor", factor, positive=True),
+        original_max_position_embeddings=_check_int(where, "original_max_position_embeddings", original),
+        beta_fast=_check_number(where, "beta_fast", rope.get("beta_fast") or 32.0),
+        beta_slow=_check_number(where, "beta_slow", rope.get("beta_slow") or 1.0),
+        mscale=_check_number(where, "mscale", rope.get("mscale") or 0.0),
+        mscale_all_dim=_check_number(where, "mscale_all_dim", rope.get("mscale_all_dim") or 0.0),
+        attention_factor=None if attention_factor is None else _check_number(where, "attention_factor",
+                                                                              attention_factor, positive=True),
+        truncate=_check_bool(where, "truncate", _default(rope, "truncate", True)),
+    )

@@ -8,9 +8,15 @@ The cache is one JSON file, ``autotune.json``, in the user cache folder:
 ``$MLA_VAR3_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/mla_var3``, else ``~/.cache/mla_var3``.
 Entries are keyed by (device name, design, dims, problem shape bucket, dtype, triton version)
 — see :func:`cache_key`. Writes are atomic (a temporary file in the same folder, then
-``os.replace``) and merge with what another process may have written meanwhile. A corrupt or
-truncated file is never fatal: it is reported with a warning, treated as empty and rewritten
-on the next store, so the affected shapes are simply re-tuned.
+``os.replace``) and merge with what another process may have written meanwhile.
+
+A corrupt cache is never fatal. A file that cannot be read or parsed (random bytes, truncated,
+empty, not a JSON object, a directory) is reported with a warning and treated as empty; an
+entry that is invalid (no config object, a config holding anything but JSON scalars and
+objects, a ``time_us`` that is not a finite positive number) is reported and treated as absent;
+a cached config that is not one of the design's current candidates (a stale or edited tiling
+such as ``block_m = 24`` or ``"64"``) is never used. The affected shapes are re-tuned and the
+next store rewrites the file without the bad entries.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 import tempfile
@@ -27,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mla_var3._io import InputFileError, load_json
 from mla_var3.runtime.timing import Timing, time_fn
 
 CACHE_ENV = "MLA_VAR3_CACHE_DIR"
@@ -88,6 +96,45 @@ def config_to_dict(config) -> dict:
     raise TypeError(f"cannot serialise launch config of type {type(config).__name__}")
 
 
+def _json_value_problem(value, where: str) -> str | None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            problem = _json_value_problem(v, f"{where}.{k}")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value!r}"
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return None
+    return f"{where} is a {type(value).__name__}, not a JSON scalar or object"
+
+
+def entry_problem(entry) -> str | None:
+    """Why a cache entry is unusable, or None when it is valid: it must be an object with a
+    non-empty ``config`` object of JSON scalars and objects (no NaN or infinity), a
+    ``time_us`` that is absent, null or a finite positive number, and strings (or null) for
+    ``backend`` and ``default_backend``."""
+    if not isinstance(entry, dict):
+        return f"not a JSON object but {type(entry).__name__}"
+    config = entry.get("config")
+    if not isinstance(config, dict) or not config:
+        return "no config object"
+    problem = _json_value_problem(config, "config")
+    if problem:
+        return problem
+    t = entry.get("time_us")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+        return f"time_us is {t!r}, not a positive time"
+    for name in ("backend", "default_backend"):
+        if entry.get(name) is not None and not isinstance(entry[name], str):
+            return f"{name} is {entry[name]!r}, not a string"
+    for name, value in entry.items():
+        if name != "config" and isinstance(value, float) and not math.isfinite(value):
+            return f"{name} is {value!r}"
+    return None
+
+
 class AutotuneCache:
     """The on-disk cache of tuned configs (see the module docstring).
 
@@ -101,23 +148,29 @@ class AutotuneCache:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_FILE
 
     def _read(self) -> dict[str, dict]:
-        """All entries; {} for a missing file; {} plus a warning for a corrupt one."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            warnings.warn(f"autotune cache {self.path} unreadable ({exc}); configs will be re-tuned", stacklevel=3)
+        """The valid entries; {} for a missing file; {} plus a warning for an unreadable or
+        corrupt one; invalid entries left out with a warning."""
+        if not os.path.lexists(self.path):
             return {}
         try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("no 'entries' object")
-            entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("config"), dict)}
-        except ValueError as exc:
-            warnings.warn(f"autotune cache {self.path} is corrupt ({exc}); ignoring it, configs will be re-tuned "
-                          "and the file rewritten", stacklevel=3)
+            data = load_json(self.path, "autotune cache")
+            if not isinstance(data.get("entries"), dict):
+                raise InputFileError(f"autotune cache {str(self.path)!r} has no 'entries' object")
+        except InputFileError as exc:
+            warnings.warn(f"corrupt autotune cache ignored: {exc}; configs will be re-tuned and the file rewritten",
+                          stacklevel=3)
             return {}
+        entries, bad = {}, []
+        for key, entry in data["entries"].items():
+            problem = entry_problem(entry)
+            if problem is None:
+                entries[key] = entry
+            else:
+                bad.append(f"{key}: {problem}")
+        if bad:
+            warnings.warn(f"autotune cache {str(self.path)!r}: ignoring {len(bad)} invalid "
+                          f"entr{'y' if len(bad) == 1 else 'ies'} ({bad[0]}{'; ...' if len(bad) > 1 else ''}); "
+                          "they will be re-tuned and the file rewritten", stacklevel=3)
         return entries
 
     def entries(self) -> dict[str, dict]:
@@ -129,9 +182,18 @@ class AutotuneCache:
         return self._read().get(key)
 
     def put(self, key: str, config: dict, **info) -> None:
-        """Store ``config`` (a dict) under ``key`` with extra ``info`` (time_us, tried, ...); atomic."""
+        """Store ``config`` (a dict) under ``key`` with extra ``info`` (time_us, tried, ...); atomic.
+
+        A corrupt file on disk is replaced (its valid entries kept). ValueError when the entry
+        itself is invalid (see :func:`entry_problem`); OSError when the file cannot be written.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"autotune cache key must be a non-empty string, got {key!r}")
         entry = {"config": dict(config), **info,
                  "stored": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        problem = entry_problem(entry)
+        if problem is not None:
+            raise ValueError(f"autotune cache entry {key!r}: {problem}")
         entries = self._read()        # merge with what is on disk now
         entries[key] = entry
         self._write(entries)
@@ -146,7 +208,7 @@ class AutotuneCache:
 
     def _write(self, entries: dict[str, dict]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True)
+        payload = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True, allow_nan=False)
         fd, tmp = tempfile.mkstemp(prefix=".autotune-", suffix=".tmp", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w") as f:
@@ -182,18 +244,27 @@ def _describe(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def restore_config(stored: dict, candidates: Sequence):
-    """The candidate equal to a stored config dict, else one built from the candidates' class,
-    else None (the enumerator changed: re-tune)."""
+def restore_config(stored, candidates: Sequence):
+    """The candidate whose dict equals the stored config, else None (re-tune).
+
+    Only the design's own enumerated candidates are ever returned: a stored config that is not
+    one of them (the enumerator changed, the shape within the bucket allows other tilings, or
+    the file was edited: ``block_m = 24``, ``"64"`` for 64, ``true`` for 1) is never launched.
+    """
+    if not isinstance(stored, dict):
+        return None
     for cand in candidates:
-        if config_to_dict(cand) == stored:
+        cand_dict = config_to_dict(cand)
+        if cand_dict == stored and _same_types(cand_dict, stored):
             return cand
-    if candidates and dataclasses.is_dataclass(candidates[0]) and not any(isinstance(v, dict) for v in stored.values()):
-        try:
-            return type(candidates[0])(**stored)
-        except (TypeError, ValueError):
-            return None
     return None
+
+
+def _same_types(a, b) -> bool:
+    """Equal dicts whose values also have the same types (``1 == True == 1.0`` in Python)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_types(a[k], b[k]) for k in a)
+    return type(a) is type(b)
 
 
 def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Callable[[], object]], *,
@@ -243,7 +314,8 @@ def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Ca
             cfg = restore_config(entry["config"], candidates)
             if cfg is not None:
                 return TuneResult(cfg, entry.get("time_us"), True, key)
-            say(f"autotune {design}: cached config {entry['config']} is no longer valid; re-tuning")
+            say(f"autotune {design}: cached config {entry['config']} is not one of the {len(candidates)} "
+                "candidates; re-tuning")
     timer = timer or (lambda fn: time_fn(fn, warmup=2, reps=30, min_reps=3, max_seconds=0.3))
     best, best_us, trials = None, float("inf"), []
     total = len(candidates)
@@ -269,7 +341,11 @@ def autotune(design: str, candidates: Sequence, make_call: Callable[[object], Ca
         lines = "\n".join(f"  {_describe(c)}: {r}" for c, r in trials)
         raise RuntimeError(f"autotune {design}: every candidate failed:\n{lines}")
     if cache is not None:
-        cache.put(key, config_to_dict(best), design=design, time_us=best_us, tried=len(trials), candidates=total,
-                  failed=sum(1 for _, r in trials if isinstance(r, str)), **(info or {}))
+        try:
+            cache.put(key, config_to_dict(best), design=design, time_us=best_us, tried=len(trials), candidates=total,
+                      failed=sum(1 for _, r in trials if isinstance(r, str)), **(info or {}))
+        except OSError as exc:            # a read-only or full disk costs the caching, not the result
+            warnings.warn(f"autotune cache {str(cache.path)!r} could not be written ({exc}); "
+                          "the tuned config is used but not kept", stacklevel=2)
     say(f"autotune {design}: chose {_describe(config_to_dict(best))} ({best_us:,.1f} µs)")
     return TuneResult(best, best_us, False, key, trials)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,29 @@ class BenchSpec:
     retune: bool = False
     tune_seconds: float = 30.0
     interpret: bool = False
+
+    def __post_init__(self) -> None:
+        def ints(name: str, values, low: int) -> None:
+            if not isinstance(values, tuple) or not values or any(
+                    isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+                raise ValueError(f"BenchSpec: {name} must be a non-empty tuple of integers >= {low}, got {values!r}")
+
+        ints("bs", self.bs, 1)
+        ints("ss", self.ss, 1)
+        ints("t", (self.t,), 1)
+        if self.n != "auto":
+            ints("n", self.n, 0)
+        if self.sweep_s is not None:
+            ints("sweep_s", (self.sweep_s,), 1)
+        bad = [d for d in self.designs if d not in D.DESIGNS]
+        if bad:
+            raise ValueError(f"BenchSpec: unknown design(s) {bad}; known: {', '.join(D.DESIGNS)}")
+        for name in ("point_seconds", "slow_point_seconds", "max_seconds", "tune_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"BenchSpec: {name} must be a finite positive number of seconds, got {value!r}")
+        for name in ("warmup", "reps", "min_reps"):
+            ints(name, (getattr(self, name),), 0 if name == "warmup" else 1)
 
 
 @dataclass

@@ -112,19 +112,23 @@ def write_user_device(path, key: str, entry: dict) -> None:
     import tempfile
     from pathlib import Path
 
+    from mla_var3._io import load_json
+
     path = Path(path)
     data: dict = {}
-    if path.exists():
+    if os.path.lexists(path):
         try:
-            data = json.loads(path.read_text())
+            data = load_json(path, "devices file")
         except ValueError as exc:
-            raise ValueError(f"devices file {str(path)!r} is not valid JSON ({exc}); not overwriting it") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"devices file {str(path)!r} must hold a JSON object; not overwriting it")
+            raise ValueError(f"{exc}; not overwriting it") from None
     data[key] = entry
+    payload = json.dumps(data, indent=1, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".devices-", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -18,8 +18,24 @@ from mla_var3.analysis.cost import DESIGNS
 _CEILING_CHOICES = ("measure", "measured", "datasheet")
 
 
-def _csv_ints(text: str, *, allow_zero: bool = False) -> tuple[int, ...]:
-    return tuple(cli.int_list(text, allow_zero=allow_zero))
+def _n_list(text: str) -> str | tuple[int, ...]:
+    """``auto`` or a comma list of non-negative integers (n = 0 is the absorbed design run as
+    the hybrid)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return tuple(cli.nonneg_int_list(text))
+
+
+def _designs_arg(text: str) -> tuple[str, ...]:
+    """``all`` or a comma list of design names (checked without importing torch)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if text.strip() == "all":
+        return tuple(DESIGNS)
+    bad = [x for x in names if x not in DESIGNS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown design(s) {', '.join(bad) or cli.quote(text)}; known: "
+                                         f"{', '.join(DESIGNS)} or 'all'")
+    return tuple(names)
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,11 +97,11 @@ def _extend_devices(sub) -> None:
     p = sub.choices.get("devices")
     if p is None:
         p = sub.add_parser("devices", help="measure this GPU's ceilings")
-        p.add_argument("--devices-file")
+        cli.add_devices_file_arg(p)
         p.set_defaults(func=None)
     p.add_argument("--measure", action="store_true",
                    help="measure this GPU's copy bandwidth and bf16 matmul rate and print them beside the datasheet")
-    p.add_argument("--write", metavar="PATH", help="with --measure: add the measured ceilings to this user devices file")
+    p.add_argument("--write", type=cli.path_arg, metavar="PATH", help="with --measure: add the measured ceilings to this user devices file")
     table = p.get_default("func")
 
     def dispatch(args) -> int:
@@ -112,6 +128,16 @@ def _cmd_bench(args) -> int:
     from mla_var3.runtime.designs import parse_designs
     from mla_var3.runtime.environment import device_slug, environment
 
+    dims = cli.dims_from_args(args)            # every argument is checked before the GPU is looked at
+    if args.device:
+        dev, dev_note = get_device(args.device, args.devices_file), f"{args.device} (chosen)"
+    else:
+        dev, dev_note = detect_device(args.devices_file)
+    bad = [s for s in args.s if s > args.t]
+    if bad:
+        raise ValueError(f"--s {','.join(map(str, bad))} exceed the context --t {args.t}")
+    if isinstance(args.n, tuple) and max(args.n) > args.t:
+        raise ValueError(f"--n {max(args.n)} exceeds the context --t {args.t}")
     gpu = torch.cuda.is_available()
     if not gpu and not args.interpret:
         raise ValueError("bench needs a CUDA GPU: none is visible here. For a plumbing test on this machine, "
@@ -122,19 +148,10 @@ def _cmd_bench(args) -> int:
     if args.interpret:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = "cuda" if gpu else "cpu"
-    dims = cli.dims_from_args(args)
-    if args.device:
-        dev, dev_note = get_device(args.device, args.devices_file), f"{args.device} (chosen)"
-    else:
-        dev, dev_note = detect_device(args.devices_file)
     dev, ceil = _ceilings_for(dev, args.ceilings, gpu)
-    if args.n == "auto":
-        n = "auto"
-    else:
-        n = _csv_ints(args.n, allow_zero=True)     # n = 0 is the absorbed design run as the hybrid
     spec = BenchSpec(
-        dims=dims, designs=tuple(parse_designs(args.designs)), bs=_csv_ints(args.b), ss=_csv_ints(args.s), t=args.t,
-        n=n, sweep_s=None if args.no_n_sweep else args.sweep_s, dtype=args.dtype,
+        dims=dims, designs=tuple(parse_designs(",".join(args.designs))), bs=tuple(args.b), ss=tuple(args.s), t=args.t,
+        n=args.n, sweep_s=None if args.no_n_sweep else args.sweep_s, dtype=args.dtype,
         baselines=tuple(("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
                         if args.baselines else ()),
         point_seconds=args.point_seconds, slow_point_seconds=args.slow_point_seconds, max_seconds=args.max_seconds,
@@ -191,23 +208,23 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="time every design (and baselines) over a grid on this GPU",
                        description="Times each design over the (b, s) grid on the current GPU; writes results.json, "
                                    "results.md and PNG plots. Without a GPU it refuses unless --interpret is given.")
-    p.add_argument("--designs", default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
+    p.add_argument("--designs", type=_designs_arg, default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
     cli.add_model_args(p)
     p.add_argument("--device", default=None, help="device key for the datasheet ceilings (default: detected)")
-    p.add_argument("--devices-file", help=f"JSON file of extra devices (also ${cli.DEVICES_ENV})")
+    cli.add_devices_file_arg(p)
     p.add_argument("--ceilings", default="measure", choices=_CEILING_CHOICES,
                    help="roofline ceilings: 'measure' them in this process (default, GPU), the table's 'measured' "
                         "block, or 'datasheet'")
-    p.add_argument("--b", default="32,64", help="batch sizes (default 32,64)")
-    p.add_argument("--s", default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
+    p.add_argument("--b", type=cli.int_list, default="32,64", help="batch sizes (default 32,64)")
+    p.add_argument("--s", type=cli.int_list, default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
     p.add_argument("--t", type=cli.positive_int, default=4096, help="context length (default 4096)")
-    p.add_argument("--n", default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
+    p.add_argument("--n", type=_n_list, default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
     p.add_argument("--sweep-s", type=cli.positive_int, default=16, help="s of the hybrid's n sweep (default 16)")
     p.add_argument("--no-n-sweep", action="store_true", help="skip the hybrid's n sweep")
     p.add_argument("--baselines", action="store_true",
                    help="also time torch eager (absorbed), torch SDPA (expanded), and flash_mla / flashinfer "
                         "when importable")
-    p.add_argument("--out", help="output folder (default benchmarks/results/<device>/)")
+    p.add_argument("--out", type=cli.path_arg, help="output folder (default benchmarks/results/<device>/)")
     p.add_argument("--max-seconds", type=cli.positive_float, default=480.0,
                    help="total time budget; later points are recorded as skipped (default 480)")
     p.add_argument("--point-seconds", type=cli.positive_float, default=0.3,

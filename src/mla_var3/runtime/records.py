@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+
+from mla_var3._io import InputFileError, check_field, finite_json, load_json, quote, show_path
 
 #: record kinds.
 DESIGN, BASELINE = "design", "baseline"
+#: record statuses.
+STATUSES = ("ok", "skipped", "failed")
 
 
 @dataclass
@@ -67,9 +71,35 @@ class Record:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Record":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: dict, where: str = "record") -> "Record":
+        """A record from its JSON object; unknown keys are ignored. Every known field is checked
+        against its type (numbers finite and non-negative, b, s, t positive): a
+        :class:`~mla_var3._io.InputFileError` names ``where`` and the key otherwise."""
+        if not isinstance(d, dict):
+            raise InputFileError(f"{where} must be a JSON object, got {quote(d)}")
+        values = {}
+        for f in fields(cls):
+            kind, nullable = _FIELD_KINDS[f.name]
+            if f.name not in d and (f.default is not MISSING or f.default_factory is not MISSING):
+                continue
+            values[f.name] = check_field(d, f.name, kind, where, optional=nullable)
+        if values.get("status", "ok") not in STATUSES:
+            raise InputFileError(f"{where}: 'status' must be one of {', '.join(STATUSES)}, got {quote(values['status'])}")
+        return cls(**values)
+
+
+def _field_kind(name: str, annotation: str) -> tuple[str, bool]:
+    """(kind for :func:`mla_var3._io.check_field`, whether null is allowed) of a Record field."""
+    optional = annotation.endswith("| None")
+    base = annotation.removesuffix("| None").strip()
+    if base == "int":
+        return ("int>0" if name in ("b", "s", "t") else "int>=0"), optional
+    if base == "float":
+        return "number>=0", optional
+    return {"str": "str", "bool": "bool", "dict": "dict"}[base], optional
+
+
+_FIELD_KINDS = {f.name: _field_kind(f.name, str(f.type)) for f in fields(Record)}
 
 
 def fill_roofline(rec: Record, cost, ceilings, predicted_s: float | None = None) -> Record:
@@ -110,7 +140,8 @@ def write_results(path, records: list[Record], meta: dict) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=1, default=str)
+    payload = json.dumps(finite_json({"meta": meta, "records": [r.to_dict() for r in records]}), indent=1,
+                         default=str, allow_nan=False)
     fd, tmp = tempfile.mkstemp(prefix=".results-", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(payload + "\n")
@@ -119,9 +150,19 @@ def write_results(path, records: list[Record], meta: dict) -> Path:
 
 
 def load_results(path) -> tuple[dict, list[Record]]:
-    """(meta, records) from a results.json."""
-    data = json.loads(Path(path).read_text())
-    return data.get("meta", {}), [Record.from_dict(r) for r in data.get("records", [])]
+    """(meta, records) from a results.json.
+
+    Raises :class:`~mla_var3._io.InputFileError` (a ValueError) naming the file, and the record
+    and key where it applies, when the file cannot be read, is not JSON, is not an object with
+    a ``records`` list, or a record lacks a field or holds a wrong type, NaN or a negative time.
+    """
+    where = f"results file {show_path(path)}"
+    data = load_json(path, "results file")
+    meta = check_field(data, "meta", "dict", where, optional=True) or {}
+    if "dims" in meta and meta["dims"] is not None and not isinstance(meta["dims"], dict):
+        raise InputFileError(f"{where}: meta 'dims' must be a JSON object, got {quote(meta['dims'])}")
+    rows = check_field(data, "records", "list", where)
+    return meta, [Record.from_dict(r, f"{where}: record {i}") for i, r in enumerate(rows)]
 
 
 # --------------------------------------------------------------------------------------------
