@@ -362,3 +362,43 @@ def test_mirrors_match_the_launchers():
     assert KL.GLUON_EXPANDED_MIN_S == expanded.GLUON_MIN_S
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
 
+
+# ----------------------------------------------------------------------------------------------
+# mla-var3 cost --json
+# ----------------------------------------------------------------------------------------------
+
+def _cost_json(capsys, *argv):
+    from mla_var3 import cli
+
+    code = cli.main(["cost", *argv, "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_cost_json_has_the_calibrated_time(capsys):
+    code, d = _cost_json(capsys, "--design", "flash_mla", "--b", "32", "--s", "16", "--t", "4096", "--device", "h200")
+    assert code == 0 and d["calibrated_source"] == "calibrated"
+    assert d["calibrated_time_s"] == predict(H200, "flash_mla", V3, Problem(b=32, s=16, t=4096)).time_s
+    assert d["calibrated_time_s"] > d["time_s"]                       # the roofline stays the ceiling here
+    code, d = _cost_json(capsys, "--design", "mla_var6_plus", "--b", "64", "--s", "8", "--t", "8192", "--n", "1024")
+    assert d["calibrated_time_s"] == predict(H200, "mla_var6_plus", V3, Problem(b=64, s=8, t=8192, n=1024)).time_s
+    code, d = _cost_json(capsys, "--design", "flash_mla", "--s", "16", "--stages")   # still the kernel alone
+    assert d["calibrated_time_s"] == predict(H200, "flash_mla", V3, Problem(b=32, s=16, t=4096)).time_s
+
+
+def test_cost_json_without_calibration_is_the_roofline(capsys):
+    for argv in (("--design", "flash_mla", "--device", "b200"), ("--design", "decompress", "--s", "16"),
+                 ("--design", "flash_attention", "--device", "rtx-5090")):
+        code, d = _cost_json(capsys, *argv)
+        assert code == 0 and d["calibrated_source"] == "roofline" and d["calibrated_time_s"] == d["time_s"]
+
+
+def test_cost_json_takes_a_calibration_file(capsys, tmp_path):
+    seed = str(ROOT / "src" / "mla_var3" / "conf" / "calibration-rtx-5090-seed.json")
+    code, d = _cost_json(capsys, "--design", "flash_mla", "--s", "16", "--device", "rtx-5090", "--calibration", seed)
+    assert code == 0 and d["calibrated_source"] == "calibrated"
+    assert d["calibrated_time_s"] == pytest.approx(5161e-6, rel=0.02)                 # the seed's own number
+    code, d = _cost_json(capsys, "--design", "flash_mla", "--device", "h200", "--calibration", seed)
+    assert d["calibrated_source"] == "roofline"                                      # a 5090 file does not apply
+    code, err = _cost_json(capsys, "--design", "flash_mla", "--calibration", str(tmp_path / "none.json"))
+    assert code == 2 and "cannot read calibration file" in err
