@@ -169,9 +169,15 @@ def _cmd_cost(args) -> int:
             n_note += f", per rank of tp={args.tp}"
     pred = predict(args.design, dims, problem, dev, args.ceilings, stages=args.stages)
     if args.json:
+        from mla_var3.analysis.calibration import load_calibration, predict as predict_calibrated
+
+        # the default call of the kernel alone (no absorption or decompression), eager
+        cal = predict_calibrated(load_calibration(args.calibration, device=dev), args.design, dims, problem,
+                                 device=dev, ceilings=args.ceilings)
         _print_json({**pred.to_dict(), "model": dims.name, "b": problem.b, "s": problem.s, "t": problem.t,
                      "n": problem.n, "stages": args.stages,
-                     "dims": {"h": dims.h, "d": dims.d, "p": dims.p, "k": dims.k, "dv": dims.dv, "w": dims.w}})
+                     "dims": {"h": dims.h, "d": dims.d, "p": dims.p, "k": dims.k, "dv": dims.dv, "w": dims.w},
+                     "calibrated_time_s": cal.time_s, "calibrated_source": cal.source})
         return 0
     c, ceil = pred.cost, pred.ceilings
     shape = f"b={problem.b} s={problem.s} t={problem.t}" + (f" n={problem.n}{n_note}" if problem.n is not None else "")
@@ -207,6 +213,8 @@ def _add_cost(sub) -> None:
     p.add_argument("--stages", action="store_true", help="add query absorption and output decompression")
     add_budget_args(p)
     add_device_args(p)
+    p.add_argument("--calibration", metavar="PATH", help="calibration file for --json's calibrated_time_s (default: "
+                                                        "the one shipped for the device, else the roofline)")
     add_json_arg(p)
     p.set_defaults(func=_cmd_cost)
 

@@ -1,0 +1,357 @@
+"""Fit a :class:`~mla_var3.analysis.calibration.Calibration` from timed records.
+
+:func:`fit` takes the records that ``mla_var3.runtime.records`` writes (``results.json`` of
+``mla-var3 bench``: dicts or ``Record`` objects) or :class:`Point` objects, and fits every
+kernel's law (:mod:`mla_var3.analysis.kernel_laws`) by least squares on the log of
+predicted ÷ measured time (Levenberg–Marquardt, deterministic; bounds from each parameter's
+:class:`~mla_var3.analysis.kernel_laws.Spec`).
+
+What a record needs (other fields are ignored):
+
+===============  ==============================================================================
+``name``         the design (``flash_mla``, ``flash_attention``, ``mla_var6_plus``)
+``kind``         ``"design"`` (baselines are skipped), ``status`` ``"ok"``
+``backend``      the kernel that ran (``"gluon"``, ``"triton"``); required
+``model``        a preset name (``deepseek-v3``); ``dtype`` (``bf16``)
+``b, s, t, n``   the shape (``n``: the hybrid's window)
+``time_us``      with ``method`` ``"cuda-graph"``: a GPU time; ``"cuda-events"`` or ``"eager"``:
+                 an eager time; ``"perf-counter"`` (CPU) is skipped
+``extra``        optional: ``graph_us``, ``eager_us``, ``host_us`` (each overrides the above;
+                 host = wall time of many calls issued without a sync ÷ calls), ``causal``
+                 (default: the meta's ``spec.causal``, else True), ``source`` (file name)
+===============  ==============================================================================
+
+GPU-group parameters are fitted from GPU times, host-group ones from host times (or, without
+them, from host-bound eager calls: eager ≥ 1.25 × GPU time); ``fit(..., base=cal,
+only={"host"})`` re-fits the host costs alone. :func:`compare` lists predicted ÷ measured per
+point (the fit-quality table of ``docs/cost-analysis.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
+from mla_var3.analysis.devices import get_device
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, splits_of
+from mla_var3.shapes import Problem, get_preset
+
+#: an eager time this much above the GPU time means the call was host-bound.
+HOST_BOUND = 1.25
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured call, normalised for the fit.
+
+    ``gpu_us`` (a CUDA-graph replay), ``eager_us`` (plain calls timed with events) and
+    ``host_us`` (host time per call) may each be missing. ``best_n``: a hybrid time that is the
+    best over the window n (n unknown; the prediction takes the best n too).
+    """
+
+    design: str
+    backend: str
+    b: int
+    s: int
+    t: int
+    n: int | None = None
+    causal: bool = True
+    model: str = "deepseek-v3"
+    dtype: str = "bf16"
+    gpu_us: float | None = None
+    eager_us: float | None = None
+    host_us: float | None = None
+    best_n: bool = False
+    source: str = ""
+    note: str = ""
+
+    @property
+    def problem(self) -> Problem:
+        return Problem(b=self.b, s=self.s, t=self.t, n=self.n, causal=self.causal)
+
+    @property
+    def dims(self):
+        return get_preset(self.model, self.dtype)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "", False) or k == "causal"}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Point":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _get(r, key, default=None):
+    return r.get(key, default) if isinstance(r, dict) else getattr(r, key, default)
+
+
+def points_from_records(records: Iterable, *, meta: dict | None = None, source: str = "",
+                        backends: dict[str, str] | None = None) -> list[Point]:
+    """:class:`Point` objects from result records (dicts or ``Record``); see the module docstring.
+    ``backends`` names, per design, the kernel of records that do not say (older results files)."""
+    meta = meta or {}
+    causal_default = bool((meta.get("spec") or {}).get("causal", True))
+    out = []
+    for r in records:
+        if isinstance(r, Point):
+            out.append(r)
+            continue
+        if _get(r, "kind", "design") != "design" or _get(r, "status", "ok") != "ok" or not _get(r, "time_us"):
+            continue
+        extra = _get(r, "extra") or {}
+        method = _get(r, "method") or ""
+        if method == "perf-counter":
+            continue
+        backend = _get(r, "backend") or (backends or {}).get(_get(r, "name"))
+        if not backend:
+            raise ValueError(f"record {_get(r, 'name')} b={_get(r, 'b')} s={_get(r, 's')} has no backend: "
+                             "the fit needs the kernel that ran")
+        time_us = float(_get(r, "time_us"))
+        gpu = extra.get("graph_us", time_us if method == "cuda-graph" else None)
+        eager = extra.get("eager_us", time_us if method in ("cuda-events", "eager") else None)
+        out.append(Point(
+            design=_get(r, "name"), backend=backend, b=int(_get(r, "b")), s=int(_get(r, "s")), t=int(_get(r, "t")),
+            n=_get(r, "n"), causal=bool(extra.get("causal", causal_default)), model=_get(r, "model") or "deepseek-v3",
+            dtype=_get(r, "dtype") or "bf16", gpu_us=gpu, eager_us=eager, host_us=extra.get("host_us"),
+            best_n=bool(extra.get("best_n", False)), source=extra.get("source", source), note=extra.get("note", ""),
+        ))
+    return out
+
+
+def points_from_results(path, name: str | None = None, backends: dict[str, str] | None = None) -> list[Point]:
+    """Points from a ``results.json`` (``{"meta": ..., "records": [...]}``); their source is
+    ``name`` (default the file name) and the measurements' commit; ``backends`` as in
+    :func:`points_from_records`."""
+    data = json.loads(Path(path).read_text())
+    meta = data.get("meta", {})
+    commit = (meta.get("environment") or {}).get("commit")
+    label = (name or Path(path).name) + (f" ({commit})" if commit else "")
+    return points_from_records(data.get("records", []), meta=meta, source=label, backends=backends)
+
+
+# ----------------------------------------------------------------------------------------------
+# prediction of a point
+# ----------------------------------------------------------------------------------------------
+
+def _n_grid(t: int) -> range:
+    return range(0, t + 1, max(1, t // 256))
+
+
+def point_gpu_s(cal: Calibration, pt: Point) -> tuple[float, int | None]:
+    """Predicted GPU time of a point (best over n for ``best_n`` points) and the n used."""
+    dims, pb = pt.dims, pt.problem
+    if not pt.best_n:
+        return law_breakdown(cal, pt.design, pt.backend, dims, pb).gpu_s, pt.n
+    return min((law_breakdown(cal, pt.design, pt.backend, dims, pb.with_n(n)).gpu_s, n) for n in _n_grid(pt.t))
+
+
+def point_eager_s(cal: Calibration, pt: Point, gpu_s: float | None = None) -> float:
+    """Predicted eager time: max(GPU time, host time)."""
+    gpu_s = point_gpu_s(cal, pt)[0] if gpu_s is None else gpu_s
+    return max(gpu_s, host_time_s(cal, pt.design, pt.backend, pt.dims, pt.problem))
+
+
+def compare(cal: Calibration, points: Iterable[Point]) -> list[dict]:
+    """Predicted ÷ measured for every GPU and eager time of ``points``: one row each with
+    design, backend, shape, kind (``gpu``/``eager``), measured and predicted µs, ratio, source."""
+    rows = []
+    for pt in points:
+        if not cal.has(pt.design, pt.backend):
+            continue
+        gpu_s, n = point_gpu_s(cal, pt)
+        for kind, measured in (("gpu", pt.gpu_us), ("eager", pt.eager_us)):
+            if measured is None:
+                continue
+            pred = gpu_s if kind == "gpu" else point_eager_s(cal, pt, gpu_s)
+            rows.append({"design": pt.design, "backend": pt.backend, "b": pt.b, "s": pt.s, "t": pt.t,
+                         "n": n, "best_n": pt.best_n, "kind": kind, "measured_us": measured,
+                         "predicted_us": pred * 1e6, "ratio": pred * 1e6 / measured, "source": pt.source,
+                         "note": pt.note})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# the fit
+# ----------------------------------------------------------------------------------------------
+
+def _lm(residuals, x0, lo, hi, iters: int = 200) -> np.ndarray:
+    """Levenberg–Marquardt with box bounds (clipped steps) and forward-difference Jacobians."""
+    x, lo, hi = np.array(x0, float), np.array(lo, float), np.array(hi, float)
+    r = residuals(x)
+    cost, lam = float(r @ r), 1e-2
+    for _ in range(iters):
+        jac = np.empty((r.size, x.size))
+        for j in range(x.size):
+            step = 1e-6 * max(abs(x[j]), 1e-3)
+            xj = x.copy()
+            xj[j] = xj[j] + step if xj[j] + step <= hi[j] else xj[j] - step
+            jac[:, j] = (residuals(xj) - r) / (xj[j] - x[j])
+        a, g = jac.T @ jac, jac.T @ r
+        for _ in range(30):
+            delta = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-12), -g)
+            xn = np.clip(x + delta, lo, hi)
+            rn = residuals(xn)
+            cn = float(rn @ rn)
+            if cn < cost:
+                break
+            lam *= 4.0
+        else:
+            return x
+        converged = cost - cn < 1e-12 * max(cost, 1e-30)
+        x, r, cost, lam = xn, rn, cn, max(lam / 3.0, 1e-12)
+        if converged:
+            break
+    return x
+
+
+def _matches(full: str, group: str, only) -> bool:
+    if only is None:
+        return True
+    return any(item == full or item == group or full.startswith(item + ".") for item in only)
+
+
+def _sources(points: list[Point]) -> str:
+    files = sorted({p.source for p in points if p.source})
+    return ", ".join(files) if files else "records given to fit()"
+
+
+def _order(kernels: set) -> list:
+    out: list = []
+
+    def visit(k):
+        for dep in DEPENDS.get(k, ()):
+            visit(dep)
+        if k not in out:
+            out.append(k)
+
+    for k in sorted(kernels):
+        visit(k)
+    return out
+
+
+def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = None, only: Iterable[str] | None = None,
+        default_backends: dict | None = None, versions: dict | None = None, commits: dict | None = None,
+        notes: str | None = None, meta: dict | None = None) -> Calibration:
+    """Fit a calibration of ``device`` from timed records (see the module docstring).
+
+    ``base``: parameters not fitted here keep its values (and sources); without it they start
+    at their priors. ``only``: fit just these — full parameter names, kernel prefixes
+    (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``default_backends``,
+    ``versions``, ``commits``, ``notes`` go into the file (default: the base's).
+    """
+    points = points_from_records(records, meta=meta)
+    only = set(only) if only is not None else None
+    if only is not None and base is None:
+        raise ValueError("fit(only=...) needs a base calibration for the parameters it does not fit")
+    dev = get_device(base.device if base else device)
+    if base is not None:
+        cal = base
+    else:
+        ceil = dev.ceilings("measured", 2)
+        cal = Calibration(dev.key, dev.name, int(dev.sms or 0) or 1,
+                          {"kind": ceil.kind, "flops_per_s": ceil.flops_per_s, "bytes_per_s": ceil.bytes_per_s,
+                           "source": ceil.source}, {}, {})
+    kernels = _order({(p.design, p.backend) for p in points if (p.design, p.backend) in LAWS})
+    params = dict(cal.parameters)
+    quality = dict(cal.fit)
+    for design, backend in kernels:
+        specs = SPECS[(design, backend)]
+        for s in specs:                       # start every parameter at the base or its prior
+            full = f"{design}.{backend}.{s.name}"
+            if full not in params:
+                why = s.why or "not identified by the records given"
+                params[full] = Parameter(full, s.unit, s.prior, f"prior, not fitted: {why}", s.meaning, False, s.group)
+            elif not params[full].meaning:    # a base parameter given by value and source only
+                params[full] = dataclasses.replace(params[full], unit=s.unit, meaning=s.meaning, group=s.group)
+        cal = cal.with_parameters(params)
+        mine = [p for p in points if (p.design, p.backend) == (design, backend)]
+        gpu_pts = [p for p in mine if p.gpu_us is not None]
+        free = [s for s in specs if s.fit and s.group == "gpu" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        if gpu_pts and free:
+            cal, params = _fit_gpu(cal, params, design, backend, free, gpu_pts)
+        hosts = [s for s in specs if s.fit and s.group == "host" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        if hosts:
+            cal, params = _fit_host(cal, params, design, backend, {s.name for s in hosts}, mine)
+        quality[f"{design}.{backend}"] = _quality(cal, mine)
+    return dataclasses.replace(
+        cal, parameters=params, fit=quality,
+        default_backends=default_backends if default_backends is not None else cal.default_backends,
+        versions=versions if versions is not None else cal.versions,
+        commits=commits if commits is not None else cal.commits,
+        notes=notes if notes is not None else cal.notes,
+        points=tuple(p.to_dict() for p in points) if only is None else tuple(cal.points) + tuple(
+            p.to_dict() for p in points if p.to_dict() not in cal.points),
+    )
+
+
+def _fit_gpu(cal: Calibration, params: dict, design: str, backend: str, free: list, pts: list[Point]):
+    names = [f"{design}.{backend}.{s.name}" for s in free]
+    measured = np.array([p.gpu_us * 1e-6 for p in pts])
+
+    def with_values(x) -> Calibration:
+        return cal.with_parameters({n: dataclasses.replace(params[n], value=float(v)) for n, v in zip(names, x)})
+
+    def residuals(x):
+        c = with_values(x)
+        return np.log(np.array([point_gpu_s(c, p)[0] for p in pts]) / measured)
+
+    x = _lm(residuals, [params[n].value for n in names], [s.lo for s in free], [s.hi for s in free])
+    src = f"fitted to {len(pts)} GPU times: {_sources(pts)}"
+    for n, v, s in zip(names, x, free):
+        params[n] = Parameter(n, s.unit, float(v), src, s.meaning, True, s.group)
+    return cal.with_parameters(params), params
+
+
+def _fit_host(cal: Calibration, params: dict, design: str, backend: str, names: set, pts: list[Point]):
+    """host_us from unsplit calls, host_split_us = split calls' host time - host_us: explicit host
+    times when the records have them, else host-bound eager calls; else kept."""
+    classes: dict[bool, list[tuple[float, Point]]] = {False: [], True: []}
+    explicit = [p for p in pts if p.host_us is not None]
+    for p in explicit:
+        classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.host_us, p))
+    how = "host times"
+    if not explicit:
+        how = f"host-bound eager calls (eager >= {HOST_BOUND} x GPU time)"
+        for p in pts:
+            if p.eager_us is None:
+                continue
+            gpu_us = p.gpu_us if p.gpu_us is not None else point_gpu_s(cal, p)[0] * 1e6
+            if p.eager_us >= HOST_BOUND * gpu_us:
+                classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.eager_us, p))
+    full = f"{design}.{backend}."
+    if "host_us" in names and classes[False]:
+        vals = [v for v, _ in classes[False]]
+        spec = next(s for s in SPECS[(design, backend)] if s.name == "host_us")
+        params[full + "host_us"] = Parameter(full + "host_us", "us", statistics.median(vals),
+                                             f"median of {len(vals)} {how}: {_sources([p for _, p in classes[False]])}",
+                                             spec.meaning, True, "host")
+    if "host_split_us" in names and classes[True]:
+        vals = [v for v, _ in classes[True]]
+        base_host = params[full + "host_us"]
+        spec = next(s for s in SPECS[(design, backend)] if s.name == "host_split_us")
+        params[full + "host_split_us"] = Parameter(
+            full + "host_split_us", "us", max(0.0, statistics.median(vals) - base_host.value),
+            f"median of {len(vals)} split-KV {how} minus host_us: {_sources([p for _, p in classes[True]])}",
+            spec.meaning, True, "host")
+    return cal.with_parameters(params), params
+
+
+def _quality(cal: Calibration, pts: list[Point]) -> dict:
+    rows = compare(cal, pts)
+    out = {}
+    for kind in ("gpu", "eager"):
+        ratios = [r["ratio"] for r in rows if r["kind"] == kind]
+        if ratios:
+            logs = [math.log(x) for x in ratios]
+            out[kind] = {"points": len(ratios), "rms_log": math.sqrt(sum(v * v for v in logs) / len(logs)),
+                         "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    return out
