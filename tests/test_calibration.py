@@ -17,7 +17,7 @@ from mla_var3.analysis.calibration import (
 )
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_records
 from mla_var3.analysis.devices import load_devices
-from mla_var3.shapes import Problem, get_preset
+from mla_var3.shapes import MLADims, Problem, get_preset
 
 V3 = get_preset("deepseek-v3")
 ROOT = Path(__file__).resolve().parents[1]
@@ -351,15 +351,16 @@ def test_mirrors_match_the_launchers():
         assert KL.gluon_latent_splits(b, rows, t, 132) == want, (b, s, t)
         cfg = absorbed.default_config(b, rows, t, k, p, sms=132)
         assert KL.portable_latent_config(b, rows, t, k, 132) == (cfg.block_m, cfg.block_n, cfg.num_splits)
-        fa = expanded.default_config(b, h, s, t, 128, p)
+        fa = expanded.default_config(MLADims(h=h, d=128, p=p, k=k), Problem(b=b, s=s, t=t))
         assert KL.portable_expanded_config(b, h, s, t, 132) == (fa.block_m, fa.num_splits), (b, s, t)
         for n in (0, 1024):
             if n >= t:
                 continue
-            lat = hybrid.default_config(b, h, s, t - n, n, 128, p, k).latent
+            lat = hybrid.default_config(MLADims(h=h, d=128, p=p, k=k), Problem(b=b, s=s, t=t, n=n)).latent
             assert KL.hybrid_latent_config(b, h, s, t - n, k, 132) == (lat.block_h, lat.block_s, lat.block_n,
                                                                        lat.num_splits), (b, s, t, n)
-    assert KL.GLUON_EXPANDED_MIN_S == expanded.GLUON_MIN_S
+    from mla_var3.kernel.hopper import expanded_gluon
+    assert KL.GLUON_EXPANDED_MIN_S == expanded_gluon.GLUON_MIN_S
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
 
 

@@ -30,15 +30,10 @@ PACKAGE = SRC / "mla_var3"
 KNOWN_CYCLES = {
     # the CLI package split: the subcommands import cli's private helpers, cli imports them
     frozenset({"mla_var3.cli", "mla_var3.dispatch.explain", "mla_var3.runtime.commands"}),
-    # the absorbed Gluon kernel and its seesaw schedule (the absorbed kernel's paged rewrite)
-    frozenset({"mla_var3.kernel.hopper.absorbed_gluon", "mla_var3.kernel.hopper.absorbed_seesaw"}),
 }
 
 #: imports against the one-way rules, in modules being rewritten elsewhere (delete when gone).
-KNOWN_BACK_IMPORTS = {
-    # the absorbed design still registers its own Gluon backend (the paged rewrite moves it)
-    ("mla_var3.kernel.absorbed", "mla_var3.kernel.hopper.absorbed_gluon"),
-}
+KNOWN_BACK_IMPORTS: set = set()
 
 
 def _module_name(path: Path) -> str:

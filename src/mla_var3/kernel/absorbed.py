@@ -471,25 +471,6 @@ def gluon_applies(qc: torch.Tensor, qpe: torch.Tensor, seqlens, config, out) -> 
             and p % 16 == 0 and p <= 256 and seqlens is None and config is None and out is None)
 
 
-def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
-    """The sm_90 backend of :func:`flash_mla`: the warp-specialised seesaw kernel where it
-    applies (K = 512, P = 64, no portable ``config``; dense or ragged), the pipelined Gluon
-    kernel for other widths without ``seqlens``, else the portable kernel."""
-    from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
-
-    if config is None and seesaw.seesaw_applies(qc, qpe, (z, kpe)):
-        key = _replay_key("dense", (qc, qpe, z, kpe, seqlens), scale, causal, plan) if out is None else None
-        return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
-                                       out=out, checked=True, replays=_REPLAYS if key is not None else None,
-                                       replay_key=key)
-    if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
-        from mla_var3.kernel.hopper.absorbed_gluon import flash_mla_gluon
-
-        return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal, schedule="pipelined")
-    return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out,
-                             plan=plan)
-
-
 #: repeat functions of seesaw calls (see ``seesaw_attention``), keyed by every input's address,
 #: shape, strides and dtype and the other arguments: a decode step calls each layer with the
 #: same buffers, and a repeated call then skips every check and set-up
@@ -511,24 +492,8 @@ def _replay_key(kind: str, tensors: tuple, scale, causal, plan) -> tuple | None:
         return None
 
 
-def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
-    """The sm_90 backend of :func:`flash_mla_paged`: the seesaw kernel over FlashMLA's layout
-    (64-token pages, K = 512, P = 64), else the portable kernel."""
-    from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
-
-    if config is None and seesaw.seesaw_applies(qc, qpe, (kv_cache, None), paged=True):
-        key = _replay_key("paged", (qc, qpe, kv_cache, block_table, seqlens), scale, causal, plan) if out is None else None
-        return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
-                                       plan=plan, block_table=block_table, out=out, checked=True,
-                                       replays=_REPLAYS if key is not None else None, replay_key=key)
-    return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
-                                   config=config, out=out, plan=plan)
-
-
 backends.register("flash_mla", "triton", _flash_mla_triton)
-backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=backends.gluon_hopper, priority=10)
 backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
-backends.register("flash_mla_paged", "gluon", _flash_mla_paged_hopper, supports=backends.gluon_hopper, priority=10)
 
 
 def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,

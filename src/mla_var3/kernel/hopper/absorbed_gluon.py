@@ -51,7 +51,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, bind_shape, cdiv, check_scale, check_seqlens, num_sms
+from mla_var3.kernel.absorbed import (
+    _REPLAYS, _flash_mla_paged_triton, _flash_mla_triton, _replay_key, gluon_applies,
+)
+from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
 from mla_var3.kernel.combine import combine
 
 from mla_var3.kernel.hopper._gluon import (
@@ -433,9 +438,8 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     scale = check_scale(scale)
     b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
     if schedule == "seesaw":
-        from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_applies, seesaw_attention
-        if seesaw_applies(qc, qpe, (z, kpe)):
-            return seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=None,
+        if seesaw.seesaw_applies(qc, qpe, (z, kpe)):
+            return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=None,
                                     num_splits=num_splits)
         schedule = "pipelined"
     hs = h * s
@@ -499,3 +503,36 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS})
 
 
+# ---------------------------------------------------------------------------------------------
+# the sm_90 backends of the absorbed design
+
+
+def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
+    """The sm_90 backend of :func:`flash_mla`: the warp-specialised seesaw kernel where it
+    applies (K = 512, P = 64, no portable ``config``; dense or ragged), the pipelined Gluon
+    kernel for other widths without ``seqlens``, else the portable kernel."""
+    if config is None and seesaw.seesaw_applies(qc, qpe, (z, kpe)):
+        key = _replay_key("dense", (qc, qpe, z, kpe, seqlens), scale, causal, plan) if out is None else None
+        return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
+                                       out=out, checked=True, replays=_REPLAYS if key is not None else None,
+                                       replay_key=key)
+    if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
+        return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal, schedule="pipelined")
+    return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out,
+                             plan=plan)
+
+
+def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
+    """The sm_90 backend of :func:`flash_mla_paged`: the seesaw kernel over FlashMLA's layout
+    (64-token pages, K = 512, P = 64), else the portable kernel."""
+    if config is None and seesaw.seesaw_applies(qc, qpe, (kv_cache, None), paged=True):
+        key = _replay_key("paged", (qc, qpe, kv_cache, block_table, seqlens), scale, causal, plan) if out is None else None
+        return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
+                                       plan=plan, block_table=block_table, out=out, checked=True,
+                                       replays=_REPLAYS if key is not None else None, replay_key=key)
+    return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
+                                   config=config, out=out, plan=plan)
+
+
+backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=backends.gluon_hopper, priority=10)
+backends.register("flash_mla_paged", "gluon", _flash_mla_paged_hopper, supports=backends.gluon_hopper, priority=10)

@@ -1,7 +1,8 @@
 """Absorbed (FlashMLA-style) attention on Hopper (sm_90): the warp-specialised "seesaw" schedule.
 
-Same contract as :func:`mla_var3.kernel.hopper.absorbed_gluon.flash_mla_gluon` (dense latent
-cache, ``seqlens`` not supported), a different algorithm: the two warpgroups of a program run
+The default absorbed kernel on sm_90 (selected by the backends of
+:mod:`mla_var3.kernel.hopper.absorbed_gluon`) for dense, ragged and paged caches, a different
+algorithm from that module's: the two warpgroups of a program run
 *different* code (``gl.warp_specialize``), so one's softmax runs while the other's MMAs keep the
 tensor cores busy — the overlap a program whose warpgroups run in lockstep cannot get.
 
