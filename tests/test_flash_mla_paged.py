@@ -91,7 +91,8 @@ def _good():
     (lambda a: a.update(qc=a["qc"][:, :, :1]), r"qpe must be .*S mismatch"),
 ], ids=["rank", "width", "heads-k", "dtype", "table-dtype", "table-batch", "table-range", "table-neg",
         "no-seqlens", "seqlens-gt-t", "seqlens-lt-s", "device", "s-mismatch"])
-def test_bad_inputs(change, match):
+def test_bad_inputs(change, match, monkeypatch):
+    monkeypatch.setenv("MLA_VAR3_CHECK", "1")   # value checks on CUDA inputs (always on the CPU)
     args = _good()
     change(args)
     with pytest.raises(ValueError, match=match):
@@ -104,3 +105,67 @@ def test_s_greater_than_table():
     qpe = torch.zeros(1, SMALL.h, 17, SMALL.p, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match=r"S=17 query tokens.*T=16"):
         flash_mla_paged(qc, qpe, cache, table, seqlens, scale=x.scale)
+
+
+# ------------------------------------------------------------------------------------------
+# block tables of any strides, garbage past the lengths, empty sequences and batches
+
+
+def _table_views(table: torch.Tensor) -> dict:
+    """The same entries with other strides: column-major, every other column of a wider table,
+    every other row of a taller one, a transposed store."""
+    b, m = table.shape
+    wide = torch.full((b, 2 * m), -7, dtype=table.dtype, device=table.device)
+    wide[:, ::2] = table
+    tall = torch.full((2 * b, m), -7, dtype=table.dtype, device=table.device)
+    tall[::2] = table
+    return {"col-major": table.t().contiguous().t(), "every-other-col": wide[:, ::2], "every-other-row": tall[::2],
+            "transposed-store": table.t().clone().t()}
+
+
+@pytest.mark.parametrize("view", ["col-major", "every-other-col", "every-other-row", "transposed-store"])
+def test_block_table_strides_are_honoured(view):
+    x, seqlens, cache, table = _paged(SMALL, 3, 2, 200, [200, 2, 77], torch.bfloat16, 16)
+    tab = _table_views(table)[view]
+    assert tab.stride() != table.stride() or view == "transposed-store"
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, tab, seqlens, scale=x.scale, causal=True)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, torch.bfloat16, name="o_latent")
+    assert_close(lse, rl, tol=1e-4, name="lse")
+
+
+def test_garbage_past_each_sequence_is_never_read():
+    x, seqlens, cache, table = _paged(SMALL, 3, 1, 200, [200, 1, 70], torch.bfloat16, 16)
+    bad = table.clone()
+    for b, n in enumerate([200, 1, 70]):
+        bad[b, -(-n // 16):] = torch.tensor([2 ** 30, -5, 123456, -(2 ** 31)], dtype=torch.int32).repeat(20)[
+            : bad.shape[1] - (-(-n // 16))]
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, bad, seqlens, scale=x.scale, causal=True)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, torch.bfloat16, name="o_latent")
+
+
+def test_empty_sequence_gives_zero_and_plus_inf_like_flashmla():
+    x, seqlens, cache, table = _paged(SMALL, 2, 2, 100, [0, 50], torch.bfloat16, 16)
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, scale=x.scale, causal=True)
+    assert (o[0] == 0).all() and torch.isposinf(lse[0]).all()
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert torch.isposinf(rl[0]).all()
+    assert_close(o[1], ro[1], torch.bfloat16, name="o_latent")
+
+
+def test_empty_batch_with_seqlens():
+    z = torch.zeros(0, SMALL.h, 1, SMALL.k, dtype=torch.bfloat16, device=DEVICE)
+    zp = torch.zeros(0, SMALL.h, 1, SMALL.p, dtype=torch.bfloat16, device=DEVICE)
+    cache = torch.zeros(4, 16, 1, SMALL.k + SMALL.p, dtype=torch.bfloat16, device=DEVICE)
+    table = torch.zeros(0, 3, dtype=torch.int32, device=DEVICE)
+    seqlens = torch.zeros(0, dtype=torch.int32, device=DEVICE)
+    o, lse = flash_mla_paged(z, zp, cache, table, seqlens, scale=0.1)
+    assert o.shape == (0, SMALL.h, 1, SMALL.k) and lse.shape == (0, SMALL.h, 1)
+
+
+def test_overlapping_out_is_refused():
+    args = _good()
+    out = torch.empty(1, 1, 1, SMALL.k, dtype=torch.bfloat16, device=DEVICE).expand(2, SMALL.h, 2, SMALL.k)
+    with pytest.raises(ValueError, match="out has overlapping elements"):
+        flash_mla_paged(**args, out=out)

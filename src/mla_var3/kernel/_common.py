@@ -93,6 +93,15 @@ def bind_shape(name: str, x, spec: str, sizes: dict[str, int], *, dtypes: Sequen
     return x
 
 
+def bind_output(name: str, x, spec: str, sizes: dict[str, int], *, dtypes: Sequence[torch.dtype] | None = None,
+                device: torch.device | None = None) -> torch.Tensor:
+    """:func:`bind_shape` for a buffer a kernel writes: also refuses one whose elements overlap
+    (see :func:`check_no_overlap`)."""
+    bind_shape(name, x, spec, sizes, dtypes=dtypes, device=device)
+    check_no_overlap(name, x)
+    return x
+
+
 def allowed_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
     """The activation dtypes a kernel accepts on ``device`` (float32 only on the interpreter)."""
     return GPU_DTYPES if device.type == "cuda" else CPU_DTYPES

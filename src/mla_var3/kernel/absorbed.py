@@ -40,7 +40,7 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    CHECK_ENV, SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_no_overlap, check_scale, check_seqlens,
+    CHECK_ENV, SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, check_seqlens,
     interpreting, next_pow2, num_sms, values_checked,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
@@ -312,8 +312,7 @@ def _check_queries(qc, qpe, out):
     _check_pow2("qc", sizes["K"], "the latent width K (last dim)")
     _check_pow2("qpe", sizes["P"], "the RoPE width P (last dim)")
     if out is not None:
-        bind_shape("out", out, "B H S K", sizes, dtypes=(qc.dtype,), device=device)
-        check_no_overlap("out", out)
+        bind_output("out", out, "B H S K", sizes, dtypes=(qc.dtype,), device=device)
     return sizes, device
 
 

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    SMEM_LIMIT, allowed_dtypes, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2,
+    SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2,
     num_sms,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
@@ -602,6 +602,6 @@ def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torc
     if out is None:
         out = torch.empty((b, h, s, d), dtype=q.dtype, device=dev)
     else:
-        bind_shape("out", out, "B H S D", dict(sizes), dtypes=(q.dtype,), device=dev)
+        bind_output("out", out, "B H S D", dict(sizes), dtypes=(q.dtype,), device=dev)
     run = backends.select("flash_attention", dev, backend)
     return run(q, qpe, k, v, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out)

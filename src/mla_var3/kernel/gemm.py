@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel import backends
-from mla_var3.kernel._common import allowed_dtypes, bind_shape, cdiv, check_device, interpreting, next_pow2
+from mla_var3.kernel._common import allowed_dtypes, bind_output, bind_shape, cdiv, check_device, interpreting, next_pow2
 from mla_var3.kernel._jit import operand, to_storage
 from mla_var3.kernel.expanded import arg_types, named_strides
 
@@ -134,7 +134,7 @@ def _validate(x, w, add, out, names: tuple[str, str, str], x_spec: str, w_spec: 
     shape = tuple(sizes[sym] for sym in y_spec.split())
     if out is None:
         return torch.empty(shape, dtype=x.dtype, device=dev)
-    bind_shape("out", out, y_spec, dict(sizes), dtypes=(x.dtype,), device=dev)
+    bind_output("out", out, y_spec, dict(sizes), dtypes=(x.dtype,), device=dev)
     return out
 
 

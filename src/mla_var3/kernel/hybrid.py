@@ -56,7 +56,7 @@ import triton.language as tl
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2,
+    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
@@ -639,9 +639,9 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
         raise ValueError(f"head dims must be positive, got D={d}, P={p}, K={k}")
     scale = check_scale(scale)
     if out is not None:
-        bind_shape("out", out, "B H S D", dict(sizes), **same)
+        bind_output("out", out, "B H S D", dict(sizes), **same)
     if out_latent is not None:
-        bind_shape("out_latent", out_latent, "B H S K", dict(sizes), **same)
+        bind_output("out_latent", out_latent, "B H S K", dict(sizes), **same)
     run = backends.select("mla_var6_plus", dev, backend)
     return run(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=bool(causal), config=config, out=out,
                out_latent=out_latent, overlap=bool(overlap))

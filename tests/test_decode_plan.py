@@ -1,0 +1,121 @@
+"""The decode plan (``kernel/decode_plan.py``): the device planner against its Python reference,
+and every plan's contract — each sequence's key blocks covered exactly once by its items, items
+no longer than ``MAX_ITEM_BLOCKS``, one slot per split item, nothing past the buffers.
+
+The planner runs under Triton's interpreter on the CPU (a single program), so lengths are drawn
+freely; hypothesis picks batches, lengths, rows and capacities.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mla_var3.kernel._common import cdiv
+from mla_var3.kernel.combine import combine_planned
+from mla_var3.kernel.decode_plan import (
+    MAX_ITEM_BLOCKS, PLAN_BLOCK, plan_capacity, plan_decode, plan_reference, uniform_plan,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_contract(items, seqs, lengths, capacity, max_slots):
+    """Every sequence's blocks [0, n_b) covered once, in order of its items; slots unique."""
+    covered = {b: [] for b in range(len(lengths))}
+    slots = []
+    live = True
+    for b, lo, hi, slot in items:
+        if b < 0:
+            live = False
+            continue
+        assert live, "a live item after the first empty one"
+        assert 0 <= lo <= hi and hi - lo <= MAX_ITEM_BLOCKS
+        covered[b].append((lo, hi, slot))
+        if slot >= 0:
+            slots.append(slot)
+    assert len(slots) == len(set(slots)) and all(0 <= s < max_slots for s in slots)
+    for b, n in enumerate(lengths):
+        blocks = cdiv(min(max(n, 0), capacity), PLAN_BLOCK)
+        got = sorted(covered[b])
+        assert got, f"sequence {b} has no item"
+        assert got[0][0] == 0 and got[-1][1] == blocks and all(x[1] == y[0] for x, y in zip(got, got[1:]))
+        first, count = seqs[b]
+        assert count == len(got)
+        if count == 1:
+            assert first == -1 and got[0][2] == -1
+        else:
+            assert sorted(x[2] for x in got) == list(range(first, first + count))
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(0, 5000), min_size=1, max_size=40), rows=st.sampled_from([16, 64, 128, 512, 2048]),
+       extra=st.integers(0, 3000))
+def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
+    capacity = max(lengths) + extra
+    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), rows, capacity=capacity)
+    ref = plan_reference(lengths, rows, capacity=capacity)
+    assert plan.items.tolist() == [list(x) for x in ref["items"]]
+    assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
+    _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan.max_slots)
+
+
+def test_long_sequences_are_cut_at_the_item_limit():
+    lengths = [MAX_ITEM_BLOCKS * PLAN_BLOCK * 3 + 5, 70]
+    capacity = lengths[0]
+    ref = plan_reference(lengths, 128, capacity=capacity)
+    _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan_capacity(2, 128, 132, cdiv(capacity, 64))[2])
+    assert ref["seqs"][0][1] >= 4
+
+
+def test_lengths_past_capacity_are_clamped():
+    ref = plan_reference([10_000, 64], 128, capacity=640)
+    _check_contract(ref["items"], ref["seqs"], [640, 64], 640, 100)
+
+
+@pytest.mark.parametrize("b,rows,t,items_per_seq", [
+    (32, 128, 4096, 2),     # 64 programs of 2 row tiles fill one wave of 132 SMs with 2 splits each
+    (64, 128, 4096, 1),     # 128 programs: one wave unsplit (a split would add a wave and a combine)
+    (32, 2048, 4096, 1),    # 32 row tiles per sequence: 8 waves already, no split
+    (1, 128, 4096, 32),     # one sequence: cut into 2-block items over the SMs
+])
+def test_uniform_plans_choose_what_the_kernel_measured_best(b, rows, t, items_per_seq):
+    plan = uniform_plan(b, rows, t)
+    assert {n for _, n in plan.seqs.tolist()} == {items_per_seq}
+    assert plan.may_split == (items_per_seq > 1)
+
+
+def test_plan_checks_its_shape():
+    plan = uniform_plan(2, 128, 1000)
+    with pytest.raises(ValueError, match="built for"):
+        plan.check_for(3, 128, cdiv(1000, 64), torch.device("cpu"))
+    with pytest.raises(ValueError, match="up to 1024 keys"):
+        plan.check_for(2, 128, cdiv(5000, 64), torch.device("cpu"))
+    with pytest.raises(ValueError, match="int32"):
+        plan_decode(torch.tensor([3, 4]), 128, capacity=64)
+    with pytest.raises(ValueError, match="rows"):
+        plan_decode(torch.tensor([3, 4], dtype=torch.int32), 0, capacity=64)
+
+
+def test_combine_planned_merges_split_items():
+    """Sequence 0 is split into 3 slots, sequence 1 is one item (left untouched); the merge is the
+    float64 log-sum-exp mean."""
+    g = torch.Generator().manual_seed(0)
+    h, s, v = 4, 3, 32
+    rows = h * s
+    o_part = torch.randn(5, rows, v, generator=g).to(DEVICE)
+    lse_part = (torch.randn(5, rows, generator=g) * 3).to(DEVICE)
+    lse_part[2, :4] = float("-inf")                                # a split that saw no key for these rows
+    seqs = torch.tensor([[1, 3], [-1, 1]], dtype=torch.int32, device=DEVICE)
+    out = torch.full((2, h, s, v), 7.0, device=DEVICE)
+    lse = torch.full((2, h, s), 7.0, device=DEVICE)
+    combine_planned(o_part, lse_part, seqs, out, lse, head_major=True)
+    w = torch.softmax(lse_part[1:4].double(), dim=0)
+    ref_o = (w[..., None] * o_part[1:4].double()).sum(0).view(h, s, v)
+    ref_l = torch.logsumexp(lse_part[1:4].double(), dim=0).view(h, s)
+    assert torch.allclose(out[0].double(), ref_o, atol=1e-5) and torch.allclose(lse[0].double(), ref_l, atol=1e-5)
+    assert (out[1] == 7).all() and (lse[1] == 7).all()
+    # token-major rows: row = token * h + head
+    out2 = torch.zeros(2, h, s, v, device=DEVICE)
+    combine_planned(o_part, lse_part, seqs, out2, lse, head_major=False)
+    assert torch.allclose(out2[0].double(), ref_o.view(s, h, v).transpose(0, 1), atol=1e-5)

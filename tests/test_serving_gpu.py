@@ -1,0 +1,151 @@
+"""Serving-shaped decode on sm_90 (skipped elsewhere): the seesaw kernel over paged and ragged
+caches against the fp32 reference, CUDA-graph capture of the decode entry points with replays on
+changed contents, and the repeat path of a call made again with the same buffers.
+
+Caches come from ``reference.make_paged``: pages in random order, NaN in unused pages and past
+each sequence's length, -1 in unused table entries; DeepSeek widths (K = 512, P = 64, h = 128).
+"""
+
+import pytest
+import torch
+
+from mla_var3 import flash_mla, flash_mla_paged
+from mla_var3 import reference as ref
+from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+from mla_var3.kernel import backends
+from mla_var3.shapes import MLADims, Problem
+from mla_var3.testing import assert_close
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and backends.gluon_hopper(torch.device("cuda"))),
+                                reason="needs a Hopper (sm_90) GPU with Gluon")
+DIMS = MLADims(h=128, d=128, p=64, k=512)
+BF = torch.bfloat16
+
+
+def _paged(lengths, s, t, seed=0):
+    x = ref.make_inputs(DIMS, Problem(b=len(lengths), s=s, t=t), dtype=BF, device="cuda", seed=seed)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    cache, table = ref.make_paged(x.z, x.kpe, seqlens, page_block_size=64, seed=seed)
+    # FlashMLA's query layout [b, s, h, 576]
+    q = torch.cat([x.qc, x.qpe], dim=-1).transpose(1, 2).contiguous()
+    return x, q, cache, table, seqlens
+
+
+CASES = [([1, 63, 4096], 1), ([64, 65, 2, 3000], 2), ([4, 4096], 4), ([16, 100, 700, 64, 129], 16),
+         ([0, 5, 64, 0, 1000, 2, 65, 4096], 1), ([4096] * 32, 1), ([32 + 97 * i for i in range(16)], 32)]
+
+
+@pytest.mark.parametrize("lengths,s", CASES, ids=[f"b{len(c[0])}-s{c[1]}" for c in CASES])
+@pytest.mark.parametrize("causal", [True, False])
+def test_compat_paged_matches_reference(lengths, s, causal):
+    x, q, cache, table, seqlens = _paged(lengths, s, 4096)
+    meta, _ = get_mla_metadata()
+    o, lse = flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, softmax_scale=x.scale, causal=causal)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, causal)
+    assert o.shape == (len(lengths), s, 128, 512)
+    assert_close(o.transpose(1, 2), ro, BF, name="out")
+    assert_close(lse, rl, tol=1e-4, name="lse")
+
+
+@pytest.mark.parametrize("view", ["col-major", "every-other-col"])
+def test_paged_table_strides(view):
+    x, q, cache, table, seqlens = _paged([70, 300, 1, 2000], 2, 2048)
+    wide = torch.full((4, 2 * table.shape[1]), -3, dtype=torch.int32, device="cuda")
+    wide[:, ::2] = table
+    tab = table.t().contiguous().t() if view == "col-major" else wide[:, ::2]
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, tab, seqlens, scale=x.scale, causal=True)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, BF, name="out")
+
+
+@pytest.mark.parametrize("lens", [[1000, 1, 64, 999], None])
+def test_dense_ragged_and_strided_out(lens):
+    b, t = 4, 1000
+    x = ref.make_inputs(DIMS, Problem(b=b, s=2, t=t), dtype=BF, device="cuda", seed=3)
+    seqlens = None
+    z, kpe = x.z.clone(), x.kpe.clone()
+    if lens is not None:
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        for i, n in enumerate(lens):
+            z[i, n:] = float("nan")
+            kpe[i, n:] = float("nan")
+    out = torch.full((b, 2, 128, 512), float("nan"), dtype=BF, device="cuda").transpose(1, 2)
+    o, lse = flash_mla(x.qc, x.qpe, z, kpe, scale=x.scale, causal=True, seqlens=seqlens, out=out)
+    ro, rl = ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, x.scale, True, seqlens)
+    assert_close(out, ro, BF, name="out")
+    assert_close(lse, rl, tol=1e-4, name="lse")
+
+
+@pytest.mark.parametrize("s", [1, 4])
+def test_compat_captured_in_a_cuda_graph(s):
+    """The plan is built inside the capture; a replay after the lengths, pages and queries change
+    gives the eager result on the new contents."""
+    lens_a, lens_b = [100, 4000, 1, 2048, 65, 3000, 64, 500], [4096, 3, 1000, 64, 2000, 1, 129, 4000]
+    x, q, cache, table, seqlens = _paged(lens_a, s, 4096, seed=1)
+    x2, q2, cache2, table2, seqlens2 = _paged(lens_b, s, 4096, seed=2)
+    n = min(cache.shape[0], cache2.shape[0])
+    cache, cache2 = cache[:n].clone(), torch.nan_to_num(cache2[:n])
+    table2 = torch.where(table2 >= 0, table2.clamp_max(n - 1), table2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_mla_with_kvcache(q, cache, table, seqlens, 512, get_mla_metadata()[0], softmax_scale=x.scale, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, lse_g = flash_mla_with_kvcache(q, cache, table, seqlens, 512, get_mla_metadata()[0],
+                                              softmax_scale=x.scale, causal=True)
+    for dst, src in ((q, q2), (cache, cache2), (table, table2), (seqlens, seqlens2)):
+        dst.copy_(src)
+    graph.replay()
+    eager = flash_mla_with_kvcache(q, cache, table, seqlens, 512, get_mla_metadata()[0], softmax_scale=x.scale,
+                                   causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out_g, eager[0]) and torch.equal(lse_g, eager[1])
+    qt = q.transpose(1, 2)
+    ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
+    assert_close(out_g.transpose(1, 2), ro, BF, name="out")
+
+
+def test_dense_and_paged_captured_in_a_cuda_graph():
+    x = ref.make_inputs(DIMS, Problem(b=8, s=2, t=2048), dtype=BF, device="cuda", seed=4)
+    args = [x.qc.clone(), x.qpe.clone(), x.z.clone(), x.kpe.clone()]
+    flash_mla(*args, scale=x.scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, l_g = flash_mla(*args, scale=x.scale)
+    y = ref.make_inputs(DIMS, Problem(b=8, s=2, t=2048), dtype=BF, device="cuda", seed=5)
+    for dst, src in zip(args, (y.qc, y.qpe, y.z, y.kpe)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, flash_mla(*args, scale=x.scale)[0])
+    # paged, lengths on the device: the plan is rebuilt by each replay
+    _, q, cache, table, seqlens = _paged([300, 4096, 7], 1, 4096, seed=6)
+    qt = q.transpose(1, 2)
+    flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, scale=x.scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, l_g = flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, scale=x.scale)
+    seqlens.copy_(torch.tensor([250, 1, 3], dtype=torch.int32))      # within each sequence's pages
+    graph.replay()
+    torch.cuda.synchronize()
+    ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
+    assert_close(o_g, ro, BF, name="out")
+
+
+def test_a_repeated_call_follows_the_new_contents():
+    """The third call of the same buffers takes the repeat path; it must read the buffers' new
+    contents, lengths included (the plan is rebuilt per call without a caller's plan)."""
+    x, q, cache, table, seqlens = _paged([300, 4096, 7], 1, 4096, seed=7)
+    qt = q.transpose(1, 2)
+    for _ in range(3):
+        flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, scale=x.scale)
+    seqlens.copy_(torch.tensor([200, 64, 1], dtype=torch.int32))     # within each sequence's pages
+    q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
+    o, lse = flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, scale=x.scale)
+    ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, BF, name="out")
+    assert_close(lse, rl, tol=1e-4, name="lse")
