@@ -501,3 +501,26 @@ def test_latent_decode_in_place(nan_empty):
         oracle.check(cache)
         assert moves == 0 if reserved else 1 <= moves <= 300 // 64 + 1
         assert cache.nbytes == mla_cache_bytes(dims_for(CFG, torch.float64), 2, 320) < cache.reserved_bytes
+
+
+def test_paged_reserve_then_appends_in_place():
+    """After reserve(n), appends of up to n tokens write into the same pool and block table
+    (device operations only: a decode step can be captured); past the reservation a new pool."""
+    from mla_var3.model.cache import LatentCache, PagedLatentCache
+
+    g = torch.Generator().manual_seed(0)
+    z, kpe = torch.randn(2, 70, 8, generator=g), torch.randn(2, 70, 4, generator=g)
+    paged = PagedLatentCache.from_latent(LatentCache(z, kpe, torch.tensor([70, 5], dtype=torch.int32)), block_size=16)
+    r = paged.reserve(3)
+    assert r.reserved == 3 and r.capacity >= 73 and r.kv is not paged.kv            # the old cache is untouched
+    a = r.append(torch.ones(2, 2, 8), torch.ones(2, 2, 4))
+    assert a.kv is r.kv and a.block_table is r.block_table and a.reserved == 1
+    b = a.append(torch.full((2, 1, 8), 2.0), torch.full((2, 1, 4), 2.0))
+    assert b.kv is r.kv and b.reserved == 0 and b.seqlens.tolist() == [73, 8]
+    c = b.append(torch.full((2, 1, 8), 3.0), torch.full((2, 1, 4), 3.0))          # past the reservation
+    assert c.kv is not b.kv and c.seqlens.tolist() == [74, 9]
+    lat = c.to_latent()
+    assert torch.equal(lat.z[0, :70], z[0]) and (lat.z[0, 70:72] == 1).all() and (lat.z[0, 72] == 2).all()
+    assert (lat.z[1, 5:7] == 1).all() and (lat.z[1, 7] == 2).all() and (lat.z[1, 8] == 3).all()
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        paged.reserve(-1)

@@ -19,6 +19,12 @@ from mla_var3.testing import assert_close
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and backends.gluon_hopper(torch.device("cuda"))),
                                 reason="needs a Hopper (sm_90) GPU with Gluon")
 DIMS = MLADims(h=128, d=128, p=64, k=512)
+
+
+@pytest.fixture(autouse=True)
+def _no_value_checks(monkeypatch):
+    """The serving path as engines run it: no host synchronisation (capturable, repeatable)."""
+    monkeypatch.delenv("MLA_VAR3_CHECK", raising=False)
 BF = torch.bfloat16
 
 
@@ -149,3 +155,75 @@ def test_a_repeated_call_follows_the_new_contents():
     ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
     assert_close(o, ro, BF, name="out")
     assert_close(lse, rl, tol=1e-4, name="lse")
+
+
+# ------------------------------------------------------------------------------------------
+# the engine's entry point and the layer, captured
+
+
+def _latent_and_paged(b, t, lengths, seed):
+    from mla_var3.model.cache import LatentCache, PagedLatentCache
+
+    x = ref.make_inputs(DIMS, Problem(b=b, s=1, t=t), dtype=BF, device="cuda", seed=seed)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    latent = LatentCache(x.z, x.kpe, seqlens)
+    return latent, PagedLatentCache.from_latent(latent, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kind", ["latent", "paged"])
+def test_mla_attention_captured_in_a_cuda_graph(kind):
+    from mla_var3.model import mla_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    latent, paged = _latent_and_paged(4, 1024, [1024, 70, 513, 1], 8)
+    cache = latent if kind == "latent" else paged
+    w_uk = (torch.randn(128, 128, 512, device="cuda", generator=g) * 0.05).to(BF)
+    w_uv = (torch.randn(128, 512, 128, device="cuda", generator=g) * 0.05).to(BF)
+    q_nope = torch.randn(4, 128, 1, 128, device="cuda", generator=g).to(BF)
+    q_pe = torch.randn(4, 128, 1, 64, device="cuda", generator=g).to(BF)
+    scale = 192 ** -0.5
+    eager, _ = mla_attention(q_nope, q_pe, cache, w_uk, w_uv, scale=scale, design="absorbed")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, _ = mla_attention(q_nope, q_pe, cache, w_uk, w_uv, scale=scale, design="absorbed")
+    q_nope.copy_(torch.randn(4, 128, 1, 128, device="cuda", generator=g).to(BF))
+    graph.replay()
+    torch.cuda.synchronize()
+    again, _ = mla_attention(q_nope, q_pe, cache, w_uk, w_uv, scale=scale, design="absorbed")
+    assert torch.equal(o_g, again) and not torch.equal(o_g, eager)
+
+
+@pytest.mark.parametrize("s", [1, 4])
+def test_layer_decode_step_on_a_paged_cache_captured(s):
+    """The host reserves blocks (outside the graph); the captured step appends in place, attends
+    and projects; a replay on new hidden states gives the eager step's output."""
+    from mla_var3.model import MLAConfig, MLALayer
+    from mla_var3.model.cache import PagedLatentCache
+
+    cfg = MLAConfig.from_preset("deepseek-v3").replace(hidden=1024)
+    layer = MLALayer.random(cfg, dtype=BF, device="cuda", seed=0)
+    layer.backend = "kernel"
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, t0 = 3, 300
+    x0 = torch.randn(b, t0, cfg.hidden, device="cuda", generator=g).to(BF)
+    pos0 = torch.arange(t0, device="cuda").expand(b, t0)
+    empty = PagedLatentCache.empty(b, cfg.k, cfg.p, dtype=BF, device="cuda")
+    _, cache = layer(x0, pos0, cache=empty, mode="absorbed")
+    cache = cache.reserve(s)
+    x = torch.randn(b, s, cfg.hidden, device="cuda", generator=g).to(BF)
+    pos = (t0 + torch.arange(s, device="cuda")).expand(b, s).contiguous()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(x, pos, cache=cache, mode="absorbed")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, new_cache = layer(x, pos, cache=cache, mode="absorbed")
+    x.copy_(torch.randn(b, s, cfg.hidden, device="cuda", generator=g).to(BF))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager, eager_cache = layer(x, pos, cache=cache, mode="absorbed")
+    assert torch.equal(out_g, eager)
+    assert new_cache.seqlens.tolist() == [t0 + s] * b == eager_cache.seqlens.tolist()

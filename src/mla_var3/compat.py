@@ -112,18 +112,12 @@ def flash_mla_with_kvcache(
     softmax_lse : [b, h_q, s_q] float32 (natural log)
     """
     meta = tile_scheduler_metadata
-    if isinstance(meta, MLASchedMeta) and meta.plan is not None and _REPLAYS and not num_splits:
-        # a later layer of the step: the same buffers repeat the first call (no checks, no set-up)
-        try:
-            qt = q.transpose(1, 2)
-            scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-            key = _replay_key("paged", (qt[..., :head_dim_v], qt[..., head_dim_v:], k_cache, block_table,
-                                        cache_seqlens), scale, causal, meta.plan)
-        except (AttributeError, TypeError, IndexError, RuntimeError):
-            key = None
-        replay = _REPLAYS.get(key) if key is not None and not (
-            is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
-            or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None) else None
+    if isinstance(meta, MLASchedMeta) and meta.plan is not None and _REPLAYS and not (
+            num_splits or is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
+            or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None):
+        # a later layer of the step: the same buffers repeat an earlier call (no checks, no set-up)
+        replay = _REPLAYS.get(_replay_key("compat", (q, k_cache, block_table, cache_seqlens),
+                                          softmax_scale or 0.0, causal, (meta.plan, head_dim_v)))
         if replay is not None:
             o, lse = replay()
             return o.transpose(1, 2), lse
@@ -174,4 +168,10 @@ def flash_mla_with_kvcache(
     qt = q.transpose(1, 2)
     o, lse = flash_mla_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
                              causal=causal, plan=plan)
+    if plan is not None:  # the same replay under this call's own key (no slicing to build the key)
+        replay = _REPLAYS.get(_replay_key("paged", (qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens),
+                                          scale, causal, plan))
+        if replay is not None:
+            _REPLAYS[_replay_key("compat", (q, k_cache, block_table, cache_seqlens), softmax_scale or 0.0, causal,
+                                 (plan, dv))] = replay
     return o.transpose(1, 2).contiguous(), lse

@@ -480,13 +480,15 @@ def _tensor_key(x: torch.Tensor) -> tuple:
     return (x.data_ptr(), x.shape, x.stride(), x.dtype)
 
 
-def _replay_key(kind: str, tensors: tuple, scale, causal, plan) -> tuple | None:
+def _replay_key(kind: str, tensors: tuple, scale, causal, extra) -> tuple | None:
     """The key of a repeatable call, or None (no repeat: value checks are on, or an input is not a
-    tensor)."""
+    tensor). ``extra``: the plan, or a tuple holding it, by identity (a plan is built per step)."""
     if os.environ.get(CHECK_ENV, "0") not in ("", "0"):
         return None
     try:
-        return (kind, *(None if x is None else _tensor_key(x) for x in tensors), float(scale), bool(causal), id(plan))
+        ident = tuple(id(x) if isinstance(x, DecodePlan) else x for x in extra) if isinstance(extra, tuple) \
+            else id(extra)
+        return (kind, *(None if x is None else _tensor_key(x) for x in tensors), float(scale), bool(causal), ident)
     except (AttributeError, TypeError, ValueError):
         return None
 

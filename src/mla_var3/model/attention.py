@@ -26,6 +26,7 @@ import torch
 
 from mla_var3.designs import design as _design
 from mla_var3.dispatch.decide import CacheInfo, Decision, Dispatcher, dims_for_dtype
+from mla_var3.kernel._common import values_checked
 from mla_var3.model.backend import attention_fn
 from mla_var3.model.buffers import pad_stack
 from mla_var3.model.expand import expand_kv
@@ -43,6 +44,11 @@ def default_dispatcher(device: torch.device | str) -> Dispatcher:
 
 
 def _seqlens(cache):
+    """The lengths to pass a kernel: always on CUDA (asking whether a batch is uniform would
+    synchronise, and the kernels plan ragged batches on the device), None for a uniform batch
+    elsewhere."""
+    if cache.seqlens.is_cuda:
+        return cache.seqlens
     return None if cache.uniform else cache.seqlens
 
 
@@ -125,6 +131,15 @@ def _expanded_from_hybrid(cache, w_uk, w_uv):
     return [pad_stack([seq[j] for seq in seqs], cache.max_len) for j in range(3)]
 
 
+def _decision_t(cache) -> int:
+    """The context length the dispatcher decides at: the longest sequence (kept on the host by
+    latent and hybrid caches), or, for a paged cache on CUDA, its capacity (a host-known bound:
+    reading the lengths would synchronise, which a CUDA graph cannot capture)."""
+    if cache.kind == "paged" and cache.seqlens.is_cuda:
+        return cache.capacity
+    return cache.max_len
+
+
 def _check(q_nope, q_pe, cache, w_uk, w_uv) -> tuple[int, int, int, int, int, int]:
     if q_nope.dim() != 4 or q_pe.dim() != 4 or q_pe.shape[:3] != q_nope.shape[:3]:
         raise ValueError(f"q_nope must be [B, H, S, D] and q_pe [B, H, S, P] with the same B, H, S, got "
@@ -139,7 +154,7 @@ def _check(q_nope, q_pe, cache, w_uk, w_uv) -> tuple[int, int, int, int, int, in
     info = CacheInfo.of(cache)
     if cache.batch != b:
         raise ValueError(f"the cache holds {cache.batch} sequences, the queries {b}")
-    if b and int(cache.seqlens.min()) < s:
+    if b and values_checked(cache.seqlens.device) and int(cache.seqlens.min()) < s:
         raise ValueError(f"every sequence must hold the s={s} new tokens (cache seqlens >= s), got "
                          f"{cache.seqlens.tolist()}: append them to the cache before attention")
     width = (cache.k, cache.kv.shape[3] - cache.k) if info.kind == "paged" else (cache.z.shape[2], cache.kpe.shape[2])
@@ -174,11 +189,14 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.T
     o : [B, H, S, DV] in q_nope's dtype
     decision : Decision
 
-    Ragged batches (different ``cache.seqlens``) are decided at t = the longest sequence.
+    Ragged batches (different ``cache.seqlens``) are decided at t = the longest sequence, or on
+    CUDA for a paged cache at its capacity: with no host synchronisation the call can be captured
+    in a CUDA graph over a latent or paged cache (see :meth:`PagedLatentCache.reserve` for the
+    cache's side of a captured decode step).
     """
     b, h, s, d, p, k = _check(q_nope, q_pe, cache, w_uk, w_uv)
     dims, dtype = dims_for_dtype(MLADims(h=h, d=d, p=p, k=k, dv=w_uv.shape[2], name="call"), q_nope.dtype)
     dispatcher = dispatcher or default_dispatcher(q_nope.device)
-    decision = dispatcher.decide(dims, Problem(b=b, s=s, t=cache.max_len), CacheInfo.of(cache), design, n)
+    decision = dispatcher.decide(dims, Problem(b=b, s=s, t=_decision_t(cache)), CacheInfo.of(cache), design, n)
     o = run_design(decision.design, q_nope, q_pe, cache, w_uk, w_uv, scale=scale, n=decision.n, backend=backend)
     return o.to(q_nope.dtype), decision

@@ -250,6 +250,10 @@ class PagedLatentCache:
         Latent rank K (to split a row into z and kpe).
     free : tuple of int
         Block ids of ``kv`` not used by any sequence (a pool allocates from it first).
+    reserved : int
+        New tokens every sequence has room for in its blocks (:meth:`reserve`): while it is at
+        least ``s``, :meth:`append` writes in place with device operations only (no host
+        synchronisation, no new buffers), so a decode step can be captured in a CUDA graph.
     """
 
     kv: torch.Tensor
@@ -257,6 +261,7 @@ class PagedLatentCache:
     seqlens: torch.Tensor
     k: int
     free: tuple[int, ...] = field(default=())
+    reserved: int = 0
     kind = "paged"
 
     def __post_init__(self) -> None:
@@ -334,14 +339,26 @@ class PagedLatentCache:
         rows = rows * (pos[None, :] < self.seqlens[:, None]).to(rows.dtype)[..., None]
         return LatentCache(rows[..., : self.k].contiguous(), rows[..., self.k:].contiguous(), self.seqlens)
 
-    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
-        """Write s tokens per sequence into their blocks, taking blocks from the pool (growing it
-        when empty)."""
-        s = check_new("z_new", z_new, self.batch, (self.k,), self.kv)
-        if check_new("kpe_new", kpe_new, self.batch, (self.kv.shape[3] - self.k,), self.kv) != s:
-            raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
+    @property
+    def capacity(self) -> int:
+        """Keys a sequence's block-table row can address (``max_blocks * block_size``)."""
+        return self.block_table.shape[1] * self.block_size
+
+    def reserve(self, tokens: int) -> "PagedLatentCache":
+        """The cache with blocks for ``tokens`` more tokens in every sequence (taken from the pool,
+        which grows when empty), so the next appends of up to ``tokens`` in total write in place.
+        Host work (it reads the lengths): call it outside a captured region, once per step or
+        once for many steps."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        if tokens <= self.reserved:
+            return self
+        kv, block_table, free = self._blocks_for(self.seqlens.tolist(), tokens)
+        return PagedLatentCache(kv, block_table, self.seqlens, self.k, free, tokens)
+
+    def _blocks_for(self, lengths: list[int], s: int):
+        """(kv, block_table, free) with room for ``s`` more tokens after ``lengths``."""
         bs = self.block_size
-        lengths = self.seqlens.tolist()
         table = [row[: -(-t // bs)] for row, t in zip(self.block_table.tolist(), lengths)]
         free = list(self.free)
         grown = self.num_blocks
@@ -352,17 +369,31 @@ class PagedLatentCache:
                 else:
                     table[b].append(grown)
                     grown += 1
-        kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])
+        kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])   # a new pool: this cache stays as it is
         kv[: self.num_blocks] = self.kv
         width = max((len(r) for r in table), default=0)
         block_table = torch.zeros(self.batch, width, dtype=torch.int32)
         for b, row in enumerate(table):
             block_table[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        block_table = block_table.to(kv.device)
+        return kv, block_table.to(kv.device), tuple(free)
+
+    def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
+        """Write s tokens per sequence into their blocks. Within :attr:`reserved` tokens, in place
+        and with device operations only (capturable; the new cache shares ``kv`` and the block
+        table with this one, so two appends to the same reserved cache write the same rows);
+        otherwise into a new pool, taking blocks from the free list first."""
+        s = check_new("z_new", z_new, self.batch, (self.k,), self.kv)
+        if check_new("kpe_new", kpe_new, self.batch, (self.kv.shape[3] - self.k,), self.kv) != s:
+            raise ValueError(f"kpe_new has {kpe_new.shape[1]} tokens, z_new {s}")
+        if s <= self.reserved:
+            kv, block_table, free, left = self.kv, self.block_table, self.free, self.reserved - s
+        else:
+            (kv, block_table, free), left = self._blocks_for(self.seqlens.tolist(), s), 0
+        bs = self.block_size
         pos = self.seqlens.long()[:, None] + torch.arange(s, device=kv.device)  # [B, s]
         blocks = block_table.long().gather(1, pos // bs)
         kv[blocks, pos % bs, 0] = torch.cat((z_new, kpe_new), dim=-1)
-        return PagedLatentCache(kv, block_table, self.seqlens + s, self.k, tuple(free))
+        return PagedLatentCache(kv, block_table, self.seqlens + s, self.k, free, left)
 
 
 __all__ = ["LatentCache", "ExpandedCache", "PagedLatentCache"]
