@@ -186,6 +186,8 @@ class MLALayer(nn.Module):
         q_nope, q_pe = q[..., : c.d], q[..., c.d:]
         ckv = self.kv_a_proj_with_mqa(hidden_states)
         z = self.kv_a_layernorm(ckv[..., : c.k])
+        if self._inv_freq.device != positions.device:  # once per device: a copy cannot be captured in a graph
+            self._inv_freq = self._inv_freq.to(positions.device)
         cos, sin = rope_cos_sin(c, positions, hidden_states.dtype, self._inv_freq)
         q_pe = apply_rope(q_pe, cos[:, None], sin[:, None], c.rope_interleave)
         kpe = apply_rope(ckv[..., c.k:], cos, sin, c.rope_interleave)
