@@ -24,7 +24,8 @@ Design
      ``p1`` (over Y's RoPE columns) and ``mB``; ``O_R = O_R * exp2(m - mB) +
      (p0 * exp2(mA - mB)) . X_R + p1 . Y_R`` (``p0`` read back from shared memory into registers
      and rescaled there; its product issued first, so that X — WG0's next block — is released
-     first). WG1 keeps the row sum ``l`` (of the rounded ``p`` the MMAs use).
+     first). WG1 keeps the row sum ``l`` in fp32 (``p1``'s, and ``p0``'s that WG0 publishes
+     beside ``mA``): summing the rounded bf16 ``p`` instead put the LSE 1.2e-4 off at four keys.
   3. WG0 (waits for ``mB``): ``O_L = O_L * exp2(mA - mB) + p1 . Y_L`` (``p1`` straight from
      shared memory as the wgmma A operand). Both set ``m = mB``.
 
@@ -226,8 +227,10 @@ if GLUON_AVAILABLE:
             if ROLE == 0:
                 m_a = gl.maximum(m_i, gl.max(sc, axis=1))
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
-                p = gl.exp2(sc - m_a_safe[:, None]).to(dtype)
+                p_f = gl.exp2(sc - m_a_safe[:, None])
+                p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
+                xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
                 _publish(bar_a, xrow.index(0), m_a, own_r, p)
                 acc = acc * alpha[:, None]
                 p_op = gl.convert_layout(p, p_layout)
@@ -256,16 +259,19 @@ if GLUON_AVAILABLE:
                 m_a = xrow.index(0).load(s_rows)
                 m_b = gl.maximum(m_a, gl.max(sc, axis=1))
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                p = gl.exp2(sc - m_b_safe[:, None]).to(dtype)
+                p_f = gl.exp2(sc - m_b_safe[:, None])
+                p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
-                beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), p_rows)
+                beta_s = gl.exp2(m_a - m_b_safe)
+                beta = gl.convert_layout(beta_s, p_rows)
+                # the row sum in fp32 (the LSE's accuracy), of p1 and of p0 rescaled to mB
+                l_new = gl.convert_layout(gl.sum(p_f, axis=1) + xrow.index(3).load(s_rows) * beta_s, o_rows)
                 # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
                 # publishing, since WG0 may overwrite it once it has mB
                 p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
                 _publish(bar_b, xrow.index(1), m_b, own_r, p)
                 p_op = gl.convert_layout(p, p_layout)
-                l_o = (l_o * alpha + gl.convert_layout(gl.sum(p_op.to(gl.float32), axis=1), o_rows)
-                       + gl.convert_layout(gl.sum(p0.to(gl.float32), axis=1), o_rows))
+                l_o = l_o * alpha + l_new
                 acc = acc * alpha[:, None]
                 # p0 . X_R first: X (WG0's next block, on the critical path) is released before Y
                 tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
@@ -388,7 +394,7 @@ if GLUON_AVAILABLE:
         ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        xrow = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        xrow = gl.allocate_shared_memory(gl.float32, [4, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         # the item's pages (paged caches): read from the block table once, here, so the refills in
         # the loop need one shared-memory read and no table address arithmetic
         NP: gl.constexpr = MAX_ITEM_PAGES if PAGED else 128
