@@ -113,7 +113,7 @@ def test_fp8_block_scales_are_dequantised():
 
 def test_absorbed_weights_layout_and_caching():
     cfg = cfg_for()
-    layer = MLALayer.random(cfg, dtype=F64, seed=4)
+    layer = MLALayer.random(cfg, dtype=F64, seed=4).requires_grad_(False)   # inference: formed once, cached
     w = layer.absorbed
     weight = layer.kv_b_proj.weight.detach()
     assert w.w_uk.shape == (cfg.h, cfg.d, cfg.k) and w.w_uv.shape == (cfg.h, cfg.k, cfg.d)

@@ -102,6 +102,17 @@ def bind_output(name: str, x, spec: str, sizes: dict[str, int], *, dtypes: Seque
     return x
 
 
+def check_inference(*tensors) -> None:
+    """Raise ValueError when autograd would need these kernels' gradients: the Triton kernels are
+    inference only (their outputs carry no gradient), and silently dropping one is worse than
+    refusing. Cheap: nothing is asked of the tensors unless grad mode is on."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise ValueError("the kernels are inference only: an input requires grad and grad mode is on, but the "
+                         "outputs would carry no gradient; call them under torch.no_grad() or "
+                         "torch.inference_mode(), or train through the fp32 references (mla_var3.reference, "
+                         "MLALayer(backend='reference'))")
+
+
 def allowed_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
     """The activation dtypes a kernel accepts on ``device`` (float32 only on the interpreter)."""
     return GPU_DTYPES if device.type == "cuda" else CPU_DTYPES

@@ -40,7 +40,8 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    CHECK_ENV, SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, check_seqlens,
+    CHECK_ENV, SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale,
+    check_seqlens,
     interpreting, next_pow2, num_sms, values_checked,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
@@ -532,6 +533,7 @@ def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.T
     forbids). No host synchronisation otherwise: the call can be captured in a CUDA graph.
     Inference only: the outputs carry no gradient.
     """
+    check_inference(qc, qpe, z, kpe)
     if _REPLAYS and out is None and config is None and backend == "auto":
         replay = _REPLAYS.get(_replay_key("dense", (qc, qpe, z, kpe, seqlens), scale, causal, plan))
         if replay is not None:
@@ -562,6 +564,7 @@ def flash_mla_paged(qc: torch.Tensor, qpe: torch.Tensor, kv_cache: torch.Tensor,
     pages, K = 512 and P = 64 the warp-specialised Gluon kernel runs; other shapes the portable
     one. The values of ``seqlens`` and ``block_table`` are checked as in :func:`flash_mla`.
     """
+    check_inference(qc, qpe, kv_cache)
     if _REPLAYS and out is None and config is None and backend == "auto":
         replay = _REPLAYS.get(_replay_key("paged", (qc, qpe, kv_cache, block_table, seqlens), scale, causal, plan))
         if replay is not None:

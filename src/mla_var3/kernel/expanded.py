@@ -37,7 +37,7 @@ import triton.language as tl
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, check_seqlens, interpreting, next_pow2,
+    SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, check_seqlens, interpreting, next_pow2,
     num_sms,
 )
 from mla_var3.kernel._jit import LOG2E, finalize_lse, operand, split_key_range, to_storage
@@ -582,6 +582,7 @@ def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torc
     Any strides are accepted for every input. Returns ``(o [B,H,S,D] in q's dtype,
     lse [B,H,S] float32)``, lse the natural-log LSE of the scaled scores.
     """
+    check_inference(q, qpe, k, v, kpe)
     sizes: dict[str, int] = {}
     bind_shape("q", q, "B H S D", sizes)
     check_device("q", q)

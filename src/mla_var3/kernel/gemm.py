@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel import backends
-from mla_var3.kernel._common import allowed_dtypes, bind_output, bind_shape, cdiv, check_device, interpreting, next_pow2
+from mla_var3.kernel._common import allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, interpreting, next_pow2
 from mla_var3.kernel._jit import operand, to_storage
 from mla_var3.kernel.expanded import arg_types, named_strides
 
@@ -123,6 +123,7 @@ def candidate_configs(rows: int, kin: int, nout: int) -> tuple[GemmConfig, ...]:
 def _validate(x, w, add, out, names: tuple[str, str, str], x_spec: str, w_spec: str, y_spec: str) -> torch.Tensor:
     """Check shapes/dtypes/devices; returns the output buffer (allocated when ``out`` is None)."""
     x_name, w_name, add_name = names
+    check_inference(x, w, add)
     sizes: dict[str, int] = {}
     bind_shape(x_name, x, x_spec, sizes)
     check_device(x_name, x)

@@ -56,7 +56,7 @@ import triton.language as tl
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_scale, interpreting, next_pow2,
+    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel.combine import combine
@@ -618,6 +618,7 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     normalised by the softmax over all O + N keys: the attention output is
     ``o + decompress(o_latent, w_uv)``.
     """
+    check_inference(q, qpe, qc, z_old, kpe, k_new, v_new)
     sizes: dict[str, int] = {}
     bind_shape("q", q, "B H S D", sizes)
     check_device("q", q)

@@ -164,8 +164,12 @@ class MLALayer(nn.Module):
     @property
     def absorbed(self) -> W.AbsorbedWeights:
         """``w_uk [H, D, K]`` and ``w_uv [H, K, D]`` cut from ``kv_b_proj`` (dense copies in the
-        weight's dtype), formed once and re-formed only when the weight changes."""
+        weight's dtype), formed once and re-formed only when the weight changes. With grad mode on
+        and a weight that requires grad, formed per call inside the autograd graph (no cache), so
+        ``kv_b_proj`` gets its gradient through every mode of the reference backend."""
         weight = self.kv_b_proj.weight
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return W.absorbed_weights(weight, self.cfg.h, self.cfg.d, self.cfg.dv, detach=False)
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if self._absorbed is None or self._absorbed_key != key:
             self._absorbed = W.absorbed_weights(weight, self.cfg.h, self.cfg.d, self.cfg.dv)
