@@ -177,7 +177,7 @@ def test_mla_attention_captured_in_a_cuda_graph(kind):
     g = torch.Generator(device="cuda").manual_seed(0)
     latent, paged = _latent_and_paged(4, 1024, [1024, 70, 513, 1], 8)
     cache = latent if kind == "latent" else paged
-    w_uk = (torch.randn(128, 128, 512, device="cuda", generator=g) * 0.05).to(BF)
+    w_uk = (torch.randn(128, 128, 512, device="cuda", generator=g) * 0.05).to(BF)   # no grad: inference
     w_uv = (torch.randn(128, 512, 128, device="cuda", generator=g) * 0.05).to(BF)
     q_nope = torch.randn(4, 128, 1, 128, device="cuda", generator=g).to(BF)
     q_pe = torch.randn(4, 128, 1, 64, device="cuda", generator=g).to(BF)
@@ -202,7 +202,7 @@ def test_layer_decode_step_on_a_paged_cache_captured(s):
     from mla_var3.model.cache import PagedLatentCache
 
     cfg = MLAConfig.from_preset("deepseek-v3").replace(hidden=1024)
-    layer = MLALayer.random(cfg, dtype=BF, device="cuda", seed=0)
+    layer = MLALayer.random(cfg, dtype=BF, device="cuda", seed=0).requires_grad_(False)   # inference
     layer.backend = "kernel"
     g = torch.Generator(device="cuda").manual_seed(1)
     b, t0 = 3, 300
