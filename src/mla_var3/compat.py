@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.kernel._common import bind_shape
+from mla_var3.kernel._common import bind_shape, check_inference
 from mla_var3.kernel.absorbed import _REPLAYS, _replay_key, flash_mla_paged
 from mla_var3.kernel.decode_plan import DecodePlan, plan_decode
 
@@ -111,6 +111,7 @@ def flash_mla_with_kvcache(
     out : [b, s_q, h_q, head_dim_v] in q's dtype
     softmax_lse : [b, h_q, s_q] float32 (natural log)
     """
+    check_inference(q, k_cache)
     meta = tile_scheduler_metadata
     if isinstance(meta, MLASchedMeta) and meta.plan is not None and _REPLAYS and not (
             num_splits or is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
