@@ -10,12 +10,14 @@ Design
 * **Online softmax** in the log2 domain (``scale * log2 e`` folded into the scores), from
   :mod:`mla_var3.kernel._jit`; ``Z`` is also the value, so ``acc += p . z``.
 * **Causal mask per row**: query token ``i`` of a sequence with ``L`` keys sees ``j <= L - S + i``.
-* **Split-KV.** When ``B * ceil(H*S / BLOCK_M)`` programs would not fill the GPU, the context
-  is cut into ``num_splits`` ranges; each writes a normalised partial output and its LSE, and
-  :func:`mla_var3.kernel.combine.combine` merges them. The split count is a function of
-  (b, h*s, t, SM count) — :func:`choose_num_splits`.
+* **Work items.** A program runs one item of a decode plan (:mod:`mla_var3.kernel.decode_plan`,
+  shared with the sm_90 kernel): keys ``[blk_lo, blk_hi) * 64`` of one sequence, written to the
+  output when the item covers it, else as a normalised fp32 partial and its LSE to a slot that
+  :func:`mla_var3.kernel.combine.combine_planned` merges. Plans come from the GPU (ragged
+  ``seqlens``: no host synchronisation), from the host once per shape (uniform), or from a
+  portable ``config.num_splits`` (autotuning: that many items per sequence).
 * **Paged** caches (FlashMLA's layout) run the same kernel with ``PAGED=True``: the page of
-  each key comes from the block table.
+  each key comes from the block table (both of its strides honoured).
 * **Interpreter.** ``UPCAST`` (True under ``TRITON_INTERPRET=1``) converts operands to float32,
   because the interpreter computes garbage on bf16; ``p`` is still rounded to the storage dtype
   before ``p . z`` so the numerics follow the GPU path.

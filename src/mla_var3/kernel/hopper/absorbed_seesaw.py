@@ -8,8 +8,12 @@ tensor cores busy — the overlap a program whose warpgroups run in lockstep can
 
 Design
 ------
-* **Rows.** A program owns ``BLOCK_M = 64`` rows (``row = head * S + token``) of one sequence
-  and a range of 64-key blocks (split-KV as in the pipelined kernel). Its two warpgroups (WG0,
+* **Work.** A program owns ``BLOCK_M = 64`` rows of one sequence and one work item of a decode
+  plan (:mod:`mla_var3.kernel.decode_plan`): key blocks ``[blk_lo, blk_hi)``, written to the
+  output when the item covers the sequence, else as fp32 partials to its slot for
+  :func:`mla_var3.kernel.combine.combine_planned`. Rows are ``head * S + token`` (the native
+  layout) or ``token * H + head`` (FlashMLA's ``[b, s, h, 576]``), as the queries lie, so neither
+  the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
   ``0 .. K/2``, WG1 ``K/2 .. K`` (128 registers per thread each).
 * **Key blocks in pairs.** Two key buffers X and Y (each ``[64, K + P]``, next to Q: 3 x 72 KiB).
@@ -40,17 +44,26 @@ Design
 * **Exchange** between the warpgroups: three mbarriers (``mA``/``p0`` ready, ``mB``/``p1`` ready,
   the final ``l``) and three 64-float rows in shared memory. Each warpgroup writes, fences,
   synchronises its own 128 threads, and one thread arrives.
-* **Epilogue.** WG1 computes the LSE and publishes ``l``; each warpgroup normalises its half
-  and stores it by TMA (WG1 through Q's buffer, WG0 through X's).
+* **Keys.** Dense caches ``[B, T, K]`` are read at ``(b, 64 * blk)``; paged caches (FlashMLA's
+  ``[pages, 64, 1, K + P]``) at ``(page, 0)``, the item's pages copied from the block table (any
+  strides) to shared memory in the prologue. A sequence's last, partial block is read as the 64
+  rows ending at its length (paged: the rows before the page are out of bounds and read as
+  zeros; dense: the previous block's keys, masked), so nothing past a length is loaded and NaN
+  stored there cannot reach the output.
+* **Epilogue.** WG1 computes the LSE (from the fp32 row sums of both warpgroups' ``p``; +inf for
+  an empty sequence, as FlashMLA) and publishes ``l``; each warpgroup normalises its half and
+  stores it by TMA (WG1 through Q's buffer, WG0 through X's).
 
-Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 3 x 256 B + barriers; one
-program per SM. Limits: ``P == 64`` (``p`` lives in a buffer's RoPE piece), ``K`` a multiple of
-128 with ``K / 2 <= 256`` (wgmma N), no ``seqlens``. Checked on an H200 at ``K = 512`` only, so
-the default path (:func:`seesaw_applies`) takes it only there.
+Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
+(4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
+buffer's RoPE piece), ``K`` a multiple of 128 with ``K / 2 <= 256`` (wgmma N), 64-token pages.
+Checked on an H200 at ``K = 512`` only, so the default path (:func:`seesaw_applies`) takes it
+only there. Measured against official FlashMLA: ``docs/kernels/flash-mla.md`` §6 and §8.
 
 Example
 -------
->>> o_latent, lse = flash_mla_seesaw(qc, qpe, z, kpe, scale=192 ** -0.5)   # doctest: +SKIP
+>>> o_latent, lse = seesaw_attention(qc, qpe, (z, kpe), scale=192 ** -0.5, causal=True,
+...                                  seqlens=None, plan=None)                     # doctest: +SKIP
 """
 
 from __future__ import annotations
