@@ -247,6 +247,17 @@ def _max_combine(a, b):
 
 
 @triton.jit
+def _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr):
+    """Sequences ``b0 + offs``: (in the batch, their blocks), lengths clamped to [0, T]."""
+    ok = b0 + offs < B
+    if HAS_SEQLENS:
+        L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
+    else:
+        L = tl.where(ok, T, 0)
+    return ok, (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
+
+
+@triton.jit
 def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
@@ -259,12 +270,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     total = tl.zeros([BLOCK_B], tl.int64)
     top = tl.zeros([BLOCK_B], tl.int32)
     for b0 in range(0, B, BLOCK_B):
-        ok = b0 + offs < B
-        if HAS_SEQLENS:
-            L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
-        else:
-            L = tl.where(ok, T, 0)
-        n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
         total += n.to(tl.int64)
         top = tl.maximum(top, n)
     tot = tl.sum(total, 0)
@@ -282,12 +288,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     n_split = tl.zeros([NC], tl.int32)
     longest = tl.zeros([NC], tl.int32)
     for b0 in range(0, B, BLOCK_B):
-        ok = b0 + offs < B
-        if HAS_SEQLENS:
-            L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
-        else:
-            L = tl.where(ok, T, 0)
-        n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
         c = tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1)
         c = tl.where(ok[None, :], c, 0)
         n_items += tl.sum(c, 1)
@@ -314,12 +315,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     for cls_i in range(NCLS):
         cls = NCLS - 1 - cls_i
         for b0 in range(0, B, BLOCK_B):
-            ok = b0 + offs < B
-            if HAS_SEQLENS:
-                L = tl.minimum(tl.load(seqlens_ptr + b0 + offs, mask=ok, other=0), T)
-            else:
-                L = tl.where(ok, T, 0)
-            n = (tl.maximum(L, 0) + BLOCK - 1) // BLOCK
+            ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
             c = tl.maximum((n + c_len - 1) // c_len, 1)
             size = (n + c - 1) // c
             sel = ok & (tl.minimum((size * NCLS) // (c_len + 1), NCLS - 1) == cls)
