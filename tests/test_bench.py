@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-import mla_var3.runtime.commands  # noqa: F401  (registers bench / autotune / devices --measure)
 from mla_var3 import cli, reference
 from mla_var3.runtime import baselines as BL
 from mla_var3.runtime import bench as B

@@ -16,7 +16,6 @@ import json
 import pytest
 import torch
 
-import mla_var3.dispatch.explain  # noqa: F401  (registers the CLI command)
 from mla_var3 import cli, reference
 from mla_var3.analysis.cost import design_pipeline, flash_attention_shared_kpe
 from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n

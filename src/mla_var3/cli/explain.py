@@ -1,8 +1,6 @@
 """``mla-var3 explain``: the dispatcher's choice for one call, every design's predicted (and, when
-cached, measured) time, and why.
-
-Importing this module registers the command with :mod:`mla_var3.cli`. No torch is imported
-unless measured times are looked up (the autotune cache reader lives in the runtime package).
+cached, measured) time, and why. No torch is imported unless measured times are looked up (the
+autotune cache reader lives in the runtime package).
 
 Example::
 
@@ -11,9 +9,8 @@ Example::
 
 from __future__ import annotations
 
-import argparse
-
-from mla_var3 import cli
+from mla_var3._argtypes import nonneg_int, path_arg, positive_int, window_budget_arg
+from mla_var3.cli import _common as C
 from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL, CacheInfo, Dispatcher, regime_of
 from mla_var3.shapes import Problem
 
@@ -37,7 +34,7 @@ def _grid(args, dims, dev) -> int:
     _check_results_files("--grid", args.grid)
     rows = grid_check(args.grid, dims, dev, dtype=args.dtype)
     if args.json:
-        cli._print_json(rows)
+        C.print_json(rows)
         return 0
     table = []
     for r in rows:
@@ -46,8 +43,8 @@ def _grid(args, dims, dev) -> int:
         table.append([r["b"], r["s"], r["t"], fmt(r["model"], r["model_n"]),
                       fmt(r["measured_best"], r["measured_best_n"]), miss])
     misses = [r for r in rows if r["miss_pct"]]
-    con = cli._console()
-    con.print(cli._table(f"dispatcher (model) vs measured-fastest on {dev.name}",
+    con = C.console()
+    con.print(C.table(f"dispatcher (model) vs measured-fastest on {dev.name}",
                          ["b", "s", "t", "model's choice", "measured fastest", "cost of the choice"], table,
                          right_from=0))
     con.print(f"{len(rows) - len(misses)} of {len(rows)} points agree" + (
@@ -55,10 +52,9 @@ def _grid(args, dims, dev) -> int:
     return 0
 
 
-def explain(args) -> int:
-    """Handler of ``mla-var3 explain`` (returns the exit status)."""
-    dims = cli.dims_from_args(args)
-    dev = cli.device_from_args(args)
+def run(args) -> int:
+    dims = C.dims_from_args(args)
+    dev = C.device_from_args(args)
     if args.grid:
         return _grid(args, dims, dev)
     problem = Problem(b=args.b, s=args.s, t=args.t)
@@ -80,11 +76,11 @@ def explain(args) -> int:
             raise ValueError(f"--autotune-cache: {exc}") from None
     dispatcher = Dispatcher(dev, ceilings=args.ceilings, use_measured=not args.no_measured,
                             results=tuple(args.results or ()), autotune_path=args.autotune_cache, dtype=args.dtype,
-                            window_budget_bytes=cli.window_budget_bytes(args.window_budget, dims, args.t))
+                            window_budget_bytes=C.window_budget_bytes(args.window_budget, dims, args.t))
     dec = dispatcher.decide(dims, problem, info, args.design, args.n)
     ceil = dispatcher.ceilings_for(dims)
     if args.json:
-        cli._print_json({
+        C.print_json({
             "model": dims.name, "device": dev.key, "dtype": args.dtype, "b": problem.b, "s": problem.s,
             "t": problem.t, "regime": regime_of(problem.s),
             "cache": {"kind": info.kind, "window": info.window, "latent_window": info.latent_window},
@@ -99,9 +95,9 @@ def explain(args) -> int:
         note = e.why_not or ("chosen" if e.design == dec.design else "")
         measured = "-"
         if e.measured_s is not None:
-            measured = cli._us(e.measured_s) + (f" (n={e.measured_n})" if e.measured_n is not None else "")
+            measured = C.us(e.measured_s) + (f" (n={e.measured_n})" if e.measured_n is not None else "")
         if e.possible:
-            rows.append([mark + e.design, KERNEL[e.design], "-" if e.n is None else e.n, cli._us(e.predicted_s),
+            rows.append([mark + e.design, KERNEL[e.design], "-" if e.n is None else e.n, C.us(e.predicted_s),
                          e.bound, f"{e.flops / e.bytes:,.1f}", measured, note])
         else:
             rows.append([mark + e.design, KERNEL[e.design], "-", "-", "-", "-", "-", "impossible: " + note])
@@ -110,8 +106,8 @@ def explain(args) -> int:
     title = (f"{dims.name}, b={problem.b} s={problem.s} t={problem.t} ({regime_of(problem.s)}), {args.dtype}, "
              f"{cache_txt} cache, on {dev.name}: {ceil.kind} ceilings {ceil.flops_per_s / 1e12:,.0f} TFLOP/s, "
              f"{ceil.bytes_per_s / 1e9:,.0f} GB/s, ridge {ceil.ridge:,.1f} FLOP/byte")
-    con = cli._console()
-    con.print(cli._table(title, ["design", "kernel", "n", "predicted", "bound", "FLOP/byte", "measured", "note"],
+    con = C.console()
+    con.print(C.table(title, ["design", "kernel", "n", "predicted", "bound", "FLOP/byte", "measured", "note"],
                          rows, right_from=2))
     choice = dec.design + (f" (n={dec.n})" if dec.n is not None else "")
     con.print(f"choice: {choice}, decided by the {dec.source}" + (" (forced)" if dec.forced else ""))
@@ -122,41 +118,31 @@ def explain(args) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:
-    """Add the ``explain`` subcommand (the hook of :func:`mla_var3.cli.register_command`)."""
+def add(sub) -> None:
     p = sub.add_parser("explain", help="which design the dispatcher runs for one call, and why",
                        description="The dispatcher's choice for one attention call: every design's predicted "
                                    "(and measured, when cached) time, the bound and the crossover.")
-    cli.add_model_args(p)
-    p.add_argument("--b", type=cli.positive_int, default=32, help="batch (default 32)")
-    p.add_argument("--s", type=cli.positive_int, default=1, help="query tokens per sequence (default 1)")
-    p.add_argument("--t", type=cli.positive_int, default=4096, help="context incl. the s new tokens (default 4096)")
+    C.add_model_args(p)
+    p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
+    p.add_argument("--s", type=positive_int, default=1, help="query tokens per sequence (default 1)")
+    p.add_argument("--t", type=positive_int, default=4096, help="context incl. the s new tokens (default 4096)")
     p.add_argument("--cache", choices=CACHE_KINDS, default="hybrid",
                    help="cache layout: latent, paged (latent) or hybrid (default; a window of expanded tokens)")
-    p.add_argument("--window", type=cli.nonneg_int, help="hybrid cache: its window n (default t: any split)")
+    p.add_argument("--window", type=nonneg_int, help="hybrid cache: its window n (default t: any split)")
     p.add_argument("--no-latent-window", action="store_true",
                    help="hybrid cache without latent copies of its window (n fixed, no absorbed design)")
     p.add_argument("--design", default="auto", choices=("auto", *DESIGNS, *ALIASES), metavar="DESIGN",
                    help=f"force a design: {', '.join(DESIGNS)} (default auto)")
-    p.add_argument("--n", type=cli.nonneg_int, help="force the hybrid split n (with --design hybrid)")
-    p.add_argument("--window-budget", type=cli.window_budget_arg, metavar="BYTES|latent",
+    p.add_argument("--n", type=nonneg_int, help="force the hybrid split n (with --design hybrid)")
+    p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
                    help="cap the hybrid's window per sequence per layer (n·h·2d·w): bytes or 'latent' = t·(k+p)·w")
-    cli.add_device_args(p)
-    p.add_argument("--results", action="append", type=cli.path_arg, metavar="PATH",
+    C.add_device_args(p)
+    p.add_argument("--results", action="append", type=path_arg, metavar="PATH",
                    help="benchmark results.json with measured times (repeatable)")
-    p.add_argument("--autotune-cache", type=cli.path_arg, metavar="PATH", help="autotune cache file (default: the user cache)")
+    p.add_argument("--autotune-cache", type=path_arg, metavar="PATH", help="autotune cache file (default: the user cache)")
     p.add_argument("--no-measured", action="store_true", help="ignore measured times: the model alone")
-    p.add_argument("--grid", action="append", type=cli.path_arg, metavar="RESULTS",
+    p.add_argument("--grid", action="append", type=path_arg, metavar="RESULTS",
                    help="instead: the model's choice vs the measured-fastest design at every point of a "
                         "benchmark results.json (repeatable)")
-    cli.add_json_arg(p)
-    p.set_defaults(func=explain)
-
-
-def register() -> None:
-    """Register ``explain`` with the CLI (idempotent; done on import)."""
-    if add not in cli._EXTRA_COMMANDS:
-        cli.register_command(add)
-
-
-register()
+    C.add_json_arg(p)
+    p.set_defaults(func=run)

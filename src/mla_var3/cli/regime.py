@@ -1,0 +1,113 @@
+"""``mla-var3 regime``: the regime guide, the predicted time of each design per s."""
+
+from __future__ import annotations
+
+import sys
+
+from mla_var3._argtypes import int_list, path_arg, positive_int
+from mla_var3._io import show_path
+from mla_var3.cli import _common as C
+from mla_var3.shapes import Problem
+
+
+def run(args) -> int:
+    from mla_var3.analysis.regime import regime_guide
+
+    dims, dev = C.dims_from_args(args), C.device_from_args(args)
+    for s in args.s or []:
+        Problem(b=args.b, s=s, t=args.t)  # validates s <= t
+    if args.sweep and not args.plot_n:
+        raise ValueError("--sweep is the measured sweep drawn by --plot-n; give --plot-n PNG too")
+    guide = regime_guide(dims, dev, args.b, args.t, args.s, args.ceilings, args.fa_model)
+    budget_rows, budget_note = _budget_rows(args, dims, dev)
+    if args.plot_n:
+        _plot_n(args, dims, dev)
+    if args.json:
+        out = guide.to_dict()
+        if budget_rows:
+            out["window_budget"] = [{"s": s, **r.to_dict()} for s, rows_s in budget_rows for r in rows_s]
+        C.print_json(out)
+        return 0
+    c = guide.ceilings
+    rows = []
+    for r in guide.rows:
+        p = r.predictions
+        rows.append([r.s, f"{C.us(p['flash_attention'].time_s)} {p['flash_attention'].bound[:3]}",
+                     f"{C.us(p['flash_mla'].time_s)} {p['flash_mla'].bound[:3]}",
+                     f"{C.us(r.hybrid.time_s)} {r.hybrid.bound[:3]}", r.hybrid.n, r.best])
+    title = (f"{dims.name} on {dev.name}, b={args.b} t={args.t}, {c.kind} ceilings "
+             f"({c.flops_per_s / 1e12:,.1f} TFLOP/s, {c.bytes_per_s / 1e9:,.0f} GB/s, ridge {c.ridge:.1f})")
+    con = C.console()
+    con.print(C.table(title, ["s", "FlashAttention", "FlashMLA", "MLAvar6+ (best n)", "best n", "best"], rows, right_from=0))
+    cross = guide.crossover_s
+    con.print(f"crossover: FlashAttention overtakes FlashMLA at s = {cross}" if cross
+              else "crossover: FlashAttention never overtakes FlashMLA for s <= t")
+    con.print(C.table("regimes", ["regime", "s", "best", "why"], [[e.regime, e.s_range, e.best, e.why] for e in guide.regimes],
+                      right_from=99))
+    if budget_rows:
+        con.print(C.table(f"hybrid n under a window budget ({budget_note}; times per rank of h/tp heads)",
+                          ["s", "tp", "window budget", "n", "window / seq / layer", "MLAvar6+", "n = 0", "speed-up",
+                           "limited by"],
+                          [[s, r.tp, "-" if r.window_budget_bytes is None else C.mb(r.window_budget_bytes), r.split.n,
+                            C.mb(r.window_bytes), C.us(r.split.time_s), C.us(r.latent_time_s), f"{r.speedup:.3f}x",
+                            "budget" if r.split.limited_by == "memory" else "time"]
+                           for s, rows_s in budget_rows for r in rows_s], right_from=0))
+    return 0
+
+
+def _plot_n(args, dims, dev) -> None:
+    """--plot-n: time vs n at the first --s (default 16), the model's optimum marked, the
+    measured sweep of --sweep (a hybrid_check.py JSON) when given."""
+    from pathlib import Path
+
+    from mla_var3.analysis.plots import load_n_sweep, plot_time_vs_n
+
+    s = (args.s or [16])[0]
+    out = Path(args.plot_n)
+    if out.is_dir() or not out.suffix:
+        raise ValueError(f"--plot-n {show_path(out)}: expected an image file name such as time_vs_n.png")
+    measured = None
+    if args.sweep:
+        try:
+            measured = load_n_sweep(args.sweep, args.b, s)
+        except ValueError as exc:
+            raise ValueError(f"--sweep: {exc}") from None
+        if not measured:
+            raise ValueError(f"--sweep {show_path(args.sweep)} has no n sweep (one label measured at two or more n) "
+                             f"at b={args.b}, s={s}; pick them with --b and --s")
+    budget = C.window_budget_bytes(args.window_budget, dims, args.t)
+    path = plot_time_vs_n(dims, dev, args.b, s, args.t, out, args.ceilings, measured, budget, args.tp)
+    print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
+
+
+def _budget_rows(args, dims, dev):
+    """(s, [BudgetedSplit]) per s of the guide when --window-budget or --tp is given."""
+    from mla_var3.analysis.regime import budget_table
+
+    if args.window_budget is None and args.tp == 1:
+        return [], ""
+    budget = C.window_budget_bytes(args.window_budget or "latent", dims, args.t)
+    note = ("window <= the latent cache's own size" if args.window_budget in (None, "latent") else "window")
+    note += f" = {budget / 1e6:,.2f} MB per sequence per layer"
+    tps = sorted({1, args.tp})
+    s_values = args.s or [r for r in (1, 2, 4, 8, 16, 32, 64) if r <= args.t]
+    return [(s, budget_table(dims, Problem(b=args.b, s=s, t=args.t), dev, budget, tps, args.ceilings))
+            for s in s_values], note
+
+
+def add(sub) -> None:
+    p = sub.add_parser("regime", help="best design per query length s, crossover, best hybrid n",
+                       description="The regime guide: predicted time of each design per s.")
+    C.add_model_args(p)
+    p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
+    p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
+    p.add_argument("--s", type=int_list, help="comma-separated query lengths (default 1,2,4,...,t)")
+    p.add_argument("--fa-model", default="flash_attention", choices=("flash_attention", "flash_attention_shared_kpe"),
+                   help="FlashAttention byte count: seed (RoPE key per head) or shared RoPE key")
+    C.add_budget_args(p)
+    p.add_argument("--plot-n", type=path_arg, metavar="PNG", help="also plot the hybrid's time vs n at the first --s (default 16), "
+                                                  "the predicted optimum marked")
+    p.add_argument("--sweep", type=path_arg, metavar="JSON", help="--plot-n: measured n sweep (a benchmarks/hybrid_check.py result)")
+    C.add_device_args(p)
+    C.add_json_arg(p)
+    p.set_defaults(func=run)
