@@ -239,19 +239,24 @@ def _order(kernels: set) -> list:
 
 
 def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = None, only: Iterable[str] | None = None,
-        default_backends: dict | None = None, versions: dict | None = None, commits: dict | None = None,
-        notes: str | None = None, meta: dict | None = None) -> Calibration:
+        hold: Iterable[str] = (), default_backends: dict | None = None, versions: dict | None = None,
+        commits: dict | None = None, notes: str | None = None, meta: dict | None = None) -> Calibration:
     """Fit a calibration of ``device`` from timed records (see the module docstring).
 
     ``base``: parameters not fitted here keep its values (and sources); without it they start
     at their priors. ``only``: fit just these — full parameter names, kernel prefixes
-    (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``default_backends``,
+    (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``hold``: full names kept at the
+    base's value and source (the records cannot identify them). ``default_backends``,
     ``versions``, ``commits``, ``notes`` go into the file (default: the base's).
     """
     points = points_from_records(records, meta=meta)
     only = set(only) if only is not None else None
-    if only is not None and base is None:
-        raise ValueError("fit(only=...) needs a base calibration for the parameters it does not fit")
+    hold = set(hold)
+    if (only is not None or hold) and base is None:
+        raise ValueError("fit(only=..., hold=...) needs a base calibration for the parameters it does not fit")
+    missing = sorted(hold - set(base.parameters)) if hold else []
+    if missing:
+        raise ValueError(f"fit(hold=...): the base has no parameter {', '.join(missing)}")
     dev = get_device(base.device if base else device)
     if base is not None:
         cal = base
@@ -275,10 +280,12 @@ def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = N
         cal = cal.with_parameters(params)
         mine = [p for p in points if (p.design, p.backend) == (design, backend)]
         gpu_pts = [p for p in mine if p.gpu_us is not None]
-        free = [s for s in specs if s.fit and s.group == "gpu" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        free = [s for s in specs if s.fit and s.group == "gpu" and _matches(f"{design}.{backend}.{s.name}", s.group, only)
+                and f"{design}.{backend}.{s.name}" not in hold]
         if gpu_pts and free:
             cal, params = _fit_gpu(cal, params, design, backend, free, gpu_pts)
-        hosts = [s for s in specs if s.fit and s.group == "host" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        hosts = [s for s in specs if s.fit and s.group == "host" and _matches(f"{design}.{backend}.{s.name}", s.group, only)
+                 and f"{design}.{backend}.{s.name}" not in hold]
         if hosts:
             cal, params = _fit_host(cal, params, design, backend, {s.name for s in hosts}, mine)
         quality[f"{design}.{backend}"] = _quality(cal, mine)
