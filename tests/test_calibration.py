@@ -216,6 +216,27 @@ def test_fit_recovers_known_parameters():
         assert got.parameters[f"flash_mla.gluon.{k}"].value == pytest.approx(v, rel=2e-3, abs=1e-3), k
 
 
+def test_fit_holds_what_the_records_cannot_identify():
+    """``hold`` keeps a parameter at the base's value and source while the others are fitted; it
+    needs a base that has the parameter."""
+    truth = {"compute_efficiency": 0.7, "memory_overlap": 0.5, "fixed_us": 3.0}
+    cal = H200.with_parameters({f"flash_mla.gluon.{k}": dataclasses.replace(H200.parameters[f"flash_mla.gluon.{k}"], value=v)
+                                for k, v in truth.items()})
+    pts = [Point("flash_mla", "gluon", b, s, 4096, gpu_us=predict(cal, "flash_mla", V3, Problem(b=b, s=s, t=4096),
+                                                                  eager=False).time_s * 1e6, source="synthetic")
+           for b, s in ((32, 2), (32, 4), (32, 16), (64, 2), (64, 8), (64, 32))]
+    held = {"flash_mla.gluon.program_us", "flash_mla.gluon.combine_us_per_split"}
+    got = fit(pts, base=cal, hold=held, only={"flash_mla.gluon"})
+    for name in held:
+        assert got.parameters[name] == cal.parameters[name]
+    for k, v in truth.items():
+        assert got.parameters[f"flash_mla.gluon.{k}"].value == pytest.approx(v, rel=2e-3, abs=1e-3), k
+    with pytest.raises(ValueError, match="needs a base"):
+        fit(pts, hold=held)
+    with pytest.raises(ValueError, match="no parameter flash_mla.gluon.nope"):
+        fit(pts, base=cal, hold={"flash_mla.gluon.nope"})
+
+
 def test_points_from_records_reads_the_bench_format():
     recs = [
         {"name": "flash_mla", "kind": "design", "model": "deepseek-v3", "b": 32, "s": 2, "t": 4096, "n": None,

@@ -215,6 +215,8 @@ def load_calibration(path: str | os.PathLike | None = None, device: str | Device
             text = p.read_text()
         except OSError as e:
             raise CalibrationFileError(f"cannot read calibration file {str(p)!r}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise CalibrationFileError(f"calibration file {str(p)!r} is not UTF-8 text") from None
         return dataclasses.replace(parse_calibration(text, f"calibration file {str(p)!r}"), path=str(p))
     if device is None:
         return None

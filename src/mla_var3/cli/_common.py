@@ -52,6 +52,55 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print exact numbers as JSON")
 
 
+def add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """--calibration PATH|none."""
+    p.add_argument("--calibration", type=path_arg, metavar="PATH|none",
+                   help="calibrated model: a calibration file (default: $MLA_VAR3_CALIBRATION, else the one the "
+                        "package ships for the device, else the roofline); 'none': the ideal roofline alone")
+
+
+def calibration_from_args(args, device):
+    """The Calibration for --calibration (None for 'none' or a device without one)."""
+    from mla_var3.analysis.calibration import load_calibration
+
+    value = getattr(args, "calibration", None)
+    if value is not None and value.strip().lower() == "none":
+        return None
+    return load_calibration(value, device=device)
+
+
+def add_results_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--results PATH (repeatable): benchmark results.json files with measured times."""
+    p.add_argument("--results", action="append", type=path_arg, metavar="PATH",
+                   help=f"benchmark results.json with measured times {what} (repeatable)")
+
+
+def check_results_files(flag: str, paths) -> None:
+    """Read each benchmark results file once up front: a bad one is one error naming the flag,
+    the file and what is wrong with it."""
+    from mla_var3.runtime.records import load_results
+
+    for path in paths or ():
+        try:
+            load_results(path)
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+
+
+def measured_by_s(paths, device_key: str, dims, b: int, t: int, s_values, dtype: str) -> dict[int, dict]:
+    """{s: {kernel: (seconds, n)}}: the fastest measured time of each design's kernel at (b, s, t)
+    in the results files (the hybrid: its fastest n)."""
+    from mla_var3.dispatch.measured import from_results
+    from mla_var3.shapes import Problem
+
+    out: dict[int, dict] = {}
+    for s in s_values:
+        for m in from_results(paths, device_key, dims, Problem(b=b, s=s, t=t), dtype):
+            if m.kernel not in out.setdefault(s, {}) or m.time_s < out[s][m.kernel][0]:
+                out[s][m.kernel] = (m.time_s, m.n)
+    return {s: v for s, v in out.items() if v}
+
+
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     """--window-budget and --tp: the hybrid's expanded window."""
     p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",

@@ -38,16 +38,18 @@ def run(args) -> int:
             dims = dims.replace(h=dims.h // args.tp, name=dims.name)
             n_note += f", per rank of tp={args.tp}"
     pred = predict(args.design, dims, problem, dev, args.ceilings, stages=args.stages)
-    if args.json:
-        from mla_var3.analysis.calibration import load_calibration, predict as predict_calibrated
+    from mla_var3.analysis.calibration import predict as predict_calibrated
 
-        # the default call of the kernel alone (no absorption or decompression), eager
-        cal = predict_calibrated(load_calibration(args.calibration, device=dev), args.design, dims, problem,
-                                 device=dev, ceilings=args.ceilings)
+    # the default call of the kernel alone (no absorption or decompression), eager
+    cal = predict_calibrated(C.calibration_from_args(args, dev), args.design, dims, problem, device=dev,
+                             ceilings=args.ceilings)
+    if args.json:
         C.print_json({**pred.to_dict(), "model": dims.name, "b": problem.b, "s": problem.s, "t": problem.t,
                       "n": problem.n, "stages": args.stages,
                       "dims": {"h": dims.h, "d": dims.d, "p": dims.p, "k": dims.k, "dv": dims.dv, "w": dims.w},
-                      "calibrated_time_s": cal.time_s, "calibrated_source": cal.source})
+                      "calibrated_time_s": cal.time_s, "calibrated_source": cal.source,
+                      "calibrated_gpu_s": cal.gpu_s, "calibrated_host_s": cal.host_s, "calibrated_backend": cal.backend,
+                      "calibration": cal.calibration if cal.source == "calibrated" else cal.note})
         return 0
     c, ceil = pred.cost, pred.ceilings
     shape = f"b={problem.b} s={problem.s} t={problem.t}" + (f" n={problem.n}{n_note}" if problem.n is not None else "")
@@ -62,8 +64,11 @@ def run(args) -> int:
         ["compute time", C.us(pred.compute_s)],
         ["memory time", C.us(pred.memory_s)],
         ["predicted time", f"{C.us(pred.time_s)} ({pred.bound}-bound)"],
+        ["calibrated time", f"{C.us(cal.time_s)} eager (GPU {C.us(cal.gpu_s)}, host {C.us(cal.host_s)}; the default "
+                            f"call of {args.design} alone, backend {cal.backend}; {cal.calibration})"
+         if cal.source == "calibrated" else f"- ({cal.note})"],
     ]
-    C.console().print(C.table("roofline prediction", ["quantity", "value"], rows, right_from=9))
+    C.console().print(C.table("roofline and calibrated prediction", ["quantity", "value"], rows, right_from=9))
     return 0
 
 
@@ -83,7 +88,6 @@ def add(sub) -> None:
     p.add_argument("--stages", action="store_true", help="add query absorption and output decompression")
     C.add_budget_args(p)
     C.add_device_args(p)
-    p.add_argument("--calibration", metavar="PATH", help="calibration file for --json's calibrated_time_s (default: "
-                                                        "the one shipped for the device, else the roofline)")
+    C.add_calibration_arg(p)
     C.add_json_arg(p)
     p.set_defaults(func=run)

@@ -1,6 +1,7 @@
-"""``mla-var3 explain``: the dispatcher's choice for one call, every design's predicted (and, when
-cached, measured) time, and why. No torch is imported unless measured times are looked up (the
-autotune cache reader lives in the runtime package).
+"""``mla-var3 explain``: the dispatcher's choice for one call, every design's predicted (calibrated
+where a calibration applies, and the roofline beside it; measured when cached) time, why, and what
+each losing design would need to win. No torch is imported unless measured times are looked up
+(the autotune cache reader lives in the runtime package).
 
 Example::
 
@@ -15,24 +16,42 @@ from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL, Cach
 from mla_var3.shapes import Problem
 
 
-def _check_results_files(flag: str, paths) -> None:
-    """Read each benchmark results file once up front: a bad one is one error naming the flag,
-    the file and what is wrong with it."""
-    from mla_var3.runtime.records import load_results
+def what_it_takes(dec, dispatcher: Dispatcher, dims, problem: Problem, info: CacheInfo) -> dict[str, str]:
+    """Per losing design (possible, calibrated): what its kernel would need to win this call.
+    Its kernel must reach the winner's time (measured when the measurement decided) less its
+    own stages' time; the hybrid must beat a single design by the margin, and a single design
+    the hybrid within it."""
+    from mla_var3.analysis.what_it_takes import requirement
 
-    for path in paths:
-        try:
-            load_results(path)
-        except ValueError as exc:
-            raise ValueError(f"{flag}: {exc}") from None
+    if dec.prediction != "calibrated":
+        return {}
+    ests = {e.design: e for e in dec.estimates}
+    win = ests[dec.design]
+    ref = win.measured_s if dec.source == "measured" and win.measured_s is not None else win.predicted_s
+    margin = 1 + dispatcher.hybrid_margin
+    rng = None
+    if info.kind == "hybrid" and info.window:
+        top = min(info.window, problem.t)
+        rng = (0 if info.latent_window else top, top)
+    out = {}
+    for e in dec.estimates:
+        if e.design == dec.design or not e.possible or e.kernel_s is None:
+            continue
+        target = ref / margin if e.design == "hybrid" else ref * margin if dec.design == "hybrid" else ref
+        text = requirement(dispatcher.resolve_calibration(), KERNEL[e.design], dims, problem,
+                           target - (e.predicted_s - e.kernel_s), n_range=rng, device=dispatcher.resolve_device(),
+                           ceilings=dispatcher.ceilings)
+        if text:
+            out[e.design] = text
+    return out
 
 
 def _grid(args, dims, dev) -> int:
     """``--grid RESULTS``: the model's choice vs the measured-fastest design at every point."""
     from mla_var3.dispatch.decide import grid_check
 
-    _check_results_files("--grid", args.grid)
-    rows = grid_check(args.grid, dims, dev, dtype=args.dtype)
+    C.check_results_files("--grid", args.grid)
+    rows = grid_check(args.grid, dims, dev, dtype=args.dtype, calibration=C.calibration_from_args(args, dev))
     if args.json:
         C.print_json(rows)
         return 0
@@ -66,7 +85,7 @@ def run(args) -> int:
     elif args.no_latent_window:
         raise ValueError(f"--no-latent-window applies to --cache hybrid only, not {args.cache}")
     info = CacheInfo(args.cache, window, not args.no_latent_window)
-    _check_results_files("--results", args.results or [])
+    C.check_results_files("--results", args.results)
     if args.autotune_cache is not None:           # a named cache must exist; a corrupt one only warns
         from mla_var3._io import check_file
 
@@ -76,9 +95,11 @@ def run(args) -> int:
             raise ValueError(f"--autotune-cache: {exc}") from None
     dispatcher = Dispatcher(dev, ceilings=args.ceilings, use_measured=not args.no_measured,
                             results=tuple(args.results or ()), autotune_path=args.autotune_cache, dtype=args.dtype,
-                            window_budget_bytes=C.window_budget_bytes(args.window_budget, dims, args.t))
+                            window_budget_bytes=C.window_budget_bytes(args.window_budget, dims, args.t),
+                            calibration=C.calibration_from_args(args, dev))
     dec = dispatcher.decide(dims, problem, info, args.design, args.n)
     ceil = dispatcher.ceilings_for(dims)
+    takes = what_it_takes(dec, dispatcher, dims, problem, info)
     if args.json:
         C.print_json({
             "model": dims.name, "device": dev.key, "dtype": args.dtype, "b": problem.b, "s": problem.s,
@@ -87,6 +108,7 @@ def run(args) -> int:
             "ceilings": {"kind": ceil.kind, "peak_flops_per_s": ceil.flops_per_s,
                          "bandwidth_bytes_per_s": ceil.bytes_per_s, "ridge": ceil.ridge},
             **dec.to_dict(),
+            "what_it_takes": takes,
         })
         return 0
     rows = []
@@ -97,24 +119,31 @@ def run(args) -> int:
         if e.measured_s is not None:
             measured = C.us(e.measured_s) + (f" (n={e.measured_n})" if e.measured_n is not None else "")
         if e.possible:
+            kernel = "-" if e.kernel_s is None else (f"{C.us(e.kernel_s)} (GPU {C.us(e.kernel_gpu_s)}, "
+                                                     f"host {C.us(e.kernel_host_s)})")
             rows.append([mark + e.design, KERNEL[e.design], "-" if e.n is None else e.n, C.us(e.predicted_s),
-                         e.bound, f"{e.flops / e.bytes:,.1f}", measured, note])
+                         kernel, C.us(e.roofline_s), e.bound, f"{e.flops / e.bytes:,.1f}", measured, note])
         else:
-            rows.append([mark + e.design, KERNEL[e.design], "-", "-", "-", "-", "-", "impossible: " + note])
+            rows.append([mark + e.design, KERNEL[e.design], "-", "-", "-", "-", "-", "-", "-", "impossible: " + note])
     cache_txt = info.kind + (f", window n <= {info.window}" + ("" if info.latent_window else " (no latent copies)")
                              if info.kind == "hybrid" else "")
     title = (f"{dims.name}, b={problem.b} s={problem.s} t={problem.t} ({regime_of(problem.s)}), {args.dtype}, "
              f"{cache_txt} cache, on {dev.name}: {ceil.kind} ceilings {ceil.flops_per_s / 1e12:,.0f} TFLOP/s, "
              f"{ceil.bytes_per_s / 1e9:,.0f} GB/s, ridge {ceil.ridge:,.1f} FLOP/byte")
     con = C.console()
-    con.print(C.table(title, ["design", "kernel", "n", "predicted", "bound", "FLOP/byte", "measured", "note"],
-                         rows, right_from=2))
+    con.print(C.table(title, ["design", "kernel", "n", f"predicted ({dec.prediction})", "calibrated kernel",
+                              "roofline", "bound", "FLOP/byte", "measured", "note"], rows, right_from=2))
     choice = dec.design + (f" (n={dec.n})" if dec.n is not None else "")
-    con.print(f"choice: {choice}, decided by the {dec.source}" + (" (forced)" if dec.forced else ""))
+    con.print(f"choice: {choice}, decided by the {dec.source} ({dec.prediction})" + (" (forced)" if dec.forced else ""))
     con.print(f"why: {dec.reason}")
-    con.print("predicted = roofline time of the whole call (query absorption / decompression, or the K/V "
-              "expansion of the cached latent, included); measured = kernel time from the benchmark or "
-              "autotune cache plus the modelled stages.")
+    for design, text in takes.items():
+        con.print(f"to win: {text}")
+    con.print(("predicted = the calibrated eager time of the design's kernel (its default call; "
+               f"{dec.calibration}) plus the roofline time of the stages around it" if dec.prediction == "calibrated"
+               else f"predicted = the ideal roofline time of the whole call ({dec.calibration})")
+              + " (query absorption / decompression, or the K/V expansion of the cached latent); roofline = the "
+                "ideal time of the whole call; measured = kernel time from the benchmark or autotune cache plus "
+                "the modelled stages.")
     return 0
 
 
@@ -137,8 +166,8 @@ def add(sub) -> None:
     p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
                    help="cap the hybrid's window per sequence per layer (n·h·2d·w): bytes or 'latent' = t·(k+p)·w")
     C.add_device_args(p)
-    p.add_argument("--results", action="append", type=path_arg, metavar="PATH",
-                   help="benchmark results.json with measured times (repeatable)")
+    C.add_calibration_arg(p)
+    C.add_results_arg(p, "(they override the model)")
     p.add_argument("--autotune-cache", type=path_arg, metavar="PATH", help="autotune cache file (default: the user cache)")
     p.add_argument("--no-measured", action="store_true", help="ignore measured times: the model alone")
     p.add_argument("--grid", action="append", type=path_arg, metavar="RESULTS",

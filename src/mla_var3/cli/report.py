@@ -1,5 +1,6 @@
-"""``mla-var3 report``: the regime guide, memory table and plots written to a folder, the same
-tables printed, and every kernel checked once against the fp32 reference."""
+"""``mla-var3 report``: the regime guide (roofline, calibrated, and measured with ``--results``),
+memory table and plots written to a folder, the same tables printed, and every kernel checked
+once against the fp32 reference."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ def run(args) -> int:
     else:
         dev, note = detect_device(args.devices_file)
     Problem(b=args.b, s=1, t=args.t)
-    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, args.format, args.context, note)
+    C.check_results_files("--results", args.results)
+    from mla_var3.analysis.regime import DEFAULT_S
+
+    measured = C.measured_by_s(args.results or (), dev.key, dims, args.b, args.t, [s for s in DEFAULT_S if s <= args.t],
+                               args.dtype)
+    paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, args.format, args.context, note,
+                         calibration=C.calibration_from_args(args, dev), measured=measured)
     _print_tables(args, dev)
     status = 0
     if args.kernel_check:
@@ -58,7 +65,9 @@ def _print_tables(args, dev) -> None:
             shared += [f"--{dim}", str(getattr(args, dim))]
     if args.devices_file:
         shared += ["--devices-file", args.devices_file]
-    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings]]
+    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings]
+                + (["--calibration", args.calibration] if args.calibration else [])
+                + [x for path in args.results or () for x in ("--results", path)]]
     if dims.name in PUBLISHED_WEIGHTS:
         commands.append(["memory", "--context", str(args.context), "--n", str(min(1024, args.context)),
                          "--tp", "8" if dims.h % 8 == 0 else "1"])
@@ -107,6 +116,8 @@ def add(sub) -> None:
     p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
     p.add_argument("--context", type=positive_int, default=32768, help="memory table: tokens per sequence (default 32768)")
     p.add_argument("--format", type=report_formats_arg, default="md,json", help="md, json or md,json (default)")
+    C.add_calibration_arg(p)
+    C.add_results_arg(p, "(a column per design, points on the plots)")
     p.add_argument("--kernel-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every kernel once against the fp32 reference (default on; exit 1 on a failure)")
     p.set_defaults(func=run)
