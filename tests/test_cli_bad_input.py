@@ -31,6 +31,7 @@ BAD_PER_COMMAND = {
     "autotune": [["autotune", "--clear", "extra"]],
     "explain": [["explain", "--results", ""], ["explain", "--window", "4", "--cache", "latent"],
                 ["explain", "--no-latent-window", "--cache", "paged"]],
+    "calibrate": [["calibrate", "--max-seconds", "0"], ["calibrate", "--out", ""], ["calibrate", "--quick", "x"]],
 }
 
 NUMERIC_TYPES = {cli.positive_int, cli.nonneg_int, cli.positive_float, cli.nonneg_float, cli.n_arg,

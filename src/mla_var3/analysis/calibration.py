@@ -97,6 +97,8 @@ class Calibration:
     efficiencies are fractions of; ``default_backends`` maps a design to rules
     ``[{"backend": ..., "s_gt": ...}, ...]`` (first match wins) naming the kernel a default call
     runs; ``points`` are the measurements it was fitted from (``calibration_fit.Point`` dicts).
+    ``gpu`` is False for a calibration timed on a CPU under the Triton interpreter (``mla-var3
+    calibrate`` without a GPU: a test of the plumbing, keyed by device ``"cpu"``, never a GPU's).
     """
 
     device: str
@@ -111,6 +113,7 @@ class Calibration:
     fit: dict = field(default_factory=dict)
     points: tuple = ()
     notes: str = ""
+    gpu: bool = True
     path: str | None = field(default=None, compare=False)
 
     @property
@@ -118,7 +121,8 @@ class Calibration:
         """One line naming the calibration: device, measured commits, file."""
         commits = ",".join(self.commits.get("measurements", [])) or "?"
         where = f" ({Path(self.path).name})" if self.path else ""
-        return f"{self.device} · measurements at {commits}{where}"
+        cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
+        return f"{self.device} · measurements at {commits}{where}{cpu}"
 
     def machine(self) -> Machine:
         return Machine(self.sms, float(self.ceilings["flops_per_s"]), float(self.ceilings["bytes_per_s"]))
@@ -153,6 +157,7 @@ class Calibration:
             "format": FORMAT,
             "device": self.device,
             "device_name": self.device_name,
+            "gpu": self.gpu,
             "dtype": self.dtype,
             "sms": self.sms,
             "ceilings": self.ceilings,
@@ -199,6 +204,7 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
             ceilings=dict(ceil), parameters=params, default_backends=dict(raw.get("default_backends", {})),
             dtype=raw.get("dtype", "bf16"), versions=dict(raw.get("versions", {})), commits=dict(raw.get("commits", {})),
             fit=dict(raw.get("fit", {})), points=tuple(raw.get("points", ())), notes=raw.get("notes", ""),
+            gpu=bool(raw.get("gpu", True)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise CalibrationFileError(f"{where}: malformed ({type(e).__name__}: {e})") from None

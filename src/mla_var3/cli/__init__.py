@@ -1,7 +1,7 @@
 """The ``mla-var3`` command (also ``python -m mla_var3``).
 
 Commands (one module each, listed in :data:`COMMANDS`): ``cost``, ``regime``, ``memory``,
-``devices``, ``report``, ``bench``, ``autotune``, ``explain``. Each prints a table, or exact
+``devices``, ``report``, ``bench``, ``autotune``, ``explain``, ``calibrate``. Each prints a table, or exact
 numbers as one JSON value with ``--json``. Bad input gives one error line on stderr and exit
 status 2. A command module has ``add(subparsers)``, which adds its subparser with
 ``func=handler`` where ``handler(args) -> int``; other code adds commands the same way with
@@ -21,11 +21,11 @@ from mla_var3._argtypes import (  # noqa: F401  (re-exported: the argument types
     MAX_BYTES, MAX_INT, MAX_NUMBER, int_list, n_arg, nonneg_float, nonneg_int, nonneg_int_list, path_arg,
     positive_float, positive_int, window_budget_arg,
 )
-from mla_var3.cli import autotune, bench, cost, devices, explain, memory, regime, report
+from mla_var3.cli import autotune, bench, calibrate, cost, devices, explain, memory, regime, report
 from mla_var3.cli._common import PROG, CLIError, Parser, one_line
 
 #: the built-in commands, in the order of ``mla-var3 --help``.
-COMMANDS = (cost, regime, memory, devices, report, bench, autotune, explain)
+COMMANDS = (cost, regime, memory, devices, report, bench, autotune, explain, calibrate)
 
 #: functions ``add(subparsers)`` of commands added from outside the package.
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
