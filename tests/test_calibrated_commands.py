@@ -223,3 +223,23 @@ def test_single_design_requirements(kernel, s, factor, word):
     assert word in text and text.startswith("the ")
     assert requirement(H200, kernel, V3, pb, own * 2) == ""          # it already wins
     assert requirement(None, kernel, V3, pb, own * factor) == ""     # the roofline: nothing to say
+
+
+def test_the_regime_guide_document_is_up_to_date(monkeypatch):
+    """docs/regimes.md is what benchmarks/regimes.py makes of the shipped calibration and the
+    committed results; every guide row says on which data it rests."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    spec = importlib.util.spec_from_file_location("regimes", root / "benchmarks" / "regimes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (root / "docs" / "regimes.md").read_text()
+    assert mod.render(Path("benchmarks/results/h200/results.json")) == doc
+    rows = [line for line in doc.split("## The benchmark grid")[0].splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| s |")]
+    assert len(rows) == 22
+    for line in rows:
+        assert line.rstrip(" |").rsplit("| ", 1)[-1].startswith(("measurements", "calibrated model", "measured ")), line
