@@ -51,7 +51,7 @@ def test_the_predicting_commands_are_the_ones_with_calibration():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     with_flag = {name for name, p in sub.choices.items() if any("--calibration" in a.option_strings for a in p._actions)}
-    assert with_flag == set(PREDICTING)
+    assert with_flag == set(PREDICTING) | {"bench"}     # bench: each record's calibrated prediction
 
 
 @pytest.mark.parametrize("name", list(PREDICTING))
@@ -68,6 +68,19 @@ def test_without_a_calibration_the_command_says_roofline(capsys, tmp_path, name)
     else:
         d = json.loads((tmp_path / "report" / "report.json").read_text())
         assert d["regime"]["prediction"] == "roofline"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU (interpreter) bench")
+def test_bench_records_say_roofline_without_a_calibration(capsys, tmp_path):
+    out = tmp_path / "res"
+    argv = ["bench", "--interpret", "--designs", "flash_mla", "--s", "1", "--out", str(out), "--no-progress"]
+    assert cli.main(argv + ["--device", "b200"]) == 0, capsys.readouterr()
+    rec = json.loads((out / "results.json").read_text())["records"][0]
+    assert rec["extra"]["calibrated_source"] == "roofline"
+    path = save_calibration(H200, tmp_path / "mine.json")
+    assert cli.main(argv + ["--device", "h200", "--calibration", str(path)]) == 0, capsys.readouterr()
+    rec = json.loads((out / "results.json").read_text())["records"][0]
+    assert rec["extra"]["calibrated_source"] == "calibrated"
 
 
 @pytest.mark.parametrize("name", list(PREDICTING))

@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from mla_var3.analysis.calibration import Calibration, predict as calibrated_predict  # noqa: E402
 from mla_var3.analysis.cost import DESIGNS  # noqa: E402
 from mla_var3.analysis.devices import Device  # noqa: E402
-from mla_var3.analysis.regime import RegimeGuide, best_hybrid_n, calibrated_split, regime_guide  # noqa: E402
+from mla_var3.analysis.regime import HYBRID, RegimeGuide, best_hybrid_n, calibrated_split, regime_guide  # noqa: E402
 from mla_var3.designs import DESIGNS as _TABLE  # noqa: E402
 from mla_var3.shapes import MLADims, Problem  # noqa: E402
 
@@ -64,14 +64,14 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
             perf = min(used.flops_per_s, c.intensity * used.bytes_per_s) / 1e12
             ax.scatter(c.intensity, perf, color=COLORS[design], marker=MARKERS.get(s, "o"), s=70, zorder=3,
                        edgecolors="black", linewidths=0.6, alpha=0.85)
-            cal = calibrated_predict(calibration, design, dims, pr.with_n(n) if design == "mla_var6_plus" else pr,
+            cal = calibrated_predict(calibration, design, dims, pr.with_n(n) if design == HYBRID else pr,
                                      device=device, ceilings=ceilings)
             if cal.source == "calibrated":
                 ax.scatter(c.intensity, c.flops / cal.time_s / 1e12, facecolors="none", edgecolors=COLORS[design],
                            marker=MARKERS.get(s, "o"), s=70, zorder=3, linewidths=1.2)
             m = (measured or {}).get(s, {}).get(design)
             if m is not None:
-                mc = model(dims, pr.with_n(m[1]) if design == "mla_var6_plus" and m[1] is not None else pr)
+                mc = model(dims, pr.with_n(m[1]) if design == HYBRID and m[1] is not None else pr)
                 ax.scatter(mc.intensity, mc.flops / m[0] / 1e12, color=COLORS[design], marker="x", s=60, zorder=4)
     at_ridge = [s for s, n in zip(shown, best_n)
                 if abs(DESIGNS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
@@ -135,7 +135,7 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
         ax.axvline(sx, color="black", linestyle=":" if what == "roofline" else "-.", linewidth=1)
         ax.annotate(f"FlashAttention overtakes\nFlashMLA at s = {sx} ({what})", (sx, ax.get_ylim()[1]),
                     textcoords="offset points", xytext=(5, -30 - 25 * i), fontsize=8)
-    hybrid_best = [r.s for r in dense.rows if (r.calibrated_best if calibrated else r.best) == "mla_var6_plus"]
+    hybrid_best = [r.s for r in dense.rows if (r.calibrated_best if calibrated else r.best) == HYBRID]
     if hybrid_best:
         ax.axvspan(min(hybrid_best), max(hybrid_best), color=COLORS["mla_var6_plus"], alpha=0.08,
                    label=f"MLAvar6+ best by > 2% (s {min(hybrid_best)}-{max(hybrid_best)}, {dense.prediction})")
@@ -218,8 +218,8 @@ def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: 
     ax.scatter([best.n], [best.time_s * 1e6], marker="*", s=200, color="gold", edgecolors="black",
                zorder=4, label=f"predicted optimum: n = {best.n}, {best.time_s * 1e6:,.0f} µs")
     pb = Problem(b=b, s=s, t=t)
-    if calibrated_predict(calibration, "mla_var6_plus", rank, pb, n=0, device=device, ceilings=ceilings).source == "calibrated":
-        cal = [calibrated_predict(calibration, "mla_var6_plus", rank, pb, n=int(n), device=device,
+    if calibrated_predict(calibration, HYBRID, rank, pb, n=0, device=device, ceilings=ceilings).source == "calibrated":
+        cal = [calibrated_predict(calibration, HYBRID, rank, pb, n=int(n), device=device,
                                   ceilings=ceilings).time_s * 1e6 for n in ns]
         ax.plot(ns, cal, color="tab:green", linewidth=2, label="calibrated default call (eager)")
         n_c, p_c = calibrated_split(calibration, rank, pb, device, ceilings)

@@ -114,7 +114,7 @@ def run(args) -> int:
           f"({ceil.flops_per_s / 1e12:,.0f} TFLOP/s, {ceil.bytes_per_s / 1e9:,.0f} GB/s); results -> {out}")
     if not gpu:
         print("running under the Triton interpreter on the CPU: times are CPU timings, not GPU timings")
-    runner = Runner(spec, device, dev, ceil, cache=cache, log=print)
+    runner = Runner(spec, device, dev, ceil, cache=cache, log=print, calibration=C.calibration_from_args(args, dev))
     results = out / "results.json"
     records, interrupted = runner.run(points, on_record=lambda _r: R.write_results(results, runner.records, meta),
                                       progress=not args.no_progress)
@@ -159,6 +159,7 @@ def add(sub) -> None:
     p.add_argument("--baselines", action="store_true",
                    help="also time torch eager (absorbed), torch SDPA (expanded), and flash_mla / flashinfer "
                         "when importable")
+    C.add_calibration_arg(p)
     p.add_argument("--out", type=path_arg, help="output folder (default benchmarks/results/<device>/)")
     p.add_argument("--max-seconds", type=positive_float, default=480.0,
                    help="total time budget; later points are recorded as skipped (default 480)")
