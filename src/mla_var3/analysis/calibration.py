@@ -115,14 +115,18 @@ class Calibration:
     notes: str = ""
     gpu: bool = True
     path: str | None = field(default=None, compare=False)
+    #: params_of answers, per (design, backend): the dispatcher asks them for every split it scans
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         """One line naming the calibration: device, measured commits, file."""
-        commits = ",".join(self.commits.get("measurements", [])) or "?"
-        where = f" ({Path(self.path).name})" if self.path else ""
-        cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
-        return f"{self.device} · measurements at {commits}{where}{cpu}"
+        if "label" not in self._memo:
+            commits = ",".join(self.commits.get("measurements", [])) or "?"
+            where = f" ({Path(self.path).name})" if self.path else ""
+            cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
+            self._memo["label"] = f"{self.device} · measurements at {commits}{where}{cpu}"
+        return self._memo["label"]
 
     def machine(self) -> Machine:
         return Machine(self.sms, float(self.ceilings["flops_per_s"]), float(self.ceilings["bytes_per_s"]))
@@ -137,9 +141,12 @@ class Calibration:
         return all(f"{d}.{b}.{s.name}" in self.parameters for d, b in need for s in SPECS.get((d, b), ()))
 
     def params_of(self, design: str, backend: str) -> dict[str, float]:
-        """The law's parameters of (design, backend) by their short names."""
-        prefix = f"{design}.{backend}."
-        return {name[len(prefix):]: p.value for name, p in self.parameters.items() if name.startswith(prefix)}
+        """The law's parameters of (design, backend) by their short names (a fresh dict)."""
+        if (design, backend) not in self._memo:
+            prefix = f"{design}.{backend}."
+            self._memo[(design, backend)] = {name[len(prefix):]: p.value for name, p in self.parameters.items()
+                                             if name.startswith(prefix)}
+        return dict(self._memo[(design, backend)])
 
     def default_backend(self, design: str, problem: Problem) -> str | None:
         """The backend a default call of ``design`` runs for ``problem`` on this device."""

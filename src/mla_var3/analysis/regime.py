@@ -294,9 +294,10 @@ def crossover_s(
 def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Problem, device: str | Device = "h200",
                      ceilings: str = "measured", lo: int = 0, hi: int | None = None) -> tuple[int, CalibratedPrediction]:
     """The hybrid's split n in [lo, hi] (default [0, t]) with the least calibrated time, and its
-    prediction: n on a grid of t/64 steps plus the ends (the calibrated time is not convex in n:
-    waves and tile families step). Where no calibration applies, the roofline's best n clamped
-    to [lo, hi] (its prediction says ``source="roofline"``)."""
+    prediction: n on a grid of t/16 steps plus the ends, then t/64 steps around the best of them
+    (the calibrated time is not convex in n: waves and tile families step; a dispatcher asks this
+    at every new context length). Where no calibration applies, the roofline's best n clamped to
+    [lo, hi] (its prediction says ``source="roofline"``)."""
     t = problem.t
     hi = t if hi is None else min(hi, t)
 
@@ -308,12 +309,16 @@ def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Pr
         _, ceil = resolve_ceilings(device, dims, ceilings)
         n = min(max(_best_n_in(dims, problem, ceil, t).n, lo), hi)
         return n, at(n)
-    step = max(1, t // 64)
     best = (first.time_s, lo, first)
-    for n in sorted({hi, *(n for n in range(0, hi, step) if n > lo)}):
-        pr = at(n)
-        if pr.time_s < best[0]:
-            best = (pr.time_s, n, pr)
+    seen = {lo}
+    coarse, fine = max(1, t // 16), max(1, t // 64)
+    for grid in (lambda: {hi, *range(0, hi, coarse)},
+                 lambda: set(range(best[1] - coarse + fine, best[1] + coarse, fine))):
+        for n in sorted(n for n in grid() if lo <= n <= hi and n not in seen):
+            seen.add(n)
+            pr = at(n)
+            if pr.time_s < best[0]:
+                best = (pr.time_s, n, pr)
     return best[1], best[2]
 
 
