@@ -106,6 +106,16 @@ def test_a_bad_calibration_file_is_one_line_naming_it(capsys, tmp_path, name, da
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(path) in err, err
 
 
+@pytest.mark.parametrize("argv", [["regime"], ["report", "--no-kernel-check"]], ids=["regime", "report"])
+@pytest.mark.parametrize("damage", [b"\xff\xfe" * 10, b'{"records": [', None])
+def test_a_bad_results_file_is_one_line_naming_it(capsys, tmp_path, argv, damage):
+    path = tmp_path / "results.json"
+    if damage is not None:
+        path.write_bytes(damage)
+    code, _, err = run(capsys, argv + ["--out", str(tmp_path / "r")] * (argv[0] == "report") + ["--results", str(path)])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(path) in err and "--results" in err, err
+
+
 def test_regime_table_has_roofline_calibrated_and_measured(capsys, tmp_path):
     from mla_var3.runtime.records import Record, write_results
 
