@@ -4,13 +4,16 @@
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
 
-H200: every committed timing of a *default* call's kernel at the current code (the seesaw
-absorbed kernel v6, the expanded kernels, the portable hybrid) becomes a
-:class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. GPU parameters are
-fitted to CUDA-graph times; host costs to the eager times of the side-by-side anchor run
-(``results/h200/anchors-eager-8a6fad7.json``). A held-out check fits the same way on part of the points and
-compares with the rest (:func:`held_out`: b = 8, 16, 64, half the t other than 4096 including
-t = 32768, prefill, b = 64's eager times). Points of older kernels (seesaw v4 in ``results.json`` at a17a668) are compared, never fitted.
+H200: every committed timing of a *default* call's kernel at the current code becomes a
+:class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
+(the seesaw with decode plans, 6a41daa) is fitted to the dense ``flash_mla`` rows of the serving
+run (``results/h200/serving/serving-6a41daa.json``: CUDA-graph, eager and host time per point);
+the expanded kernels and the portable hybrid to their CUDA-graph times, their host costs to the
+side-by-side anchor run (``results/h200/anchors-eager-8a6fad7.json``). A held-out check fits the
+same way on part of the points and compares with the rest (:func:`held_out`: b = 8, 16, 64, half
+the t other than 4096 including t = 32768, prefill). Points of older kernels (seesaw v4 at
+a17a668, v6 before the decode plan, the absorbed anchors of 8a6fad7) and the paged compat call
+are compared, never fitted.
 
 RTX 5090: the seed's six numbers alone (``anchors_h200.json`` "seed_rtx5090_us"), the seed's
 kernels as backend ``seed``.
@@ -62,23 +65,47 @@ def _check_points(name: str, commit: str, key: str = "see_us") -> list[Point]:
     return out
 
 
+#: what marks a point of an older absorbed kernel (compared, never fitted).
+V6 = "seesaw v6, before the decode plan (splits by choose_num_splits) and the fp32 row sum of 6a41daa"
+SERVING = "serving/serving-6a41daa.json"
+
+
+def serving_points() -> tuple[list[Point], list[Point]]:
+    """(the dense ``flash_mla`` rows: fitted, the paged compat call's uniform rows: compared only)
+    of the serving run: b = 32, 64 x s = 1 ... 32, t = 4096, causal for s > 1."""
+    data = _load(SERVING)
+    src = f"{SERVING} ({data['env']['commit']})"
+    dense, compat = [], []
+    for r in data["times"]:
+        if r["kind"] != "uniform":
+            continue
+        for key, out, note in (("dense", dense, ""), ("compat", compat, "the paged FlashMLA-compatible call")):
+            m = r.get(key)
+            if m:
+                out.append(Point("flash_mla", "gluon", r["b"], r["s"], r["t_max"], causal=r["s"] > 1,
+                                 gpu_us=m["graph_us"], eager_us=m["eager_us"], host_us=m["host_us"],
+                                 source=src + ("" if key == "dense" else " [compat]"), note=note))
+    return dense, compat
+
+
 def h200_points() -> tuple[list[Point], list[Point]]:
-    """(points of today's kernels, points of older kernels: compared only)."""
-    pts: list[Point] = []
-    old: list[Point] = []
-    # absorbed, seesaw v6 (CUDA-graph replays)
-    pts += _check_points("gluon_flash_mla_check.json", "c289878")
-    pts += _check_points("seesaw/v6-rerun-bcf7d56-check.json", "bcf7d56")
-    pts += _check_points("seesaw/v6-ab-check.json", "v6 in the v8 A/B session")
-    pts += _check_points("seesaw/v6-quick-check.json", "c289878")
+    """(points of today's kernels, points of older kernels and other calls: compared only)."""
+    dense, compat = serving_points()
+    pts: list[Point] = list(dense)
+    old: list[Point] = list(compat)
+    # absorbed, seesaw v6 (CUDA-graph replays): an older kernel
+    for name, commit in (("gluon_flash_mla_check.json", "c289878"), ("seesaw/v6-rerun-bcf7d56-check.json", "bcf7d56"),
+                         ("seesaw/v6-ab-check.json", "v6 in the v8 A/B session"),
+                         ("seesaw/v6-quick-check.json", "c289878")):
+        old += [Point(**{**p.__dict__, "note": V6}) for p in _check_points(name, commit)]
     src = "hybrid_check.json (2590efd)"
     for r in _load("hybrid_check.json")["grid"] + _load("hybrid_check.json")["sweep"]:
         lab, b, s, n, us = r["label"], r["b"], r["s"], r["n"], r["us"]
         if lab == "absorbed (gluon) alone" and r in _load("hybrid_check.json")["grid"]:
-            pts.append(Point("flash_mla", "gluon", b, s, 4096, gpu_us=us, source=src))
+            old.append(Point("flash_mla", "gluon", b, s, 4096, gpu_us=us, source=src, note=V6))
         elif lab == "latent part alone":      # the Gluon absorbed kernel over the o old keys, not causal
-            pts.append(Point("flash_mla", "gluon", b, s, 4096 - n, causal=False, gpu_us=us, source=src,
-                             note="the hybrid's latent part alone: the absorbed kernel over o = t - n keys"))
+            old.append(Point("flash_mla", "gluon", b, s, 4096 - n, causal=False, gpu_us=us, source=src,
+                             note=V6 + "; the hybrid's latent part alone: the absorbed kernel over o = t - n keys"))
         elif lab == "expanded part alone":    # the portable expanded kernel over the n newest keys
             pts.append(Point("flash_attention", "triton", b, s, n, gpu_us=us, source=src,
                              note="the hybrid's expanded part alone: t = n keys"))
@@ -94,7 +121,10 @@ def h200_points() -> tuple[list[Point], list[Point]]:
         # explicit portable configs, docs/kernels/flash-mla.md section 7)
         for p in points_from_results(RES / name, name, backends=dict.fromkeys(("flash_mla", "flash_attention", "mla_var6_plus"), "triton")):
             if p.design == "flash_mla" and name == "results.json":
-                old.append(Point(**{**p.__dict__, "note": "seesaw v4 (a17a668), an older kernel than today's v6"}))
+                old.append(Point(**{**p.__dict__, "note": "seesaw v4 (a17a668), an older kernel"}))
+                continue
+            if (p.design, p.backend) == ("flash_mla", "gluon"):
+                old.append(Point(**{**p.__dict__, "note": V6}))
                 continue
             pts.append(p)
     # expanded kernels, check scripts (CUDA-graph replays)
@@ -133,6 +163,12 @@ def anchor_points() -> list[Point]:
     return out
 
 
+def fitted_anchors(anchors: list[Point]) -> list[Point]:
+    """The eager anchors the fit uses: not the host-table run (it only enters the derived host
+    time), not the absorbed call (its kernel and host path changed since 8a6fad7: compared only)."""
+    return [p for p in anchors if "host-table" not in p.source and p.design != "flash_mla"]
+
+
 def held_out(p: Point) -> bool:
     """The held-out split: b = 8, 16, 64; prefill (s = t); of the t other than 4096 every other one
     (t / 256 even: 512, 1024, ..., 32768 — the parts of the hybrid timed alone cover t = 256..3840);
@@ -142,24 +178,41 @@ def held_out(p: Point) -> bool:
 
 
 def host_base(anchors: list[Point]) -> dict[str, Parameter]:
-    """The unsplit host time, which the side-by-side eager run cannot identify (no unsplit call was
-    host-bound there; b = 32, s = 2 bounds it at <= 133 us): the split call's host-bound eager time
-    of that run x (unsplit / split host time in the host-table run)."""
+    """The host time of the launchers that were never host-bound in the committed eager data (the
+    expanded, the portable absorbed and the hybrid call): the absorbed call's unsplit host time at
+    8a6fad7, a Python launcher of the same kind then. The side-by-side eager run cannot identify it
+    (no unsplit call was host-bound there; b = 32, s = 2 bounds it at <= 133 us): the split call's
+    host-bound eager time of that run x (unsplit / split host time in the host-table run). The
+    absorbed call's own host time is fitted to the serving run's host times."""
     table = [p for p in anchors if "host-table" in p.source]
     split = statistics.median(p.host_us for p in table if p.s == 1 and p.b in (1, 32))
     unsplit = statistics.median(p.host_us for p in table if (p.b, p.s) in ((64, 1), (32, 4)))
     side = next(p for p in anchors if "side-by-side" in p.source and (p.b, p.s) == (32, 1)).eager_us
     value = side * unsplit / split
-    src = (f"derived: {side:.1f} us (host-bound split call b = 32, s = 1 of the side-by-side run, "
-           f"anchors-eager-8a6fad7.json) x {unsplit:.1f} / {split:.1f} (unsplit / split host time of the host-table run "
-           f"of the same commit); the side-by-side run bounds it at <= 133 us")
-    out = {"flash_mla.gluon.host_us": Parameter("flash_mla.gluon.host_us", "us", value, src, "", False, "host")}
-    for kernel in ("flash_mla.triton", "flash_attention.triton", "flash_attention.gluon", "mla_var6_plus.triton"):
-        out[f"{kernel}.host_us"] = Parameter(
-            f"{kernel}.host_us", "us", value,
-            "assumed equal to flash_mla.gluon.host_us (a Python launcher of the same kind): no committed eager call "
-            "of this kernel is host-bound", "", False, "host")
-    return out
+    src = (f"assumed equal to the absorbed call's unsplit host time at 8a6fad7 (a Python launcher of the same "
+           f"kind; no committed eager call of this kernel is host-bound), derived: {side:.1f} us (host-bound split "
+           f"call b = 32, s = 1 of the side-by-side run, anchors-eager-8a6fad7.json) x {unsplit:.1f} / {split:.1f} "
+           f"(unsplit / split host time of the host-table run of the same commit)")
+    return {f"{kernel}.host_us": Parameter(f"{kernel}.host_us", "us", value, src, "", False, "host")
+            for kernel in ("flash_mla.triton", "flash_attention.triton", "flash_attention.gluon", "mla_var6_plus.triton")}
+
+
+#: absorbed-kernel parameters the serving run cannot identify, held at the values fitted to seesaw v6
+#: (the shipped calibration before 6a41daa).
+_V6_SOURCES = ("101 CUDA-graph times of seesaw v6 with its own splits: gluon_flash_mla_check.json (c289878), "
+               "seesaw/v6-*-check.json (bcf7d56, c289878), hybrid_check.json (2590efd), "
+               "n_sweep_default_path-dc278ef.json")
+HELD = {
+    "flash_mla.gluon.program_us": (9.2681, "every serving point has t = 4,096 (64 key blocks per program), where "
+                                           "it is collinear with compute_efficiency; v6 covered t = 256 ... 32,768"),
+    "flash_mla.gluon.combine_us_per_split": (0.3395, "one serving point splits (b = 32, s = 1, two items); v6's "
+                                                     "small batches split up to 64 ways"),
+}
+
+
+def held_parameters() -> dict[str, Parameter]:
+    return {name: Parameter(name, "", value, f"held at the value fitted to {_V6_SOURCES}: {why}", "", False, "gpu")
+            for name, (value, why) in HELD.items()}
 
 
 def _base(extra: dict[str, Parameter]) -> Calibration:
@@ -170,15 +223,17 @@ def _base(extra: dict[str, Parameter]) -> Calibration:
 
 
 def fit_h200(points: list[Point], anchors: list[Point], all_anchors: list[Point]) -> Calibration:
-    """Fit to ``points`` and the eager ``anchors`` (the host-table run only sets the unsplit host
-    time's derivation, from ``all_anchors``)."""
-    fit_anchors = [p for p in anchors if "host-table" not in p.source]
+    """Fit to ``points`` and the eager ``anchors`` (:func:`fitted_anchors`; the host-table run only
+    sets the derived host time, from ``all_anchors``)."""
+    fit_anchors = fitted_anchors(anchors)
     commits = sorted({c for p in points + fit_anchors for c in re.findall(r"\(([0-9a-f]{7})\)", p.source)})
     notes = ("Fitted by benchmarks/calibration_h200.py from committed H200 measurements (no GPU run of its own). "
-             "GPU parameters: CUDA-graph times of the default calls' kernels; host costs: the eager times of the "
-             "side-by-side anchor run. Re-fit the host costs alone (fit(..., only={'host'})) when the host path "
-             "changes, and everything when a kernel's speed does.")
-    return fit(points + fit_anchors, base=_base(host_base(all_anchors)), default_backends=H200_DEFAULTS, versions=VERSIONS,
+             "GPU parameters: CUDA-graph times of the default calls' kernels (the absorbed kernel: the dense rows of "
+             "the serving run at 6a41daa); host costs: the serving run's host times for the absorbed call, the "
+             "eager times of the side-by-side anchor run (8a6fad7) for the others. Re-fit the host costs alone "
+             "(fit(..., only={'host'})) when the host path changes, and everything when a kernel's speed does.")
+    return fit(points + fit_anchors, base=_base({**host_base(all_anchors), **held_parameters()}), hold=set(HELD),
+               default_backends=H200_DEFAULTS, versions=VERSIONS,
                commits={"measurements": commits}, notes=notes)
 
 
@@ -247,9 +302,9 @@ def bar_table(cal: Calibration, pts: list[Point], anchors: list[Point], split: C
             for s in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
                 bk = backend_of(s)
                 g = [p for p in pts if (p.design, p.backend, p.b, p.s, p.t, p.n) == (design, bk, b, s, 4096, None)
-                     and p.causal and p.gpu_us]
-                e = [p for p in anchors if (p.design, p.b, p.s, p.t) == (design, b, s, 4096) and p.eager_us
-                     and "host-table" not in p.source]
+                     and (p.causal or s == 1) and p.gpu_us]
+                e = [p for p in pts + fitted_anchors(anchors) if (p.design, p.b, p.s, p.t) == (design, b, s, 4096)
+                     and p.eager_us]
                 if not g and not e:
                     continue
                 cells = [design, str(b), str(s)]
@@ -271,7 +326,7 @@ def hybrid_bar_table(cal: Calibration, pts: list[Point], anchors: list[Point], s
     the n and runs) for the shipped and the held-out fit."""
     lines = ["| b | s | measured n | kind | points | ÷ shipped (min–max) | ÷ held-out fit (min–max) |",
              "|---|---|---|---|---|---|---|"]
-    every = [p for p in pts + anchors if p.design == "mla_var6_plus" and p.t == 4096 and "host-table" not in p.source]
+    every = [p for p in pts + fitted_anchors(anchors) if p.design == "mla_var6_plus" and p.t == 4096]
     for b, s in sorted({(p.b, p.s) for p in every}):
         group = [p for p in every if (p.b, p.s) == (b, s)]
         for kind in ("gpu", "eager"):
@@ -295,15 +350,18 @@ def main(argv=None) -> int:
     anchors = anchor_points()
     cal = fit_h200(pts, anchors, anchors)
     split = fit_h200([p for p in pts if not held_out(p)], [p for p in anchors if not held_out(p)], anchors)
+    fitted = pts + fitted_anchors(anchors)
+    unfitted = [p for p in anchors if p not in fitted]
     seed = fit_5090()
     if not args.check:
         save_calibration(cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")
 
-    all_pts = pts + anchors + old
+    all_pts = fitted + unfitted + old
+    check_only = {(p.design, p.backend, p.b, p.s, p.t, p.source, p.note) for p in unfitted + old}
 
     def role(r: dict) -> str:
-        if "older kernel" in r["note"] or "host-table" in r["source"]:
+        if (r["design"], r["backend"], r["b"], r["s"], r["t"], r["source"], r["note"]) in check_only:
             return "check only"
         pt = Point(r["design"], r["backend"], r["b"], r["s"], r["t"], source=r["source"])
         return "held out" if held_out(pt) else "fit"
@@ -313,11 +371,13 @@ def main(argv=None) -> int:
         out.append(f"| {p.name} | {p.unit} | {p.value:.4g} | {'yes' if p.fitted else 'no'} | {p.source} |")
     out += ["", "## Fit quality per kernel (calibrated ÷ measured)", "",
             "| fit | design | backend | kind | points | min | max | rms log |", "|---|---|---|---|---|---|---|---|",
-            summary(compare(cal, pts + [p for p in anchors if "host-table" not in p.source]), "shipped, its points"),
-            summary(compare(split, [p for p in pts + anchors if held_out(p) and "host-table" not in p.source]),
-                    "held-out fit, held-out points"),
-            summary(compare(cal, [p for p in anchors if "host-table" in p.source]), "shipped vs the host-table run"),
-            summary(compare(cal, old), "shipped vs older kernel (v4)"), "",
+            summary(compare(cal, fitted), "shipped, its points"),
+            summary(compare(split, [p for p in fitted if held_out(p)]), "held-out fit, held-out points"),
+            summary(compare(cal, [p for p in anchors if "host-table" in p.source]), "shipped vs the host-table run (8a6fad7)"),
+            summary(compare(cal, [p for p in unfitted if "host-table" not in p.source]),
+                    "shipped vs the absorbed anchors (8a6fad7)"),
+            summary(compare(cal, [p for p in old if "compat" in p.source]), "shipped vs the paged compat call"),
+            summary(compare(cal, [p for p in old if "compat" not in p.source]), "shipped vs older kernels (v4, v6)"), "",
             "## The bar's grid (b = 32, 64; t = 4096)", "", bar_table(cal, pts, anchors, split), "",
             "## The hybrid's default call at every measured n (t = 4096; b = 64 held out)", "",
             hybrid_bar_table(cal, pts, anchors, split), "",

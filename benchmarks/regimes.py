@@ -1,12 +1,15 @@
-"""Regenerate docs/regimes.md — the regime guide as measured — from a committed results file.
+"""Regenerate docs/regimes.md — the regime guide on the H200 — from the shipped calibration and
+the committed measurements.
 
     python benchmarks/regimes.py benchmarks/results/h200/results.json --out docs/regimes.md
 
-Reads the records written by ``mla-var3 bench`` (every design and baseline per (b, s)), the
-official-FlashMLA anchors in ``benchmarks/anchors_h200.json``, and the model's predictions
-(``mla_var3.analysis``), and writes: the measured best design per s, the measured
-FlashAttention/FlashMLA crossover next to the model's, the hybrid's measured best n next to
-the model's, our time against FlashMLA's anchors, and the seed's RTX 5090 table as history.
+First the guide itself: per (b, s) each design's time — measured where the shipped calibration
+(``conf/calibration-h200.json``) holds a measurement of today's default call, else its calibrated
+prediction — the best design, what the default dispatcher picks, and on which data the row rests.
+Then the benchmark grid of a results file written by ``mla-var3 bench`` (every design and
+baseline per (b, s)), the official-FlashMLA anchors in ``benchmarks/anchors_h200.json``, the
+crossovers and the hybrid's best n by the measurements, the roofline and the calibrated model,
+the dispatcher against the grid, and the seed's RTX 5090 table as history.
 """
 
 from __future__ import annotations
@@ -15,10 +18,16 @@ import argparse
 import json
 from pathlib import Path
 
+from mla_var3.analysis.calibration import load_calibration, predict
+from mla_var3.analysis.calibration_fit import Point
 from mla_var3.analysis.devices import get_device
-from mla_var3.analysis.regime import crossover_s
+from mla_var3.analysis.regime import HYBRID_MARGIN, calibrated_crossover_s, calibrated_split, crossover_s, regime_of
+from mla_var3.designs import DESIGNS as TABLE
 from mla_var3.runtime.records import Record, crossovers, load_results
-from mla_var3.shapes import MLADims, Problem
+from mla_var3.shapes import MLADims, Problem, get_preset
+
+GUIDE_S = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+HYBRID = next(d.kernel for d in TABLE if d.split)
 
 DESIGNS = ("flash_mla", "flash_mla_gluon", "mla_var6_plus", "flash_attention")
 BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded")
@@ -53,6 +62,78 @@ def _us(x: float | None) -> str:
     return "–" if x is None else f"{x:,.1f}"
 
 
+def _measured_points(cal) -> dict[tuple[str, int, int], dict]:
+    """(kernel, b, s) at t = 4096 -> {"us": time, "n": n, "files": ...}: the calibration's own points
+    of each design's default call (eager time where recorded, else CUDA-graph time; the median over
+    runs per n, the fastest n for the hybrid)."""
+    by: dict[tuple, dict[int | None, list]] = {}
+    for p in (Point.from_dict(d) for d in cal.points):
+        if p.t != 4096 or (p.s > 1 and not p.causal) or p.backend != cal.default_backend(p.design, p.problem):
+            continue
+        us = p.eager_us if p.eager_us is not None else p.gpu_us
+        if us is not None:
+            n = (p.n or 0) if p.design == HYBRID else None        # a stored point drops n = 0
+            by.setdefault((p.design, p.b, p.s), {}).setdefault(n, []).append((us, p.source.split(" [")[0]))
+    out = {}
+    for key, per_n in by.items():
+        med = {n: (sorted(u for u, _ in v)[len(v) // 2], sorted({f for _, f in v})) for n, v in per_n.items()}
+        n = min(med, key=lambda m: med[m][0])
+        out[key] = {"us": med[n][0], "n": n, "files": med[n][1], "ns": sorted(m for m in med if m is not None)}
+    return out
+
+
+def _guide(cal) -> list[str]:
+    """The guide: per (b, s) each design's time (measured where today's default call was measured,
+    else calibrated), the best, the dispatcher's choice and what the row rests on."""
+    dims, t = get_preset("deepseek-v3"), 4096
+    measured = _measured_points(cal)
+    lines = ["## The guide: b = 32 and 64, t = 4,096 (DeepSeek-V3 dims, bf16, causal)", "",
+             f"Each design's time is its default call, eager, in µs: **measured** (m) where the shipped calibration "
+             f"holds a measurement of today's default call at that point (its files are named under the table; the "
+             f"hybrid at the fastest n measured), else the **calibrated** model (c; `conf/calibration-h200.json`: "
+             f"{cal.label}; the hybrid at its calibrated best n). *best* is the fastest by those numbers (the hybrid "
+             f"only if it beats the better single design by more than {HYBRID_MARGIN:.0%}); *dispatcher* is what "
+             "`mla-var3 explain --device h200 --b B --s S --t 4096` picks by default (the calibrated model alone, no "
+             "results file, no autotune cache). *rests on* says which data decided the row.", ""]
+    files: set[str] = set()
+    for b in (32, 64):
+        lines += [f"### b = {b}", "", "| s | regime | " + " | ".join(d.name + (" (n)" if d.split else "") for d in TABLE)
+                  + " | best | dispatcher | rests on |", "|---|---|---|---|---|---|---|---|"]
+        for s in GUIDE_S:
+            pb = Problem(b=b, s=s, t=t)
+            cells, times, kinds = [], {}, {}
+            n_cal, hyb = calibrated_split(cal, dims, pb)
+            calib = {d.kernel: hyb.time_s * 1e6 if d.split else predict(cal, d.kernel, dims, pb).time_s * 1e6
+                     for d in TABLE}
+            for d in TABLE:
+                m = measured.get((d.kernel, b, s))
+                if m is not None:
+                    times[d.name], kinds[d.name] = m["us"], "m"
+                    files.update(m["files"])
+                    cells.append(f"{_us(m['us'])} m" + (f" (n={m['n']}, best of {len(m['ns'])} measured)" if d.split else ""))
+                else:
+                    times[d.name], kinds[d.name] = calib[d.kernel], "c"
+                    cells.append(f"{_us(calib[d.kernel])} c" + (f" (n={n_cal})" if d.split else ""))
+            single = min((d.name for d in TABLE if not d.split), key=times.get)
+            hybrid = next(d.name for d in TABLE if d.split)
+            best = hybrid if times[hybrid] * (1 + HYBRID_MARGIN) < times[single] else single
+            c_single = min((d.kernel for d in TABLE if not d.split), key=calib.get)
+            c_best = next(d for d in TABLE if d.split).kernel if calib[next(d for d in TABLE if d.split).kernel] * (
+                1 + HYBRID_MARGIN) < calib[c_single] else c_single
+            dispatcher = next(d.name for d in TABLE if d.kernel == c_best)
+            m_names = [d for d in times if kinds[d] == "m"]
+            rests = ("measurements" if len(m_names) == len(times) else "calibrated model" if not m_names else
+                     f"measured {', '.join(m_names)}; calibrated {', '.join(d for d in times if kinds[d] == 'c')}")
+            lines.append(f"| {s} | {regime_of(s)} | " + " | ".join(cells) + f" | {best} | {dispatcher} | {rests} |")
+        lines += ["", f"By the calibrated model the expanded design overtakes the absorbed one at s = "
+                  f"{calibrated_crossover_s(cal, dims, b, t)} for b = {b} (the roofline: s = "
+                  f"{crossover_s(dims, b, t, 'h200', fast='flash_attention_shared_kpe')}).", ""]
+    lines += ["Measurements of today's default calls behind the m cells: " + ", ".join(f"`{f}`" for f in sorted(files))
+              + ". Older kernels' measurements (the benchmark grid below among them) are compared in "
+              "`benchmarks/results/h200/calibration.md`, never used here.", ""]
+    return lines
+
+
 def _grid(records) -> dict[tuple[int, int], dict[str, object]]:
     """(b, s) -> name -> the record of the grid point (the hybrid at the bench's n choice)."""
     grid: dict[tuple[int, int], dict[str, object]] = {}
@@ -69,22 +150,31 @@ def _dispatcher_check(results_path: Path, dims: MLADims, device) -> list[str]:
     from mla_var3.dispatch.decide import CacheInfo, Dispatcher, grid_check
 
     rows = grid_check([results_path], dims, device)
+    roof = {(r["b"], r["s"]): r for r in grid_check([results_path], dims, device, calibration=None)}
     informed = Dispatcher(device, results=(results_path,), use_autotune=False)
     lines = ["## The dispatcher against this grid", "",
              "Over a hybrid cache whose window is t (every design possible); each design's time is the "
-             "measured kernel plus the modelled stages around it (absorption/decompression).", "",
-             "| b | s | measured fastest | model alone | cost of the model's choice | with these results loaded |",
-             "|---|---|---|---|---|---|"]
-    agree = 0
+             "measured kernel plus the modelled stages around it (absorption/decompression). The calibrated model "
+             "is today's kernels', the grid is its commit's: where a kernel has changed since, a miss can be the "
+             "kernel's, not the model's.", "",
+             "| b | s | measured fastest | calibrated model (default) | its cost | roofline alone | its cost | "
+             "with these results loaded |", "|---|---|---|---|---|---|---|---|"]
+    agree, agree_roof = 0, 0
+
+    def cost(r):
+        return "–" if r["miss_pct"] is None else ("agrees" if r["miss_pct"] == 0 else f"+{r['miss_pct']:.1f} %")
+
     for r in rows:
         pr = Problem(b=r["b"], s=r["s"], t=r["t"])
         dec = informed.decide(dims, pr, CacheInfo("hybrid", r["t"]))
         agree += dec.design == r["measured_best"]
-        miss = "–" if r["miss_pct"] is None else ("agrees" if r["miss_pct"] == 0 else f"+{r['miss_pct']:.1f} %")
-        lines.append(f"| {r['b']} | {r['s']} | {r['measured_best']} | {r['model']} | {miss} | {dec.design} "
-                     f"({dec.source}) |")
-    lines += ["", f"With the results loaded the dispatcher picks the measured-fastest design at {agree} of "
-              f"{len(rows)} points; the model alone misses where our kernels run far from their ceilings.", ""]
+        ro = roof[(r["b"], r["s"])]
+        agree_roof += ro["miss_pct"] == 0
+        lines.append(f"| {r['b']} | {r['s']} | {r['measured_best']} | {r['model']} | {cost(r)} | {ro['model']} | "
+                     f"{cost(ro)} | {dec.design} ({dec.source}) |")
+    lines += ["", f"The calibrated model alone picks the measured-fastest design at "
+              f"{sum(r['miss_pct'] == 0 for r in rows)} of {len(rows)} points, the roofline alone at {agree_roof}; "
+              f"with the results loaded the dispatcher does at {agree}.", ""]
     return lines
 
 
@@ -122,9 +212,15 @@ def render(results_path: Path) -> str:
         if (b, s) in grid:
             grid[(b, s)][GLUON] = Record(name=GLUON, kind="design", model=dims.name, b=b, s=s, t=t, time_us=us)
     lines = [
-        "# The regime guide, measured",
+        "# The regime guide on the H200",
         "",
         f"Generated by `python benchmarks/regimes.py {results_path.as_posix()}` — do not edit by hand.",
+        "",
+        *_guide(load_calibration(device="h200")),
+        f"## The benchmark grid of `{results_path.name}` (commit {env['commit']}): measured history",
+        "",
+        "These rows are one run of the kernels of that commit, not today's where a kernel has changed since "
+        "(the absorbed kernel has; the guide above uses today's). They rest on measurements only.",
         "",
         f"Device: {env['device']} · torch {env['torch']} · triton {env['triton']} · commit {env['commit']} · "
         f"{env['timestamp']}. Model {dims.name} (h={dims.h}, k={dims.k}, p={dims.p}, d={dims.d}), t = {t}, "
@@ -171,13 +267,16 @@ def render(results_path: Path) -> str:
     def where(s_x):
         return "–" if s_x is None else f"s ≈ {s_x:.1f}"
 
+    cal = load_calibration(device=device.key)
     lines += ["## Crossover: where FlashAttention overtakes FlashMLA", "",
-              "| b | measured, grid's absorbed kernel | measured, check run's absorbed kernel | model (shared-RoPE-key bytes), "
-              "measured ceilings | same, datasheet ceilings |", "|---|---|---|---|---|"]
+              "| b | measured, grid's absorbed kernel | measured, check run's absorbed kernel | calibrated model | "
+              "roofline (shared-RoPE-key bytes), measured ceilings | same, datasheet ceilings |",
+              "|---|---|---|---|---|---|"]
     for b, s_x in sorted(measured_x.items()):
         m_meas = crossover_s(dims, b, t, device, ceilings="measured", fast="flash_attention_shared_kpe")
         m_data = crossover_s(dims, b, t, device, ceilings="datasheet", fast="flash_attention_shared_kpe")
-        lines.append(f"| {b} | {where(s_x)} | {where(gluon_x.get(b))} | s = {m_meas} | s = {m_data} |")
+        m_cal = calibrated_crossover_s(cal, dims, b, t, device)
+        lines.append(f"| {b} | {where(s_x)} | {where(gluon_x.get(b))} | s = {m_cal} | s = {m_meas} | s = {m_data} |")
     lines += ["", "The measured crossover depends on how close each kernel is to its ceiling: with an absorbed "
               "kernel slower than FlashMLA, or an expanded kernel above its copy-bandwidth bound (ours reads the "
               "RoPE key once per token), it moves away from the model's.", ""]
@@ -185,13 +284,16 @@ def render(results_path: Path) -> str:
     sweep = [r for r in records if r.status == "ok" and r.extra.get("sweep") == "n"]
     if sweep:
         lines += ["## The hybrid's split n at s = 16", "",
-                  "| b | measured best n | its time (µs) | model's best n | time at the model's n (µs) |", "|---|---|---|---|---|"]
+                  "| b | measured best n | its time (µs) | roofline's best n | time at the roofline's n (µs) | calibrated "
+                  "best n | its calibrated time (µs) |", "|---|---|---|---|---|---|---|"]
         for b in sorted({r.b for r in sweep}):
             pts = sorted((r for r in sweep if r.b == b), key=lambda r: r.n)
             best = min(pts, key=lambda r: r.time_us)
             model_n = pts[0].extra.get("model_best_n")
             at_model = next((r.time_us for r in pts if r.n == model_n), None)
-            lines.append(f"| {b} | {best.n} | {_us(best.time_us)} | {model_n} | {_us(at_model)} |")
+            n_c, p_c = calibrated_split(cal, dims, Problem(b=b, s=16, t=t), device)
+            lines.append(f"| {b} | {best.n} | {_us(best.time_us)} | {model_n} | {_us(at_model)} | {n_c} | "
+                         f"{_us(p_c.time_s * 1e6)} |")
         lines.append("")
         lines += ["Swept n: " + ", ".join(str(r.n) for r in sorted((r for r in sweep if r.b == min(r.b for r in sweep)),
                                                                    key=lambda r: r.n)), ""]

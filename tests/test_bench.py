@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-import mla_var3.runtime.commands  # noqa: F401  (registers bench / autotune / devices --measure)
 from mla_var3 import cli, reference
 from mla_var3.runtime import baselines as BL
 from mla_var3.runtime import bench as B
@@ -127,6 +126,10 @@ def test_bench_interpret_tiny_grid(tmp_path, capsys):
     assert data["meta"]["environment"]["interpreter"] is True
     assert "not GPU timings" in (out / "results.md").read_text()
     assert (out / "roofline.png").stat().st_size > 0 and (out / "time_vs_s.png").stat().st_size > 0
+    # each design record carries the calibrated prediction of its default call (the shipped H200's)
+    assert recs["flash_mla"]["extra"]["calibrated_source"] == "calibrated"
+    assert recs["flash_mla"]["extra"]["calibrated_us"] > 0 and "cal/meas" in (out / "results.md").read_text()
+    assert "calibrated_us" not in recs["torch_eager_absorbed"]["extra"]
 
 
 @CPU_ONLY

@@ -39,7 +39,7 @@ def _points(cal: Calibration) -> list[Point]:
 def test_shipped_h200_is_keyed_and_complete():
     assert H200 is not None and H200.device == "h200" and H200.sms == 132 and H200.dtype == "bf16"
     assert H200.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"}
-    assert "8a6fad7" in H200.commits["measurements"] and "c289878" in H200.commits["measurements"]
+    assert "8a6fad7" in H200.commits["measurements"] and "6a41daa" in H200.commits["measurements"]
     assert H200.ceilings["kind"] == "measured" and H200.ceilings["flops_per_s"] == 710e12
     for design, backend in H200_KERNELS:
         assert H200.has(design, backend)
@@ -48,7 +48,7 @@ def test_shipped_h200_is_keyed_and_complete():
             assert p.unit == spec.unit and p.source and p.meaning and p.group == spec.group
             assert spec.lo <= p.value <= spec.hi or (spec.group == "host")
             if spec.fit and p.group == "gpu":
-                assert p.fitted and p.source.startswith("fitted to"), p.name
+                assert (p.fitted and p.source.startswith("fitted to")) or p.source.startswith("held at"), p.name
     # what a default call runs on sm_90 today
     assert H200.default_backend("flash_mla", Problem(b=1, s=1, t=64)) == "gluon"
     assert H200.default_backend("flash_attention", Problem(b=1, s=64, t=64)) == "triton"
@@ -63,7 +63,7 @@ def test_shipped_points_are_the_committed_measurements():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     pts, _old = mod.h200_points()
-    anchors = [p for p in mod.anchor_points() if "host-table" not in p.source]
+    anchors = mod.fitted_anchors(mod.anchor_points())
     want = sorted(json.dumps(p.to_dict(), sort_keys=True) for p in pts + anchors)
     have = sorted(json.dumps(p, sort_keys=True) for p in H200.points)
     assert have == want
@@ -90,11 +90,12 @@ def test_fit_reproduces_its_source_points(design, backend):
 
 
 def test_refit_reproduces_the_shipped_parameters():
-    """Fitting the stored points again from the priors (plus the derived host times the build script
-    starts from) gives the shipped values: the fit is deterministic and the file is its output."""
-    host = {k: p for k, p in H200.parameters.items() if p.group == "host" and not p.fitted}
-    base = dataclasses.replace(H200, parameters=host, fit={}, points=())
-    again = fit(_points(H200), base=base)
+    """Fitting the stored points again from the priors (plus the derived host times and the held
+    parameters the build script starts from) gives the shipped values: the fit is deterministic and
+    the file is its output."""
+    given = {k: p for k, p in H200.parameters.items() if not p.fitted and not p.source.startswith("prior")}
+    base = dataclasses.replace(H200, parameters=given, fit={}, points=())
+    again = fit(_points(H200), base=base, hold={k for k, p in given.items() if p.group == "gpu"})
     for name, p in H200.parameters.items():
         assert again.parameters[name].value == pytest.approx(p.value, rel=1e-4, abs=1e-6), name
 
@@ -213,6 +214,27 @@ def test_fit_recovers_known_parameters():
     got = fit(pts, base=H200, only={"flash_mla.gluon"})
     for k, v in truth.items():
         assert got.parameters[f"flash_mla.gluon.{k}"].value == pytest.approx(v, rel=2e-3, abs=1e-3), k
+
+
+def test_fit_holds_what_the_records_cannot_identify():
+    """``hold`` keeps a parameter at the base's value and source while the others are fitted; it
+    needs a base that has the parameter."""
+    truth = {"compute_efficiency": 0.7, "memory_overlap": 0.5, "fixed_us": 3.0}
+    cal = H200.with_parameters({f"flash_mla.gluon.{k}": dataclasses.replace(H200.parameters[f"flash_mla.gluon.{k}"], value=v)
+                                for k, v in truth.items()})
+    pts = [Point("flash_mla", "gluon", b, s, 4096, gpu_us=predict(cal, "flash_mla", V3, Problem(b=b, s=s, t=4096),
+                                                                  eager=False).time_s * 1e6, source="synthetic")
+           for b, s in ((32, 2), (32, 4), (32, 16), (64, 2), (64, 8), (64, 32))]
+    held = {"flash_mla.gluon.program_us", "flash_mla.gluon.combine_us_per_split"}
+    got = fit(pts, base=cal, hold=held, only={"flash_mla.gluon"})
+    for name in held:
+        assert got.parameters[name] == cal.parameters[name]
+    for k, v in truth.items():
+        assert got.parameters[f"flash_mla.gluon.{k}"].value == pytest.approx(v, rel=2e-3, abs=1e-3), k
+    with pytest.raises(ValueError, match="needs a base"):
+        fit(pts, hold=held)
+    with pytest.raises(ValueError, match="no parameter flash_mla.gluon.nope"):
+        fit(pts, base=cal, hold={"flash_mla.gluon.nope"})
 
 
 def test_points_from_records_reads_the_bench_format():
@@ -334,21 +356,20 @@ def test_calibration_imports_no_torch_and_no_upper_layer():
     assert out == "[]"
 
 
-SHAPES = [(b, s, t) for b in (1, 3, 8, 32, 64) for s in (1, 2, 5, 16, 64, 65, 200) for t in (256, 4096, 32768) if s <= t]
+SHAPES = [(b, s, t) for b in (1, 3, 8, 32, 64, 200) for s in (1, 2, 5, 16, 64, 65, 200) for t in (256, 4096, 32768, 100_000)
+          if s <= t]
 
 
 def test_mirrors_match_the_launchers():
     pytest.importorskip("torch")
-    from mla_var3.kernel import absorbed, expanded, hybrid
+    from mla_var3.kernel import absorbed, decode_plan, expanded, hybrid
     from mla_var3.kernel.hopper import absorbed_gluon
 
     h, k, p = 128, 512, 64
     for b, s, t in SHAPES:
         rows = h * s
-        nblk = -(-t // 64)
-        want = max(1, min(absorbed_gluon.choose_num_splits(b, rows, t, sms=132), nblk))
-        want = -(-nblk // -(-nblk // want))
-        assert KL.gluon_latent_splits(b, rows, t, 132) == want, (b, s, t)
+        items = set(decode_plan.uniform_plan(b, rows, t, k=k, sms=132).seqs[:, 1].tolist())
+        assert items == {KL.gluon_latent_splits(b, rows, t, 132, k)}, (b, s, t)
         cfg = absorbed.default_config(b, rows, t, k, p, sms=132)
         assert KL.portable_latent_config(b, rows, t, k, 132) == (cfg.block_m, cfg.block_n, cfg.num_splits)
         fa = expanded.default_config(MLADims(h=h, d=128, p=p, k=k), Problem(b=b, s=s, t=t))
@@ -362,6 +383,11 @@ def test_mirrors_match_the_launchers():
     from mla_var3.kernel.hopper import expanded_gluon
     assert KL.GLUON_EXPANDED_MIN_S == expanded_gluon.GLUON_MIN_S
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
+    assert KL.GLUON_LATENT_BLOCK_M == decode_plan.ROW_TILE and KL.GLUON_LATENT_BLOCK_N == decode_plan.PLAN_BLOCK
+    assert (KL.PLAN_MIN_ITEM_BLOCKS, KL.PLAN_MAX_ITEM_BLOCKS, KL.PLAN_UNIT, KL.PLAN_ITEM_OVERHEAD, KL.PLAN_COMBINE_FIXED,
+            KL.PLAN_COMBINE_BYTES_PER_BLOCK_TIME) == (decode_plan.MIN_ITEM_BLOCKS, decode_plan.MAX_ITEM_BLOCKS,
+                                                      decode_plan._UNIT, decode_plan.ITEM_OVERHEAD,
+                                                      decode_plan.COMBINE_FIXED, decode_plan.COMBINE_BYTES_PER_BLOCK_TIME)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -159,7 +159,7 @@ def test_no_torch_at_import():
 def test_int_lists_reject_zero_except_where_it_is_a_valid_value():
     import argparse
 
-    from mla_var3.runtime.commands import _n_list
+    from mla_var3.cli.bench import n_list as _n_list
 
     with pytest.raises(argparse.ArgumentTypeError, match="positive"):
         cli.int_list("0,4")

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from mla_var3 import cli
-from mla_var3.runtime import commands
+from mla_var3.cli import bench
+from mla_var3.cli._common import print_json
 
 BIG = "1" + "0" * 400
 
@@ -30,10 +31,11 @@ BAD_PER_COMMAND = {
     "autotune": [["autotune", "--clear", "extra"]],
     "explain": [["explain", "--results", ""], ["explain", "--window", "4", "--cache", "latent"],
                 ["explain", "--no-latent-window", "--cache", "paged"]],
+    "calibrate": [["calibrate", "--max-seconds", "0"], ["calibrate", "--out", ""], ["calibrate", "--quick", "x"]],
 }
 
 NUMERIC_TYPES = {cli.positive_int, cli.nonneg_int, cli.positive_float, cli.nonneg_float, cli.n_arg,
-                 cli.window_budget_arg, cli.int_list, cli.nonneg_int_list, commands._n_list}
+                 cli.window_budget_arg, cli.int_list, cli.nonneg_int_list, bench.n_list}
 #: bad for every numeric type above.
 BAD_NUMBERS = ["abc", "nan", "NaN", "inf", "-inf", "1e400", BIG, "-" + BIG, "-3", "", " ", "0x10", "12abc"]
 
@@ -131,7 +133,7 @@ def test_json_output_is_strict_json(capsys, argv):
 
 
 def test_print_json_writes_null_for_non_finite_numbers(capsys):
-    cli._print_json({"a": float("nan"), "b": [float("inf")]})
+    print_json({"a": float("nan"), "b": [float("inf")]})
     assert json.loads(capsys.readouterr().out) == {"a": None, "b": [None]}
 
 

@@ -16,7 +16,6 @@ import json
 import pytest
 import torch
 
-import mla_var3.dispatch.explain  # noqa: F401  (registers the CLI command)
 from mla_var3 import cli, reference
 from mla_var3.analysis.cost import design_pipeline, flash_attention_shared_kpe
 from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n
@@ -28,7 +27,10 @@ from mla_var3.shapes import Problem, get_preset
 from mla_var3.testing import rel_err
 
 V3 = get_preset("deepseek-v3")
-MODEL_ONLY = Dispatcher("h200", use_measured=False)
+#: the roofline alone (no calibration): the seed's model, tested against the analysis package.
+MODEL_ONLY = Dispatcher("h200", use_measured=False, calibration=None)
+#: the default: the shipped H200 calibration.
+CALIBRATED = Dispatcher("h200", use_measured=False)
 
 
 # ------------------------------------------------------------------------- decisions (model)
@@ -85,6 +87,65 @@ def test_regimes_at_deepseek_v3_on_h200():
     assert "s >= " in dec.reason and "bound" in dec.reason
 
 
+def calibrated_times(dims, problem, cache: CacheInfo):
+    """Each possible design's calibrated kernel (eager) plus the roofline of its stages, computed
+    here from the analysis package; the hybrid at its calibrated best n."""
+    from mla_var3.analysis.calibration import load_calibration, predict
+    from mla_var3.analysis.regime import calibrated_split
+    from mla_var3.dispatch.decide import _stage_cost
+
+    cal = load_calibration(device="h200")
+    _, ceil = resolve_ceilings("h200", dims)
+    out = {}
+    for d, kernel in (("absorbed", "flash_mla"), ("expanded", "flash_attention")):
+        out[d] = (predict(cal, kernel, dims, problem).time_s
+                  + roofline_time(_stage_cost(d, dims, problem, cache), ceil)[0])
+    if cache.kind == "hybrid" and cache.window:
+        n, pr = calibrated_split(cal, dims, problem, "h200", lo=0, hi=min(cache.window, problem.t))
+        out["hybrid"] = (pr.time_s + roofline_time(_stage_cost("hybrid", dims, problem.with_n(n), cache), ceil)[0], n)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["latent", "hybrid"])
+@pytest.mark.parametrize("b", [32, 64])
+@pytest.mark.parametrize("s", [1, 2, 4, 8, 16, 32, 64, 128, 512, 1024])
+def test_default_decision_follows_the_calibrated_model(kind, b, s):
+    """The default dispatcher (no measured times) picks the design of least calibrated time on the
+    H200; over the default hybrid cache (window t) that is the absorbed kernel up to s = 32 and the
+    expanded one from s = 64 (the measured regimes)."""
+    cache = CacheInfo(kind, 4096 if kind == "hybrid" else 0)
+    problem = Problem(b=b, s=s, t=4096)
+    dec = CALIBRATED.decide(V3, problem, cache)
+    times = calibrated_times(V3, problem, cache)
+    single = min(("absorbed", "expanded"), key=lambda d: times[d])
+    want = "hybrid" if "hybrid" in times and times["hybrid"][0] * (1 + HYBRID_MARGIN) < times[single] else single
+    assert dec.design == want and dec.prediction == "calibrated", dec.reason
+    for d, t in times.items():
+        assert dec.predicted_s[d] == pytest.approx(t[0] if d == "hybrid" else t, rel=1e-12), d
+    if kind == "hybrid":
+        assert dec.design == ("absorbed" if s <= 32 else "expanded")
+    assert "calibrated" in dec.reason and "h200" in dec.calibration
+
+
+def test_default_dispatcher_without_a_calibration_says_roofline():
+    dec = Dispatcher("b200", use_measured=False).decide(V3, Problem(32, 16, 4096), CacheInfo("hybrid", 4096))
+    assert dec.prediction == "roofline" and "no calibration for b200" in dec.calibration
+    assert "ideal roofline" in dec.reason
+    assert all(e.prediction == "roofline" and e.kernel_s is None for e in dec.estimates)
+
+
+def test_a_calibration_file_or_object_is_used(tmp_path):
+    from mla_var3.analysis.calibration import load_calibration, save_calibration
+
+    cal = load_calibration(device="h200")
+    path = save_calibration(cal, tmp_path / "c.json")
+    pr = Problem(32, 16, 4096)
+    by_file = Dispatcher("h200", use_measured=False, calibration=path).decide(V3, pr, CacheInfo("latent"))
+    by_obj = Dispatcher("h200", use_measured=False, calibration=cal).decide(V3, pr, CacheInfo("latent"))
+    assert by_file.predicted_s == by_obj.predicted_s == CALIBRATED.decide(V3, pr, CacheInfo("latent")).predicted_s
+    assert "c.json" in by_file.calibration
+
+
 def test_expansion_cost_formula():
     c = expansion_cost(V3, 2, 10)
     h, d, k, w = V3.h, V3.d, V3.k, V3.w
@@ -102,8 +163,9 @@ def test_window_budget_caps_the_hybrid_n():
     dims = get_preset("deepseek-v3")
     problem, cache = Problem(b=32, s=16, t=4096), CacheInfo("hybrid", 4096)
     budget = 4096 * (512 + 64) * 2
-    free = Dispatcher("h200", use_measured=False).decide(dims, problem, cache)
-    capped = Dispatcher("h200", use_measured=False, window_budget_bytes=budget).decide(dims, problem, cache)
+    free = Dispatcher("h200", use_measured=False, calibration=None).decide(dims, problem, cache)
+    capped = Dispatcher("h200", use_measured=False, window_budget_bytes=budget, calibration=None).decide(
+        dims, problem, cache)
     n_free = {e.design: e.n for e in free.estimates}["hybrid"]
     n_capped = {e.design: e.n for e in capped.estimates}["hybrid"]
     assert n_free == choose_n(dims, problem, "h200").n > 72
@@ -186,7 +248,7 @@ def test_measured_times_override_the_model(tmp_path):
                            ("NVIDIA H200", "mla_var6_plus", 1024, 32, 16): 900.0,
                            ("NVIDIA H100 80GB HBM3", "flash_mla", None, 32, 16): 1.0,   # other device: ignored
                            ("NVIDIA H200", "flash_attention", None, 32, 1): 1.0})       # other shape: ignored
-    d = Dispatcher("h200", autotune_path=path)
+    d = Dispatcher("h200", autotune_path=path, calibration=None)      # the roofline picks the hybrid here
     dec = d.decide(V3, pr, CacheInfo("hybrid", 4096))
     assert (dec.design, dec.source) == ("absorbed", "measured")
     assert set(dec.measured_s) == {"absorbed", "hybrid"}
@@ -210,10 +272,13 @@ def test_measured_results_file_and_best_measured_split(tmp_path):
             Record("mla_var6_plus", "design", V3.name, 32, 16, 4096, n=2048, time_us=500.0),
             Record("mla_var6_plus", "design", V3.name, 32, 16, 4096, n=1024, time_us=1.0, status="failed")]
     path = write_results(tmp_path / "results.json", recs, {"device_key": "h200", "dims": {"h": 128, "k": 512}})
-    d = Dispatcher("h200", results=(path,), autotune_path=tmp_path / "none.json")
+    d = Dispatcher("h200", results=(path,), autotune_path=tmp_path / "none.json", calibration=None)
     dec = d.decide(V3, Problem(32, 16, 4096), CacheInfo("hybrid", 4096))
     assert (dec.design, dec.n, dec.source) == ("hybrid", 2048, "measured")
-    assert "confirms the model" in dec.reason
+    assert "confirms the model" in dec.reason          # the roofline picks the hybrid too
+    dec = Dispatcher("h200", results=(path,), autotune_path=tmp_path / "none.json").decide(
+        V3, Problem(32, 16, 4096), CacheInfo("hybrid", 4096))
+    assert (dec.design, dec.n) == ("hybrid", 2048) and "overrides the model" in dec.reason   # calibrated: absorbed
     other = write_results(tmp_path / "h100.json", recs, {"device_key": "h100"})
     assert Dispatcher("h200", results=(other,), autotune_path=tmp_path / "none.json").decide(
         V3, Problem(32, 16, 4096), CacheInfo("hybrid", 4096)).source == "model"
@@ -227,11 +292,14 @@ def test_explain_text(capsys):
                    "--device", "h200", "--no-measured"])
     out = capsys.readouterr().out
     assert rc == 0
-    n = choose_n(V3, Problem(32, 16, 4096), "h200").n
-    assert f"choice: hybrid (n={n}), decided by the model" in out
-    for word in ("absorbed", "expanded", "flash_mla", "mla_var6_plus", "flash_attention", "memory", "compute",
-                 "speculative (s=16)", "FlashAttention overtakes FlashMLA", "ridge"):
+    assert "choice: absorbed, decided by the model (calibrated)" in out
+    for word in ("absorbed", "expanded", "flash_mla", "mla_var6_plus", "flash_attention", "compute",
+                 "speculative (s=16)", "FlashAttention overtakes FlashMLA", "ridge", "calibration-h200.json"):
         assert word in out, word
+    rc = cli.main(["explain", "--b", "32", "--s", "16", "--device", "h200", "--no-measured", "--calibration", "none"])
+    out = capsys.readouterr().out
+    n = choose_n(V3, Problem(32, 16, 4096), "h200").n
+    assert rc == 0 and f"choice: hybrid (n={n}), decided by the model (roofline)" in out and "memory" in out
 
 
 def test_explain_json_and_measured(capsys, tmp_path):
@@ -362,6 +430,9 @@ def test_layer_auto_mode_prefill_decode_speculative():
     cfg = MLAConfig.from_preset("deepseek-v3").scaled(div=16, h=4)
     layer = MLALayer.random(cfg, dtype=torch.float64, seed=0)
     layer.backend = "reference"
+    # the roofline: on these tiny shapes every calibrated call is host-bound, and the absorbed
+    # call has the cheaper host path (the calibrated default picks it everywhere)
+    layer.dispatcher = Dispatcher("h200", calibration=None)
     g = torch.Generator().manual_seed(0)
     b = 2
     caches = {"auto": None, "absorbed": None, "hybrid-auto": None}
@@ -397,12 +468,19 @@ def test_grid_check_lists_misses_with_their_cost(capsys, tmp_path):
             Record("mla_var6_plus", "design", V3.name, 32, 16, 4096, n=1190, time_us=900.0),
             Record("flash_attention", "design", V3.name, 32, 16, 4096, time_us=2100.0)]
     path = write_results(tmp_path / "results.json", recs, {"device_key": "h200"})
-    rows = {r["s"]: r for r in grid_check([path], V3, "h200")}
+    # the roofline alone picks the hybrid at s = 16, which measured slower
+    rows = {r["s"]: r for r in grid_check([path], V3, "h200", calibration=None)}
     assert rows[1]["model"] == rows[1]["measured_best"] == "absorbed" and rows[1]["miss_pct"] == 0
     assert (rows[16]["model"], rows[16]["model_n"], rows[16]["measured_best"]) == ("hybrid", 1190, "absorbed")
     stages = rows[16]["measured_s"]
     assert rows[16]["miss_pct"] == pytest.approx(100 * (stages["hybrid"] / stages["absorbed"] - 1))
     assert rows[16]["miss_pct"] > 0
+    # the calibrated model (the default) agrees at both points
+    rows = {r["s"]: r for r in grid_check([path], V3, "h200")}
+    assert rows[16]["model"] == "absorbed" and rows[16]["miss_pct"] == 0
     assert cli.main(["explain", "--grid", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 points agree" in out
+    assert cli.main(["explain", "--grid", str(path), "--calibration", "none"]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 points agree" in out and "miss, +" in out

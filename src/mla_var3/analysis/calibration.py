@@ -97,6 +97,8 @@ class Calibration:
     efficiencies are fractions of; ``default_backends`` maps a design to rules
     ``[{"backend": ..., "s_gt": ...}, ...]`` (first match wins) naming the kernel a default call
     runs; ``points`` are the measurements it was fitted from (``calibration_fit.Point`` dicts).
+    ``gpu`` is False for a calibration timed on a CPU under the Triton interpreter (``mla-var3
+    calibrate`` without a GPU: a test of the plumbing, keyed by device ``"cpu"``, never a GPU's).
     """
 
     device: str
@@ -111,14 +113,20 @@ class Calibration:
     fit: dict = field(default_factory=dict)
     points: tuple = ()
     notes: str = ""
+    gpu: bool = True
     path: str | None = field(default=None, compare=False)
+    #: params_of answers, per (design, backend): the dispatcher asks them for every split it scans
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         """One line naming the calibration: device, measured commits, file."""
-        commits = ",".join(self.commits.get("measurements", [])) or "?"
-        where = f" ({Path(self.path).name})" if self.path else ""
-        return f"{self.device} · measurements at {commits}{where}"
+        if "label" not in self._memo:
+            commits = ",".join(self.commits.get("measurements", [])) or "?"
+            where = f" ({Path(self.path).name})" if self.path else ""
+            cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
+            self._memo["label"] = f"{self.device} · measurements at {commits}{where}{cpu}"
+        return self._memo["label"]
 
     def machine(self) -> Machine:
         return Machine(self.sms, float(self.ceilings["flops_per_s"]), float(self.ceilings["bytes_per_s"]))
@@ -133,9 +141,12 @@ class Calibration:
         return all(f"{d}.{b}.{s.name}" in self.parameters for d, b in need for s in SPECS.get((d, b), ()))
 
     def params_of(self, design: str, backend: str) -> dict[str, float]:
-        """The law's parameters of (design, backend) by their short names."""
-        prefix = f"{design}.{backend}."
-        return {name[len(prefix):]: p.value for name, p in self.parameters.items() if name.startswith(prefix)}
+        """The law's parameters of (design, backend) by their short names (a fresh dict)."""
+        if (design, backend) not in self._memo:
+            prefix = f"{design}.{backend}."
+            self._memo[(design, backend)] = {name[len(prefix):]: p.value for name, p in self.parameters.items()
+                                             if name.startswith(prefix)}
+        return dict(self._memo[(design, backend)])
 
     def default_backend(self, design: str, problem: Problem) -> str | None:
         """The backend a default call of ``design`` runs for ``problem`` on this device."""
@@ -153,6 +164,7 @@ class Calibration:
             "format": FORMAT,
             "device": self.device,
             "device_name": self.device_name,
+            "gpu": self.gpu,
             "dtype": self.dtype,
             "sms": self.sms,
             "ceilings": self.ceilings,
@@ -199,6 +211,7 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
             ceilings=dict(ceil), parameters=params, default_backends=dict(raw.get("default_backends", {})),
             dtype=raw.get("dtype", "bf16"), versions=dict(raw.get("versions", {})), commits=dict(raw.get("commits", {})),
             fit=dict(raw.get("fit", {})), points=tuple(raw.get("points", ())), notes=raw.get("notes", ""),
+            gpu=bool(raw.get("gpu", True)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise CalibrationFileError(f"{where}: malformed ({type(e).__name__}: {e})") from None
@@ -215,6 +228,8 @@ def load_calibration(path: str | os.PathLike | None = None, device: str | Device
             text = p.read_text()
         except OSError as e:
             raise CalibrationFileError(f"cannot read calibration file {str(p)!r}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise CalibrationFileError(f"calibration file {str(p)!r} is not UTF-8 text") from None
         return dataclasses.replace(parse_calibration(text, f"calibration file {str(p)!r}"), path=str(p))
     if device is None:
         return None

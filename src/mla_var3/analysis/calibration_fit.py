@@ -95,9 +95,10 @@ def _get(r, key, default=None):
 
 
 def points_from_records(records: Iterable, *, meta: dict | None = None, source: str = "",
-                        backends: dict[str, str] | None = None) -> list[Point]:
+                        backends: dict[str, str] | None = None, allow_cpu: bool = False) -> list[Point]:
     """:class:`Point` objects from result records (dicts or ``Record``); see the module docstring.
-    ``backends`` names, per design, the kernel of records that do not say (older results files)."""
+    ``backends`` names, per design, the kernel of records that do not say (older results files);
+    ``allow_cpu`` keeps CPU (``perf-counter``) timings, for a calibration marked as a CPU's."""
     meta = meta or {}
     causal_default = bool((meta.get("spec") or {}).get("causal", True))
     out = []
@@ -109,7 +110,7 @@ def points_from_records(records: Iterable, *, meta: dict | None = None, source: 
             continue
         extra = _get(r, "extra") or {}
         method = _get(r, "method") or ""
-        if method == "perf-counter":
+        if method == "perf-counter" and not allow_cpu:
             continue
         backend = _get(r, "backend") or (backends or {}).get(_get(r, "name"))
         if not backend:
@@ -117,7 +118,7 @@ def points_from_records(records: Iterable, *, meta: dict | None = None, source: 
                              "the fit needs the kernel that ran")
         time_us = float(_get(r, "time_us"))
         gpu = extra.get("graph_us", time_us if method == "cuda-graph" else None)
-        eager = extra.get("eager_us", time_us if method in ("cuda-events", "eager") else None)
+        eager = extra.get("eager_us", time_us if method in ("cuda-events", "eager", "perf-counter") else None)
         out.append(Point(
             design=_get(r, "name"), backend=backend, b=int(_get(r, "b")), s=int(_get(r, "s")), t=int(_get(r, "t")),
             n=_get(r, "n"), causal=bool(extra.get("causal", causal_default)), model=_get(r, "model") or "deepseek-v3",
@@ -239,23 +240,33 @@ def _order(kernels: set) -> list:
 
 
 def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = None, only: Iterable[str] | None = None,
-        default_backends: dict | None = None, versions: dict | None = None, commits: dict | None = None,
-        notes: str | None = None, meta: dict | None = None) -> Calibration:
+        hold: Iterable[str] = (), default_backends: dict | None = None, versions: dict | None = None,
+        commits: dict | None = None, notes: str | None = None, meta: dict | None = None,
+        allow_cpu: bool = False) -> Calibration:
     """Fit a calibration of ``device`` from timed records (see the module docstring).
 
     ``base``: parameters not fitted here keep its values (and sources); without it they start
     at their priors. ``only``: fit just these — full parameter names, kernel prefixes
-    (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``default_backends``,
-    ``versions``, ``commits``, ``notes`` go into the file (default: the base's).
+    (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``hold``: full names kept at the
+    base's value and source (the records cannot identify them). ``default_backends``,
+    ``versions``, ``commits``, ``notes`` go into the file (default: the base's). ``allow_cpu``
+    fits CPU timings too (the base must then be marked ``gpu=False``).
     """
-    points = points_from_records(records, meta=meta)
+    points = points_from_records(records, meta=meta, allow_cpu=allow_cpu)
+    if allow_cpu and (base is None or base.gpu):
+        raise ValueError("fit(allow_cpu=True) needs a base calibration marked gpu=False: CPU timings never make a "
+                         "GPU's calibration")
     only = set(only) if only is not None else None
-    if only is not None and base is None:
-        raise ValueError("fit(only=...) needs a base calibration for the parameters it does not fit")
-    dev = get_device(base.device if base else device)
+    hold = set(hold)
+    if (only is not None or hold) and base is None:
+        raise ValueError("fit(only=..., hold=...) needs a base calibration for the parameters it does not fit")
+    missing = sorted(hold - set(base.parameters)) if hold else []
+    if missing:
+        raise ValueError(f"fit(hold=...): the base has no parameter {', '.join(missing)}")
     if base is not None:
         cal = base
     else:
+        dev = get_device(device)
         ceil = dev.ceilings("measured", 2)
         cal = Calibration(dev.key, dev.name, int(dev.sms or 0) or 1,
                           {"kind": ceil.kind, "flops_per_s": ceil.flops_per_s, "bytes_per_s": ceil.bytes_per_s,
@@ -275,10 +286,12 @@ def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = N
         cal = cal.with_parameters(params)
         mine = [p for p in points if (p.design, p.backend) == (design, backend)]
         gpu_pts = [p for p in mine if p.gpu_us is not None]
-        free = [s for s in specs if s.fit and s.group == "gpu" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        free = [s for s in specs if s.fit and s.group == "gpu" and _matches(f"{design}.{backend}.{s.name}", s.group, only)
+                and f"{design}.{backend}.{s.name}" not in hold]
         if gpu_pts and free:
             cal, params = _fit_gpu(cal, params, design, backend, free, gpu_pts)
-        hosts = [s for s in specs if s.fit and s.group == "host" and _matches(f"{design}.{backend}.{s.name}", s.group, only)]
+        hosts = [s for s in specs if s.fit and s.group == "host" and _matches(f"{design}.{backend}.{s.name}", s.group, only)
+                 and f"{design}.{backend}.{s.name}" not in hold]
         if hosts:
             cal, params = _fit_host(cal, params, design, backend, {s.name for s in hosts}, mine)
         quality[f"{design}.{backend}"] = _quality(cal, mine)

@@ -102,14 +102,39 @@ GLUON_EXPANDED_MIN_S = 64
 GLUON_EXPANDED_BLOCK_M = 128
 
 
-def gluon_latent_splits(b: int, rows: int, t: int, sms: int) -> int:
-    """``kernel.hopper.absorbed_gluon.choose_num_splits`` and ``_split_plan``'s rounding: split the
-    keys only when the programs fill at most half the SMs, into ranges that fit one wave, each at
-    least 4 key blocks; the number of non-empty ranges."""
-    programs = b * cdiv(rows, GLUON_LATENT_BLOCK_M)
-    nblk = max(1, cdiv(t, GLUON_LATENT_BLOCK_N))
-    splits = 1 if 2 * programs > sms else max(1, min(sms // programs, nblk // 4, 64))
-    return cdiv(nblk, cdiv(nblk, splits))
+#: the decode planner's constants (``kernel.decode_plan``): item length bounds in key blocks, and
+#: its cost units (1/256 of one 64-row x 64-key block-time) per item, per combine and per byte.
+PLAN_MIN_ITEM_BLOCKS, PLAN_MAX_ITEM_BLOCKS = 2, 1024
+PLAN_UNIT, PLAN_ITEM_OVERHEAD, PLAN_COMBINE_FIXED, PLAN_COMBINE_BYTES_PER_BLOCK_TIME = 256, 384, 384, 6.0e6
+
+
+def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> int:
+    """Items per sequence of the sm_90 absorbed kernel's dense call: ``kernel.decode_plan.uniform_plan
+    (b, rows, t).seqs[:, 1]`` (``plan_reference`` for b sequences of t keys). The planner tries
+    item lengths C (``ceil(total / (j * slots))``, ``ceil(blocks / j)``, no split), estimates each
+    as the longest item or the load per slot (items run ``slots = SMs // row tiles`` at a time,
+    each with an overhead), plus the combine when anything splits, and keeps the cheapest (ties:
+    the longer items)."""
+    n = cdiv(t, GLUON_LATENT_BLOCK_N)
+    slots = max(1, sms // max(1, cdiv(rows, GLUON_LATENT_BLOCK_M)))
+    pieces = max(1, cdiv(n, PLAN_MAX_ITEM_BLOCKS))
+    max_items, max_slots = b * pieces + 2 * slots, 2 * slots + (b * pieces if pieces > 1 else 0)
+    comb = int(round(rows * k * 8 * PLAN_UNIT / PLAN_COMBINE_BYTES_PER_BLOCK_TIME))
+    cands = [cdiv(b * n, j * slots) for j in range(1, 9)] + [cdiv(n, j) for j in range(1, 24)] + [n]
+    best = None
+    for c in (min(max(c, PLAN_MIN_ITEM_BLOCKS), PLAN_MAX_ITEM_BLOCKS) for c in cands):
+        count = max(1, cdiv(n, c))
+        items, split = b * count, (b * count if count > 1 else 0)
+        if items > max_items or split > max_slots:
+            continue
+        work = b * n * PLAN_UNIT + items * PLAN_ITEM_OVERHEAD
+        est = max(cdiv(n, count) * PLAN_UNIT + PLAN_ITEM_OVERHEAD,
+                  work // slots + (work // (2 * items) if items > slots else 0))
+        est += PLAN_COMBINE_FIXED + split * comb if split else 0
+        if best is None or est < best[0] or (est == best[0] and c > best[1]):
+            best = (est, c)
+    c = best[1] if best else min(max(n, PLAN_MIN_ITEM_BLOCKS), PLAN_MAX_ITEM_BLOCKS)
+    return max(1, cdiv(n, c))
 
 
 def portable_latent_config(b: int, rows: int, t: int, k: int, sms: int) -> tuple[int, int, int]:
@@ -275,10 +300,11 @@ Params = Mapping[str, float]
 
 def flash_mla_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
     """The sm_90 absorbed kernel (seesaw): 64-row tiles of the h·s rows of a sequence, 64-key
-    steps, one program per SM, split-KV to fill one wave; visits every key block (no causal skip)."""
+    steps, the keys cut into the decode plan's items (:func:`gluon_latent_splits`); visits every
+    key block (no causal skip)."""
     rows = dims.h * pb.s
     return latent_tiles(dims, pb, m, p, tile_rows=GLUON_LATENT_BLOCK_M, tiles_per_seq=cdiv(rows, GLUON_LATENT_BLOCK_M),
-                        block_n=GLUON_LATENT_BLOCK_N, splits=gluon_latent_splits(pb.b, rows, pb.t, m.sms))
+                        block_n=GLUON_LATENT_BLOCK_N, splits=gluon_latent_splits(pb.b, rows, pb.t, m.sms, dims.k))
 
 
 def flash_mla_portable(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -447,7 +473,7 @@ def splits_of(design: str, backend: str, dims: MLADims, pb: Problem, sms: int) -
     """Split-KV count of a call (host-cost class: a split call does more host work)."""
     rows = dims.h * pb.s
     if (design, backend) == ("flash_mla", "gluon"):
-        return gluon_latent_splits(pb.b, rows, pb.t, sms)
+        return gluon_latent_splits(pb.b, rows, pb.t, sms, dims.k)
     if design == "flash_mla":
         return portable_latent_config(pb.b, rows, pb.t, dims.k, sms)[2]
     return 1

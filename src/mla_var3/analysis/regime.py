@@ -1,8 +1,12 @@
-"""The regime guide: which design the roofline model predicts to win for each query length s.
+"""The regime guide: which design wins for each query length s, by the roofline and by the
+calibrated model.
 
 For dims, a device and (b, t): per s the predicted time of FlashAttention, FlashMLA and
 MLAvar6+ at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
-seed's decode / speculative / prefill table recomputed for the device.
+seed's decode / speculative / prefill table recomputed for the device. Each row has the ideal
+roofline (the seed's analysis, the ceiling) and the calibrated prediction of the default calls
+(:mod:`mla_var3.analysis.calibration`: the roofline where no calibration applies, and says so),
+with the hybrid at its own best n under each.
 
 Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, MLAvar6+'s FLOPs
 and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d: an expanded token is cheaper to
@@ -24,8 +28,9 @@ Example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mla_var3.analysis.calibration import CalibratedPrediction, Calibration, predict as calibrated_predict
 from mla_var3.analysis.cost import DESIGNS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
@@ -40,6 +45,9 @@ DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 HYBRID_MARGIN = 0.02
 #: the seed's regimes: name, s range (inclusive; None = up to t).
 REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
+#: the designs' kernels: the one that takes the split n, and the two single designs.
+HYBRID = next(d.kernel for d in _TABLE if d.split)
+_SINGLES = tuple(d.kernel for d in _TABLE if not d.split)
 
 
 def regime_of(s: int) -> str:
@@ -283,19 +291,80 @@ def crossover_s(
     return None
 
 
+def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Problem, device: str | Device = "h200",
+                     ceilings: str = "measured", lo: int = 0, hi: int | None = None) -> tuple[int, CalibratedPrediction]:
+    """The hybrid's split n in [lo, hi] (default [0, t]) with the least calibrated time, and its
+    prediction: n on a grid of t/16 steps plus the ends, then t/64 steps around the best of them
+    (the calibrated time is not convex in n: waves and tile families step; a dispatcher asks this
+    at every new context length). Where no calibration applies, the roofline's best n clamped to
+    [lo, hi] (its prediction says ``source="roofline"``)."""
+    t = problem.t
+    hi = t if hi is None else min(hi, t)
+
+    def at(n: int) -> CalibratedPrediction:
+        return calibrated_predict(calibration, HYBRID, dims, problem, n=n, device=device, ceilings=ceilings)
+
+    first = at(lo)
+    if first.source != "calibrated":
+        _, ceil = resolve_ceilings(device, dims, ceilings)
+        n = min(max(_best_n_in(dims, problem, ceil, t).n, lo), hi)
+        return n, at(n)
+    best = (first.time_s, lo, first)
+    seen = {lo}
+    coarse, fine = max(1, t // 16), max(1, t // 64)
+    for grid in (lambda: {hi, *range(0, hi, coarse)},
+                 lambda: set(range(best[1] - coarse + fine, best[1] + coarse, fine))):
+        for n in sorted(n for n in grid() if lo <= n <= hi and n not in seen):
+            seen.add(n)
+            pr = at(n)
+            if pr.time_s < best[0]:
+                best = (pr.time_s, n, pr)
+    return best[1], best[2]
+
+
+def calibrated_crossover_s(calibration: Calibration | None, dims: MLADims, b: int, t: int,
+                           device: str | Device = "h200", ceilings: str = "measured") -> int | None:
+    """Smallest s in [1, t] where the expanded design's calibrated time is below the absorbed
+    design's (the roofline's :func:`crossover_s` where no calibration applies); None if never."""
+    slow, fast = (d.kernel for d in sorted((d for d in _TABLE if not d.split), key=lambda d: not d.latent))
+    for s in range(1, t + 1):
+        pr = Problem(b=b, s=s, t=t)
+        f = calibrated_predict(calibration, fast, dims, pr, device=device, ceilings=ceilings)
+        if f.source != "calibrated":
+            return crossover_s(dims, b, t, device, ceilings, slow, fast)
+        if f.time_s < calibrated_predict(calibration, slow, dims, pr, device=device, ceilings=ceilings).time_s:
+            return s
+    return None
+
+
+def _winner(times: dict[str, float], hybrid_s: float) -> tuple[str, str]:
+    """(best, best single): the hybrid only when it beats the best single design by the margin."""
+    single = min(_SINGLES, key=lambda k: times[k])
+    return (HYBRID if hybrid_s * (1 + HYBRID_MARGIN) < times[single] else single), single
+
+
 @dataclass(frozen=True)
 class RegimeRow:
-    """One s of the guide: each design's prediction (hybrid at its best n) and the winner."""
+    """One s of the guide: each design's roofline prediction (hybrid at its best n) and the
+    winner; the calibrated prediction of each design's default call (hybrid at its own best n,
+    ``calibrated_n``) and its winner."""
 
     s: int
     predictions: dict[str, Prediction]
     hybrid: HybridSplit
     best: str
     best_single: str
+    calibrated: dict[str, CalibratedPrediction] = field(default_factory=dict)
+    calibrated_n: int | None = None
+    calibrated_best: str | None = None
 
     @property
     def times(self) -> dict[str, float]:
         return {name: pr.time_s for name, pr in self.predictions.items()}
+
+    @property
+    def calibrated_times(self) -> dict[str, float]:
+        return {name: pr.time_s for name, pr in self.calibrated.items()}
 
     def to_dict(self) -> dict:
         return {
@@ -307,6 +376,15 @@ class RegimeRow:
             "best_single": self.best_single,
             "best_n": self.hybrid.n,
             "hybrid_gain": self.times[self.best_single] / self.hybrid.time_s - 1.0,
+            "calibrated": {
+                "times_s": self.calibrated_times,
+                "gpu_s": {name: pr.gpu_s for name, pr in self.calibrated.items()},
+                "host_s": {name: pr.host_s for name, pr in self.calibrated.items()},
+                "backend": {name: pr.backend for name, pr in self.calibrated.items()},
+                "source": {name: pr.source for name, pr in self.calibrated.items()},
+                "best": self.calibrated_best,
+                "best_n": self.calibrated_n,
+            },
         }
 
 
@@ -335,10 +413,19 @@ class RegimeGuide:
     fa_model: str
     rows: tuple[RegimeRow, ...]
     crossover_s: int | None
+    prediction: str = "roofline"
+    calibration: str = ""
+    calibrated_crossover_s: int | None = None
 
     @property
     def regimes(self) -> list[RegimeEntry]:
+        """The seed's table by the roofline."""
         return regime_table(self)
+
+    @property
+    def calibrated_regimes(self) -> list[RegimeEntry]:
+        """The seed's table by the calibrated prediction (the roofline where none applies)."""
+        return regime_table(self, calibrated=True)
 
     def to_dict(self) -> dict:
         return {
@@ -355,6 +442,10 @@ class RegimeGuide:
             "crossover_s": self.crossover_s,
             "rows": [r.to_dict() for r in self.rows],
             "regimes": [e.to_dict() for e in self.regimes],
+            "prediction": self.prediction,
+            "calibration": self.calibration,
+            "calibrated_crossover_s": self.calibrated_crossover_s,
+            "calibrated_regimes": [e.to_dict() for e in self.calibrated_regimes],
         }
 
 
@@ -366,11 +457,15 @@ def regime_guide(
     s_values=None,
     ceilings: str = "measured",
     fa_model: str = "flash_attention",
+    calibration: Calibration | None = None,
 ) -> RegimeGuide:
     """Predict every design for each s (default :data:`DEFAULT_S` up to t).
 
     ``fa_model`` picks the FlashAttention byte count: the seed's ``flash_attention`` (RoPE key
     per head) or ``flash_attention_shared_kpe``. Rows are labelled ``flash_attention`` either way.
+    ``calibration`` (:func:`~mla_var3.analysis.calibration.load_calibration`) gives the rows'
+    calibrated predictions; without one (or for another device) they are the roofline's and the
+    guide's ``prediction`` says ``"roofline"``.
     """
     dev, ceil = resolve_ceilings(device, dims, ceilings)
     s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
@@ -381,31 +476,43 @@ def regime_guide(
         split = _best_n_in(dims, pr, ceil, t)
         preds = {d.kernel: predict_cost(d.kernel, models[d.kernel](dims, pr.with_n(split.n) if d.split else pr), dev,
                                         ceil) for d in _TABLE}
-        single = min((d.kernel for d in _TABLE if not d.split), key=lambda k: preds[k].time_s)
-        best = "mla_var6_plus" if split.time_s * (1 + HYBRID_MARGIN) < preds[single].time_s else single
-        rows.append(RegimeRow(s, preds, split, best, single))
+        best, single = _winner({k: p.time_s for k, p in preds.items()}, split.time_s)
+        cal = {k: calibrated_predict(calibration, k, dims, pr, device=dev, ceilings=ceilings) for k in _SINGLES}
+        cal_n, cal[HYBRID] = calibrated_split(calibration, dims, pr, dev, ceilings)
+        cal_best, _ = _winner({k: p.time_s for k, p in cal.items()}, cal[HYBRID].time_s)
+        rows.append(RegimeRow(s, preds, split, best, single, cal, cal_n, cal_best))
     cross = crossover_s(dims, b, t, dev, ceilings, fast=fa_model)
-    return RegimeGuide(dims.name, dev.key, ceil, b, t, fa_model, tuple(rows), cross)
+    first = rows[0].calibrated[_SINGLES[0]] if rows else None
+    calibrated = first is not None and first.source == "calibrated"
+    note = (first.calibration or "") if calibrated else (first.note if first else "")
+    cal_cross = calibrated_crossover_s(calibration, dims, b, t, dev, ceilings) if calibrated else cross
+    return RegimeGuide(dims.name, dev.key, ceil, b, t, fa_model, tuple(rows), cross,
+                       "calibrated" if calibrated else "roofline", note, cal_cross)
 
 
 def _fmt_us(seconds: float) -> str:
     return f"{seconds * 1e6:,.1f} µs"
 
 
-def _summarise(rows: list[RegimeRow]) -> str:
+def _summarise(rows: list[RegimeRow], calibrated: bool = False) -> str:
     """'flash_mla' or 'flash_mla (s 2-8), mla_var6_plus (s 16-32)' from consecutive rows."""
     parts: list[tuple[str, int, int]] = []
     for r in rows:
-        if parts and parts[-1][0] == r.best:
-            parts[-1] = (r.best, parts[-1][1], r.s)
+        best = r.calibrated_best if calibrated else r.best
+        if parts and parts[-1][0] == best:
+            parts[-1] = (best, parts[-1][1], r.s)
         else:
-            parts.append((r.best, r.s, r.s))
+            parts.append((best, r.s, r.s))
     if len(parts) == 1:
         return parts[0][0]
     return ", ".join(f"{name} (s {lo}-{hi})" if lo != hi else f"{name} (s {lo})" for name, lo, hi in parts)
 
 
-def _at(r: RegimeRow) -> str:
+def _at(r: RegimeRow, calibrated: bool = False) -> str:
+    if calibrated:
+        c = r.calibrated_times
+        return (f"s={r.s}: " + ", ".join(f"{d.title} {_fmt_us(c[d.kernel])}" for d in _TABLE if not d.split)
+                + f", MLAvar6+ {_fmt_us(c[HYBRID])} (n={r.calibrated_n})")
     p = r.predictions
     return (
         f"s={r.s}: FlashAttention {_fmt_us(p['flash_attention'].time_s)} ({p['flash_attention'].bound}), "
@@ -414,8 +521,9 @@ def _at(r: RegimeRow) -> str:
     )
 
 
-def regime_table(guide: RegimeGuide) -> list[RegimeEntry]:
-    """The seed's decode / speculative / prefill table for the guide's rows.
+def regime_table(guide: RegimeGuide, calibrated: bool = False) -> list[RegimeEntry]:
+    """The seed's decode / speculative / prefill table for the guide's rows (by the calibrated
+    prediction with ``calibrated``).
 
     ``why`` quotes the predictions at the first and last s of the regime that the guide has.
     """
@@ -426,6 +534,7 @@ def regime_table(guide: RegimeGuide) -> list[RegimeEntry]:
         if not rows:
             continue
         s_range = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f">{lo - 1}")
-        why = _at(rows[0]) if len(rows) == 1 else f"{_at(rows[0])}; {_at(rows[-1])}"
-        entries.append(RegimeEntry(name, s_range, _summarise(rows), why))
+        ends = rows[:1] if len(rows) == 1 else [rows[0], rows[-1]]
+        why = "; ".join(_at(r, calibrated) for r in ends)
+        entries.append(RegimeEntry(name, s_range, _summarise(rows, calibrated), why))
     return entries

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mla_var3.analysis.calibration import Calibration
 from mla_var3.analysis.devices import Device
 from mla_var3.analysis.memory import CapacityPlan, cache_layouts, mla_bytes_per_token, plan_capacity
 from mla_var3.analysis.regime import RegimeGuide, regime_guide
+from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims
 
 REPORT_FORMATS = ("md", "json")
@@ -40,41 +42,71 @@ def memory_section(dims: MLADims, device: Device, context: int, n: int, tp_value
     return {"layouts": layouts, "plans": plans, "note": ""}
 
 
-def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict, context: int, device_note: str) -> str:
+def _time_table(guide: RegimeGuide, measured: dict) -> list[str]:
+    """Per s: each design's roofline time (bound), calibrated time (where a calibration applies)
+    and measured time (where ``measured`` has one), the best by each."""
+    calibrated = guide.prediction == "calibrated"
+    head, sep = ["s"], ["---"]
+    for d in DESIGNS:
+        head += [f"{d.title} roofline"] + ([f"{d.title} calibrated"] if calibrated else []) + \
+            ([f"{d.title} measured"] if measured else [])
+    head += ["best (roofline)"] + (["best (calibrated)"] if calibrated else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in guide.rows:
+        cells = [str(r.s)]
+        for d in DESIGNS:
+            roof = r.hybrid if d.split else r.predictions[d.kernel]
+            cells.append(f"{_us(roof.time_s)} ({roof.bound[:3]})" + (f" n={r.hybrid.n}" if d.split else ""))
+            if calibrated:
+                cells.append(_us(r.calibrated[d.kernel].time_s) + (f" n={r.calibrated_n}" if d.split else ""))
+            if measured:
+                m = measured.get(r.s, {}).get(d.kernel)
+                cells.append("–" if m is None else _us(m[0]) + (f" n={m[1]}" if m[1] is not None else ""))
+        cells += [r.best] + ([r.calibrated_best] if calibrated else [])
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict, context: int, device_note: str,
+                    measured: dict | None = None) -> str:
     c = guide.ceilings
+    calibrated = guide.prediction == "calibrated"
     lines = [
         f"# MLA regime guide: {dims.name} on {device.name}",
         "",
         f"Roofline model (time = max(FLOPs / peak, bytes / bandwidth)), {c.kind} ceilings: "
         f"{c.flops_per_s / 1e12:,.1f} TFLOP/s, {c.bytes_per_s / 1e9:,.0f} GB/s, ridge {c.ridge:.1f} FLOP/byte. "
         f"b = {guide.b}, t = {guide.t}, h = {dims.h}, d = {dims.d}, p = {dims.p}, k = {dims.k}, w = {dims.w} B. "
-        f"Device: {device_note}. These are predictions, not measurements.",
+        f"Device: {device_note}.",
         "",
-        "## Predicted time per query length s (µs)",
+        ("Calibrated: the default call of each design's kernel alone, eager (roofline terms × measured efficiencies "
+         f"+ fixed and host costs; `docs/cost-analysis.md`), from {guide.calibration}. The hybrid is taken at its "
+         "own best n under each model." if calibrated else
+         f"No calibrated prediction ({guide.calibration}): these are predictions of the ideal roofline."),
+        "Measured: the fastest recorded time of each design's kernel in the results files given." if measured else
+        "No results file was given: no measured column.",
         "",
-        "| s | FlashAttention | FlashMLA | MLAvar6+ (best n) | best n | best |",
-        "|---|---|---|---|---|---|",
+        "## Time per query length s (µs)",
+        "",
+        *_time_table(guide, measured or {}),
     ]
-    for r in guide.rows:
-        p = r.predictions
-        lines.append(
-            f"| {r.s} | {_us(p['flash_attention'].time_s)} ({p['flash_attention'].bound[:3]}) "
-            f"| {_us(p['flash_mla'].time_s)} ({p['flash_mla'].bound[:3]}) "
-            f"| {_us(r.hybrid.time_s)} ({r.hybrid.bound[:3]}) | {r.hybrid.n} | {r.best} |"
-        )
     cross = guide.crossover_s
     lines += [
         "",
-        "(com = compute-bound, mem = memory-bound.) "
-        + (f"FlashAttention overtakes FlashMLA at **s = {cross}**." if cross else "FlashAttention never overtakes FlashMLA for s <= t.")
+        "(com = compute-bound, mem = memory-bound, by the roofline.) "
+        + (f"By the roofline FlashAttention overtakes FlashMLA at **s = {cross}**" if cross
+           else "By the roofline FlashAttention never overtakes FlashMLA for s <= t")
+        + ((f"; by the calibrated model at **s = {guide.calibrated_crossover_s}**." if guide.calibrated_crossover_s
+            else "; by the calibrated model never.") if calibrated else ".")
         + " MLAvar6+ is named best only when it beats the best single design by more than 2 %.",
         "",
-        "## Regime table",
+        f"## Regime table ({guide.prediction})",
         "",
-        "| regime | s | best design | why (predicted) |",
+        f"| regime | s | best design | why ({guide.prediction}) |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {e.regime} | {e.s_range} | {e.best} | {e.why} |" for e in guide.regimes]
+    lines += [f"| {e.regime} | {e.s_range} | {e.best} | {e.why} |"
+              for e in (guide.calibrated_regimes if calibrated else guide.regimes)]
     lines += [
         "",
         f"## KV cache per token (all {dims.layers} layers) and per sequence of {context:,} tokens",
@@ -136,8 +168,13 @@ def write_report(
     formats=REPORT_FORMATS,
     context: int = 32768,
     device_note: str = "",
+    calibration: Calibration | None = None,
+    measured: dict | None = None,
 ) -> list[Path]:
-    """Write ``report.md`` / ``report.json`` and the two PNG plots into ``out_dir``; return the paths."""
+    """Write ``report.md`` / ``report.json`` and the two PNG plots into ``out_dir``; return the paths.
+
+    ``calibration`` adds the calibrated prediction (without one the report says the numbers are
+    the roofline's); ``measured`` (``{s: {kernel: (seconds, n)}}``) adds measured times."""
     from mla_var3.analysis.plots import plot_roofline, plot_time_vs_s  # matplotlib only when plotting
 
     bad = [f for f in formats if f not in REPORT_FORMATS]
@@ -145,12 +182,12 @@ def write_report(
         raise ValueError(f"unknown report format(s) {', '.join(bad)}; expected {', '.join(REPORT_FORMATS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    guide = regime_guide(dims, device, b, t, ceilings=ceilings)
+    guide = regime_guide(dims, device, b, t, ceilings=ceilings, calibration=calibration)
     mem = memory_section(dims, device, context=context, n=1024)
     paths = []
     if "md" in formats:
         p = out / "report.md"
-        p.write_text(render_markdown(guide, dims, device, mem, context, device_note or device.key))
+        p.write_text(render_markdown(guide, dims, device, mem, context, device_note or device.key, measured))
         paths.append(p)
     if "json" in formats:
         p = out / "report.json"
@@ -166,9 +203,12 @@ def write_report(
                 "plans": [pl.to_dict() for pl in mem["plans"]],
             },
             "device_note": device_note,
+            "measured": [{"s": s, "times_s": {k: v[0] for k, v in m.items()},
+                          "n": {k: v[1] for k, v in m.items() if v[1] is not None}} for s, m in (measured or {}).items()],
         }
         p.write_text(json.dumps(data, indent=2) + "\n")
         paths.append(p)
-    paths.append(plot_roofline(dims, device, b, t, out / "roofline.png", ceilings))
-    paths.append(plot_time_vs_s(dims, device, b, t, out / "time_vs_s.png", ceilings, guide))
+    paths.append(plot_roofline(dims, device, b, t, out / "roofline.png", ceilings, calibration=calibration,
+                               measured=measured))
+    paths.append(plot_time_vs_s(dims, device, b, t, out / "time_vs_s.png", ceilings, guide, calibration, measured))
     return paths

@@ -5,7 +5,6 @@ measured kernel times when the benchmark or the autotune cache has them.
 ==============  ==============================================================================
 ``decide``      :class:`Dispatcher`, :class:`Decision`, :class:`CacheInfo`, the per-design costs
 ``measured``    read-only lookups of measured kernel times (autotune cache, ``results.json``)
-``explain``     the ``mla-var3 explain`` command
 ==============  ==============================================================================
 
 >>> from mla_var3.dispatch import Dispatcher, CacheInfo

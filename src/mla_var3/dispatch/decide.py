@@ -1,5 +1,6 @@
-"""Which MLA attention design to run for one call, and why: the roofline model at the device's
-ceilings, overridden by measured kernel times when there are some.
+"""Which MLA attention design to run for one call, and why: the calibrated model of the default
+calls (the roofline at the device's ceilings where no calibration applies), overridden by
+measured kernel times when there are some.
 
 Designs (over a latent, paged latent or hybrid cache that already holds the s new tokens):
 
@@ -23,6 +24,12 @@ The hybrid needs a window of expanded tokens, so it is possible only over a
 ``n <= window`` can run (the older window tokens are read as latent) and the dispatcher picks n;
 without them n is the window and the absorbed design is impossible (the window has no latent).
 
+Predicted time: with a calibration for the device (:mod:`mla_var3.analysis.calibration`; the
+package ships the H200's), the calibrated eager time of the design's kernel (its default call)
+plus the roofline time of the stages around it; the hybrid at the split n with the least
+calibrated time. Without one (another device, fp8, ``calibration=None``), the roofline time of
+the whole call, the hybrid at the roofline's best n; the decision says which (``prediction``).
+
 Rule: among the possible designs the least predicted time wins; the hybrid must beat the best
 single design by more than ``HYBRID_MARGIN`` (at small n it *is* FlashMLA, with extra passes).
 Measured kernel times (:mod:`mla_var3.dispatch.measured`) override the model when they cover
@@ -32,14 +39,16 @@ measured kernel time plus the model's time for the stages around it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
+from mla_var3.analysis.calibration import Calibration, load_calibration, predict as calibrated_predict
 from mla_var3.analysis.cost import Cost, design_pipeline, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device, detect_device, get_device
-from mla_var3.analysis.regime import HYBRID_MARGIN, choose_n, crossover_s, regime_of
+from mla_var3.analysis.memory import max_window_n
+from mla_var3.analysis.regime import HYBRID_MARGIN, calibrated_split, choose_n, crossover_s, regime_of
 from mla_var3.analysis.roofline import roofline_time
 from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as _design
 from mla_var3.dispatch import measured as M
@@ -94,9 +103,11 @@ class CacheInfo:
 
 @dataclass(frozen=True)
 class Estimate:
-    """One design's numbers for one call: the model's prediction (``predicted_s``, its
-    ``bound``, FLOPs and bytes), the measured time when there is one, and why the design is
-    impossible (``why_not``, empty when it can run)."""
+    """One design's numbers for one call: the model's prediction (``predicted_s``: calibrated or
+    roofline, as ``prediction`` says; its ``bound``, FLOPs and bytes), the roofline time of the
+    whole call (``roofline_s``), the calibrated kernel alone (``kernel_s``: its eager time, and
+    ``kernel_gpu_s``, ``kernel_host_s``), the measured time when there is one, and why the design
+    is impossible (``why_not``, empty when it can run)."""
 
     design: str
     n: int | None
@@ -108,6 +119,11 @@ class Estimate:
     measured_n: int | None = None
     measured_from: str = ""
     why_not: str = ""
+    prediction: str = "roofline"
+    roofline_s: float | None = None
+    kernel_s: float | None = None
+    kernel_gpu_s: float | None = None
+    kernel_host_s: float | None = None
 
     @property
     def possible(self) -> bool:
@@ -118,7 +134,9 @@ class Estimate:
                 "why_not": self.why_not or None, "predicted_s": self.predicted_s, "bound": self.bound,
                 "flops": self.flops, "bytes": self.bytes, "intensity": self.flops / self.bytes,
                 "measured_s": self.measured_s, "measured_n": self.measured_n,
-                "measured_from": self.measured_from or None}
+                "measured_from": self.measured_from or None, "prediction": self.prediction,
+                "roofline_s": self.roofline_s, "kernel_s": self.kernel_s, "kernel_gpu_s": self.kernel_gpu_s,
+                "kernel_host_s": self.kernel_host_s}
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,10 @@ class Decision:
         The caller named the design.
     estimates : tuple of Estimate
         Every design, possible or not, for ``explain``.
+    prediction : str
+        'calibrated' or 'roofline': what ``predicted_s`` is.
+    calibration : str
+        The calibration used (device, measurements, file), or why there is none.
     """
 
     design: str
@@ -151,6 +173,8 @@ class Decision:
     source: str
     forced: bool = False
     estimates: tuple[Estimate, ...] = field(default=(), repr=False)
+    prediction: str = "roofline"
+    calibration: str = ""
 
     @property
     def kernel(self) -> str:
@@ -158,7 +182,8 @@ class Decision:
 
     def to_dict(self) -> dict:
         return {"design": self.design, "kernel": self.kernel, "n": self.n, "source": self.source,
-                "forced": self.forced, "reason": self.reason, "predicted_s": dict(self.predicted_s),
+                "forced": self.forced, "reason": self.reason, "prediction": self.prediction,
+                "calibration": self.calibration, "predicted_s": dict(self.predicted_s),
                 "measured_s": dict(self.measured_s), "estimates": [e.to_dict() for e in self.estimates]}
 
 
@@ -239,6 +264,10 @@ class Dispatcher:
         for the ``dims`` the calls pass (per tensor-parallel rank when they pass h/tp heads);
         the model's n is clamped to it (:func:`mla_var3.analysis.regime.choose_n`). None: no cap
         beyond the cache's own window.
+    calibration : 'auto', path, Calibration or None
+        The calibrated model: 'auto' (default) loads ``$MLA_VAR3_CALIBRATION`` or the file the
+        package ships for the device (none: the roofline); a path or a
+        :class:`~mla_var3.analysis.calibration.Calibration`; None: the roofline alone.
 
     Example
     -------
@@ -246,11 +275,13 @@ class Dispatcher:
     >>> from mla_var3.dispatch import Dispatcher, CacheInfo
     >>> d = Dispatcher("h200", use_measured=False)
     >>> dims = get_preset("deepseek-v3")
-    >>> d.decide(dims, Problem(b=32, s=1, t=4096), CacheInfo("hybrid", 4096)).design
-    'absorbed'
     >>> dec = d.decide(dims, Problem(b=32, s=16, t=4096), CacheInfo("hybrid", 4096))
-    >>> dec.design, dec.n
-    ('hybrid', 1190)
+    >>> dec.design, dec.prediction
+    ('absorbed', 'calibrated')
+    >>> dec = Dispatcher("h200", use_measured=False, calibration=None).decide(
+    ...     dims, Problem(b=32, s=16, t=4096), CacheInfo("hybrid", 4096))
+    >>> dec.design, dec.n, dec.prediction               # the ideal roofline alone
+    ('hybrid', 1190, 'roofline')
     """
 
     device: str | Device | None = "h200"
@@ -262,6 +293,7 @@ class Dispatcher:
     dtype: str = "bf16"
     hybrid_margin: float = HYBRID_MARGIN
     window_budget_bytes: float | None = None
+    calibration: str | Path | Calibration | None = "auto"
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     # -- device ---------------------------------------------------------------------------
@@ -272,6 +304,16 @@ class Dispatcher:
 
     def ceilings_for(self, dims: MLADims) -> Ceilings:
         return self.resolve_device().ceilings(self.ceilings, dims.w)
+
+    def resolve_calibration(self) -> Calibration | None:
+        """The calibration in use (see the ``calibration`` parameter), loaded once."""
+        if "calibration" not in self._memo:
+            c = self.calibration
+            if isinstance(c, Calibration) or c is None:
+                self._memo["calibration"] = c
+            else:
+                self._memo["calibration"] = load_calibration(None if c == "auto" else c, device=self.resolve_device())
+        return self._memo["calibration"]
 
     # -- measured -------------------------------------------------------------------------
     def measurements(self, dims: MLADims, problem: Problem) -> list[M.Measurement]:
@@ -331,38 +373,58 @@ class Dispatcher:
                 raise ValueError(f"hybrid n={n_forced!r} is not possible here: the cache runs n in [{lo}, {hi}] "
                                  f"(window {cache.window}, t={t}"
                                  + (", no latent copies of the window)" if not cache.latent_window else ")"))
+        dev, cal = self.resolve_device(), self.resolve_calibration()
+        kernels = {d: calibrated_predict(cal, KERNEL[d], dims, problem, n=0 if _design(d).split else None, device=dev,
+                                         ceilings=self.ceilings) for d in DESIGNS}
+        calibrated = all(k.source == "calibrated" for k in kernels.values())
         if hybrid_why:
             n_h = 0
         elif n_forced is not None:
             n_h = n_forced
         else:
             lo, hi = rng
-            n_h = min(max(choose_n(dims, problem, self.resolve_device(), ceilings=self.ceilings,
-                                   window_budget_bytes=self.window_budget_bytes).n, lo), hi)
+            if calibrated:
+                if self.window_budget_bytes is not None:
+                    hi = max(lo, min(hi, max_window_n(dims, self.window_budget_bytes)))
+                n_h = calibrated_split(cal, dims, problem, dev, self.ceilings, lo, hi)[0]
+            else:
+                n_h = min(max(choose_n(dims, problem, dev, ceilings=self.ceilings,
+                                       window_budget_bytes=self.window_budget_bytes).n, lo), hi)
         no_latent_window = cache.kind == "hybrid" and not cache.latent_window
         why_not = {d: hybrid_why if d == "hybrid" else
                    "no latent copy of the window (keep_latent_window=False)" if d == "absorbed" and no_latent_window
                    else "" for d in DESIGNS}
-        # ---- model estimates
+        # ---- model estimates: the calibrated kernel plus the stages' roofline, else the roofline
         estimates: dict[str, Estimate] = {}
         for d in DESIGNS:
             pr = problem.with_n(n_h) if d == "hybrid" else problem
             c = design_cost(d, dims, pr, cache)
             time_s, bound = roofline_time(c, ceil)
-            estimates[d] = Estimate(d, n_h if d == "hybrid" else None, time_s, bound, c.flops, c.bytes,
-                                    why_not=why_not[d])
+            est = Estimate(d, n_h if d == "hybrid" else None, time_s, bound, c.flops, c.bytes, why_not=why_not[d],
+                           roofline_s=time_s)
+            if calibrated:
+                k = kernels[d] if d != "hybrid" else calibrated_predict(cal, KERNEL[d], dims, pr, device=dev,
+                                                                         ceilings=self.ceilings)
+                stage_s = roofline_time(_stage_cost(d, dims, pr, cache), ceil)[0]
+                est = replace(est, predicted_s=k.time_s + stage_s, prediction="calibrated", kernel_s=k.time_s,
+                              kernel_gpu_s=k.gpu_s, kernel_host_s=k.host_s,
+                              bound="host" if k.host_s is not None and k.host_s >= k.gpu_s else bound)
+            estimates[d] = est
         # ---- measured kernel times (plus the model's stage times)
         for m_design, m in self._measured_by_design(dims, problem, cache, rng, n_forced).items():
             e = estimates[m_design]
             pr = problem.with_n(min(m.n, t)) if m_design == "hybrid" else problem
             stage_s = roofline_time(_stage_cost(m_design, dims, pr, cache), ceil)[0]
-            estimates[m_design] = Estimate(e.design, e.n, e.predicted_s, e.bound, e.flops, e.bytes,
-                                           m.time_s + stage_s, m.n, m.source, e.why_not)
+            estimates[m_design] = replace(e, measured_s=m.time_s + stage_s, measured_n=m.n, measured_from=m.source)
         possible = [e for e in estimates.values() if e.possible]
         predicted = MappingProxyType({e.design: e.predicted_s for e in possible})
         measured = MappingProxyType({e.design: e.measured_s for e in possible if e.measured_s is not None})
         ests = tuple(estimates[d] for d in DESIGNS)
         context = self._context(dims, problem, ceil)
+        prediction = "calibrated" if calibrated else "roofline"
+        cal_note = (kernels["absorbed"].calibration or "") if calibrated else kernels["absorbed"].note
+        context = (f"Predicted: the calibrated default calls ({cal_note}) plus the stages' roofline. " if calibrated
+                   else f"Predicted: the ideal roofline ({cal_note}). ") + context
 
         if design != "auto":
             e = estimates[design]
@@ -374,7 +436,7 @@ class Dispatcher:
             n_out = e.n if design == "hybrid" else None
             reason = f"forced: {design}" + (f" n={n_out}" if n_out is not None else "") + \
                 f", predicted {_us(e.predicted_s)} ({e.bound}-bound). " + context
-            return Decision(design, n_out, predicted, measured, reason, src, True, ests)
+            return Decision(design, n_out, predicted, measured, reason, src, True, ests, prediction, cal_note)
 
         # ---- the model's choice
         singles = [e for e in possible if e.design != "hybrid"]
@@ -403,7 +465,7 @@ class Dispatcher:
         if choice.design == "hybrid":
             n_out = choice.measured_n if source == "measured" and choice.measured_n is not None else choice.n
             n_out = min(n_out, t)
-        return Decision(choice.design, n_out, predicted, measured, reason, source, False, ests)
+        return Decision(choice.design, n_out, predicted, measured, reason, source, False, ests, prediction, cal_note)
 
     def _measured_by_design(self, dims, problem, cache, rng, n_forced) -> dict[str, M.Measurement]:
         """The measurement that stands for each design (the hybrid: its fastest allowed split)."""
@@ -451,8 +513,8 @@ class Dispatcher:
         dev = self.resolve_device()
         where = (f"FlashAttention overtakes FlashMLA (kernels alone) at s >= {cross}" if cross is not None
                  else "FlashAttention never overtakes FlashMLA (kernels alone) for s <= t")
-        return (f"Ridge {ceil.ridge:,.0f} FLOP/byte on {dev.name} ({ceil.kind} ceilings); {where} for "
-                f"b={problem.b}, t={problem.t}.")
+        return (f"Ridge {ceil.ridge:,.0f} FLOP/byte on {dev.name} ({ceil.kind} ceilings); the roofline says {where} "
+                f"for b={problem.b}, t={problem.t}.")
 
 
 def dims_for_dtype(dims: MLADims, dtype) -> tuple[MLADims, str]:
@@ -476,21 +538,22 @@ __all__ = ["DESIGNS", "KERNEL", "ALIASES", "CacheInfo", "Estimate", "Decision", 
 
 
 def grid_check(results, dims: MLADims, device: str | Device = "h200", cache: CacheInfo | None = None,
-               dtype: str = "bf16") -> list[dict]:
+               dtype: str = "bf16", calibration="auto") -> list[dict]:
     """Compare the model's choice with the measured-fastest design at every (b, s, t) of
     benchmark ``results`` files (``results.json`` of ``mla-var3 bench``).
 
     Per point: the model's design (measured times ignored), the measured-fastest design (kernel
     time measured, stages modelled, as the dispatcher counts them), and ``miss_pct``: how much
     slower the model's choice measured than the fastest (0 when they agree; None when the model's
-    choice has no measurement). ``cache`` defaults to a hybrid cache whose window is t.
+    choice has no measurement). ``cache`` defaults to a hybrid cache whose window is t;
+    ``calibration`` is the model's (:class:`Dispatcher`'s parameter).
     """
     from mla_var3.dispatch.measured import _result_records
 
     paths = tuple(results)
     points = sorted({(r.b, r.s, r.t) for p in paths for r in _result_records(p)[1]
                      if r.kind == "design" and r.status == "ok"})
-    model = Dispatcher(device, use_measured=False, dtype=dtype)
+    model = Dispatcher(device, use_measured=False, dtype=dtype, calibration=calibration)
     meas = Dispatcher(device, results=paths, use_autotune=False, dtype=dtype)
     rows = []
     for b, s, t in points:

@@ -46,16 +46,17 @@ def interpreter_estimate(design_name: str, dims, problem) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from mla_var3 import cli
+    from mla_var3._argtypes import nonneg_int, positive_int
+    from mla_var3.cli._common import add_model_args
 
     p = argparse.ArgumentParser(prog="python -m mla_var3.kernel",
                                 description="Run, check, time or profile one MLA attention design.")
     p.add_argument("design", choices=DESIGNS)
-    cli.add_model_args(p)
-    p.add_argument("--b", type=cli.positive_int, default=32, help="batch (default 32)")
-    p.add_argument("--s", type=cli.positive_int, default=16, help="query tokens per sequence (default 16)")
-    p.add_argument("--t", type=cli.positive_int, default=4096, help="context incl. the s new tokens (default 4096)")
-    p.add_argument("--n", type=cli.nonneg_int, default=None,
+    add_model_args(p)
+    p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
+    p.add_argument("--s", type=positive_int, default=16, help="query tokens per sequence (default 16)")
+    p.add_argument("--t", type=positive_int, default=4096, help="context incl. the s new tokens (default 4096)")
+    p.add_argument("--n", type=nonneg_int, default=None,
                    help="mla_var6_plus: newest tokens kept expanded (default: the model's optimum)")
     p.add_argument("--no-causal", action="store_true", help="no causal mask for s > 1")
     p.add_argument("--seed", type=int, default=0)
@@ -176,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
     import torch
 
-    from mla_var3 import cli
+    from mla_var3.cli._common import dims_from_args
 
-    dims = cli.dims_from_args(args)
+    dims = dims_from_args(args)
     problem = _problem(args, dims)
     gpu = torch.cuda.is_available() and not interpreting()
     device = "cuda" if gpu else "cpu"

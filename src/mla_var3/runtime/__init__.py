@@ -10,7 +10,6 @@ on-disk cache, result records, baselines and the benchmark sweep.
 ``records``         the result record, results.json, Markdown table, plots
 ``baselines``       torch eager / SDPA, FlashMLA and FlashInfer when importable
 ``bench``           the sweep runner behind ``mla-var3 bench``
-``commands``        the ``bench``, ``autotune`` and ``devices --measure`` CLI commands
 ==================  ==========================================================
 """
 

@@ -183,12 +183,15 @@ class Runner:
     """Runs a :class:`BenchSpec` on ``device`` ("cuda" or "cpu" under the interpreter).
 
     ``device_entry`` is the analysis ``Device`` whose ``measured`` block holds the ceilings in
-    use (measured in this process, or the table's); ``ceilings`` the analysis ``Ceilings``.
+    use (measured in this process, or the table's); ``ceilings`` the analysis ``Ceilings``;
+    ``calibration`` (or None) gives each design record its calibrated prediction
+    (``extra["calibrated_us"]``, ``extra["calibrated_source"]``).
     """
 
     def __init__(self, spec: BenchSpec, device: str, device_entry, ceilings, *, cache=None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, calibration=None):
         self.spec, self.device, self.dev, self.ceil = spec, device, device_entry, ceilings
+        self.calibration = calibration
         self.cache = cache
         self.log = log or (lambda _m: None)
         self.records: list[Record] = []
@@ -267,6 +270,11 @@ class Runner:
         except ValueError:
             pred = None
         fill_roofline(rec, c, self.ceil, pred)
+        if point.kind == DESIGN:
+            from mla_var3.analysis.calibration import predict as calibrated_predict
+
+            cal = calibrated_predict(self.calibration, point.name, spec.dims, pr, device=self.dev)
+            rec.extra["calibrated_us"], rec.extra["calibrated_source"] = cal.time_s * 1e6, cal.source
         return rec
 
     # ---- the sweep ---------------------------------------------------------------------------

@@ -1,9 +1,5 @@
-"""The measurement commands of ``mla-var3``: ``bench``, ``autotune``, and ``devices --measure``.
-
-Importing this module registers them with :mod:`mla_var3.cli` (``register_command``); the
-``devices`` command of the CLI gains ``--measure`` and ``--write``. Nothing here imports torch
-at import time.
-"""
+"""``mla-var3 bench``: time every design (and the baselines) over a grid on this GPU; results
+JSON, a Markdown table and plots. Without a GPU it refuses unless ``--interpret`` is given."""
 
 from __future__ import annotations
 
@@ -12,18 +8,21 @@ import dataclasses
 import os
 from pathlib import Path
 
-from mla_var3 import cli
+from mla_var3._argtypes import int_list, nonneg_int_list, path_arg, positive_float, positive_int
+from mla_var3._io import quote
 from mla_var3.analysis.cost import DESIGNS
+from mla_var3.cli import _common as C
+from mla_var3.designs import design
 
 _CEILING_CHOICES = ("measure", "measured", "datasheet")
 
 
-def _n_list(text: str) -> str | tuple[int, ...]:
+def n_list(text: str) -> str | tuple[int, ...]:
     """``auto`` or a comma list of non-negative integers (n = 0 is the absorbed design run as
     the hybrid)."""
     if text.strip().lower() == "auto":
         return "auto"
-    return tuple(cli.nonneg_int_list(text))
+    return tuple(nonneg_int_list(text))
 
 
 def _designs_arg(text: str) -> tuple[str, ...]:
@@ -33,13 +32,9 @@ def _designs_arg(text: str) -> tuple[str, ...]:
         return tuple(DESIGNS)
     bad = [x for x in names if x not in DESIGNS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown design(s) {', '.join(bad) or cli.quote(text)}; known: "
+        raise argparse.ArgumentTypeError(f"unknown design(s) {', '.join(bad) or quote(text)}; known: "
                                          f"{', '.join(DESIGNS)} or 'all'")
     return tuple(names)
-
-
-# --------------------------------------------------------------------------------------------
-# ceilings
 
 
 def _ceilings_for(dev, how: str, gpu: bool):
@@ -57,78 +52,18 @@ def _ceilings_for(dev, how: str, gpu: bool):
     return dev, dev.ceilings("measured")          # the table's measured block, else datasheet
 
 
-def _cmd_devices_measure(args) -> int:
-    import torch
-
-    from mla_var3.analysis.devices import match_device_name
-    from mla_var3.runtime.ceilings import NoGPUError, device_entry, measure_ceilings, write_user_device
-    from mla_var3.runtime.environment import device_name, device_slug
-
-    if not torch.cuda.is_available():
-        raise ValueError("devices --measure needs a CUDA GPU (it times a device-to-device copy and a bf16 matmul); "
-                         "none is visible here")
-    try:
-        measured = measure_ceilings()
-    except NoGPUError as exc:
-        raise ValueError(str(exc)) from None
-    name = device_name()
-    base = match_device_name(name, args.devices_file)
-    rows = [["copy bandwidth (GB/s, read+write)", f"{measured.bytes_per_s / 1e9:,.0f}",
-             f"{base.bandwidth_gbs:,.0f}" if base else "-"],
-            ["bf16 matmul (TFLOP/s)", f"{measured.flops_per_s / 1e12:,.0f}", f"{base.bf16_tflops:,.1f}" if base else "-"],
-            ["ridge (FLOP/byte)", f"{measured.ridge:.1f}", f"{base.ridge('datasheet'):.1f}" if base else "-"]]
-    cli._console().print(cli._table(f"{name}: measured in this process vs datasheet"
-                                    f" ({base.key if base else 'not in the devices table'})",
-                                    ["ceiling", "measured", "datasheet"], rows))
-    print(measured.source)
-    if args.write:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        entry = device_entry(measured, base=base, name=name, memory_gb=round(props.total_memory / 1e9, 1),
-                             sms=props.multi_processor_count)
-        key = base.key if base else device_slug(name)
-        write_user_device(args.write, key, entry)
-        print(f"wrote device {key!r} with the measured ceilings to {args.write} "
-              f"(use it with --devices-file {args.write} or ${cli.DEVICES_ENV})")
-    return 0
-
-
-def _extend_devices(sub) -> None:
-    """Add --measure / --write to the CLI's ``devices`` command."""
-    p = sub.choices.get("devices")
-    if p is None:
-        p = sub.add_parser("devices", help="measure this GPU's ceilings")
-        cli.add_devices_file_arg(p)
-        p.set_defaults(func=None)
-    p.add_argument("--measure", action="store_true",
-                   help="measure this GPU's copy bandwidth and bf16 matmul rate and print them beside the datasheet")
-    p.add_argument("--write", type=cli.path_arg, metavar="PATH", help="with --measure: add the measured ceilings to this user devices file")
-    table = p.get_default("func")
-
-    def dispatch(args) -> int:
-        if args.measure:
-            return _cmd_devices_measure(args)
-        if args.write:
-            raise ValueError("--write needs --measure")
-        return table(args)
-
-    p.set_defaults(func=dispatch)
-
-
-# --------------------------------------------------------------------------------------------
-# bench
-
-
-def _cmd_bench(args) -> int:
+def run(args) -> int:
     import torch
 
     from mla_var3.analysis.devices import detect_device, get_device
     from mla_var3.runtime import records as R
     from mla_var3.runtime.autotune import AutotuneCache
+    from mla_var3.runtime.baselines import BASELINES
     from mla_var3.runtime.bench import BenchSpec, Runner, interpret_spec, plan_points
     from mla_var3.runtime.designs import parse_designs
     from mla_var3.runtime.environment import device_slug, environment
 
-    dims = cli.dims_from_args(args)            # every argument is checked before the GPU is looked at
+    dims = C.dims_from_args(args)            # every argument is checked before the GPU is looked at
     if args.device:
         dev, dev_note = get_device(args.device, args.devices_file), f"{args.device} (chosen)"
     else:
@@ -152,8 +87,7 @@ def _cmd_bench(args) -> int:
     spec = BenchSpec(
         dims=dims, designs=tuple(parse_designs(",".join(args.designs))), bs=tuple(args.b), ss=tuple(args.s), t=args.t,
         n=args.n, sweep_s=None if args.no_n_sweep else args.sweep_s, dtype=args.dtype,
-        baselines=tuple(("torch_eager_absorbed", "torch_sdpa_expanded", "flashmla_official", "flashinfer_mla")
-                        if args.baselines else ()),
+        baselines=BASELINES if args.baselines else (),
         point_seconds=args.point_seconds, slow_point_seconds=args.slow_point_seconds, max_seconds=args.max_seconds,
         autotune=args.autotune, retune=args.retune, tune_seconds=args.tune_seconds, interpret=args.interpret,
     )
@@ -180,12 +114,13 @@ def _cmd_bench(args) -> int:
           f"({ceil.flops_per_s / 1e12:,.0f} TFLOP/s, {ceil.bytes_per_s / 1e9:,.0f} GB/s); results -> {out}")
     if not gpu:
         print("running under the Triton interpreter on the CPU: times are CPU timings, not GPU timings")
-    runner = Runner(spec, device, dev, ceil, cache=cache, log=print)
+    runner = Runner(spec, device, dev, ceil, cache=cache, log=print, calibration=C.calibration_from_args(args, dev))
     results = out / "results.json"
     records, interrupted = runner.run(points, on_record=lambda _r: R.write_results(results, runner.records, meta),
                                       progress=not args.no_progress)
     meta["interrupted"] = interrupted
-    meta["crossover_flash_attention_over_flash_mla"] = R.crossovers(records, "flash_mla", "flash_attention")
+    meta["crossover_flash_attention_over_flash_mla"] = R.crossovers(records, design("absorbed").kernel,
+                                                                    design("expanded").kernel)
     optimum = {r.b: r.extra["model_best_n"] for r in records if r.extra.get("sweep") == "n"}
     meta["hybrid_model_best_n"] = optimum
     paths = [R.write_results(results, records, meta)]
@@ -204,77 +139,40 @@ def _cmd_bench(args) -> int:
     return 130 if interrupted else 0
 
 
-def _add_bench(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser("bench", help="time every design (and baselines) over a grid on this GPU",
                        description="Times each design over the (b, s) grid on the current GPU; writes results.json, "
                                    "results.md and PNG plots. Without a GPU it refuses unless --interpret is given.")
     p.add_argument("--designs", type=_designs_arg, default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
-    cli.add_model_args(p)
+    C.add_model_args(p)
     p.add_argument("--device", default=None, help="device key for the datasheet ceilings (default: detected)")
-    cli.add_devices_file_arg(p)
+    C.add_devices_file_arg(p)
     p.add_argument("--ceilings", default="measure", choices=_CEILING_CHOICES,
                    help="roofline ceilings: 'measure' them in this process (default, GPU), the table's 'measured' "
                         "block, or 'datasheet'")
-    p.add_argument("--b", type=cli.int_list, default="32,64", help="batch sizes (default 32,64)")
-    p.add_argument("--s", type=cli.int_list, default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
-    p.add_argument("--t", type=cli.positive_int, default=4096, help="context length (default 4096)")
-    p.add_argument("--n", type=_n_list, default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
-    p.add_argument("--sweep-s", type=cli.positive_int, default=16, help="s of the hybrid's n sweep (default 16)")
+    p.add_argument("--b", type=int_list, default="32,64", help="batch sizes (default 32,64)")
+    p.add_argument("--s", type=int_list, default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
+    p.add_argument("--t", type=positive_int, default=4096, help="context length (default 4096)")
+    p.add_argument("--n", type=n_list, default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
+    p.add_argument("--sweep-s", type=positive_int, default=16, help="s of the hybrid's n sweep (default 16)")
     p.add_argument("--no-n-sweep", action="store_true", help="skip the hybrid's n sweep")
     p.add_argument("--baselines", action="store_true",
                    help="also time torch eager (absorbed), torch SDPA (expanded), and flash_mla / flashinfer "
                         "when importable")
-    p.add_argument("--out", type=cli.path_arg, help="output folder (default benchmarks/results/<device>/)")
-    p.add_argument("--max-seconds", type=cli.positive_float, default=480.0,
+    C.add_calibration_arg(p)
+    p.add_argument("--out", type=path_arg, help="output folder (default benchmarks/results/<device>/)")
+    p.add_argument("--max-seconds", type=positive_float, default=480.0,
                    help="total time budget; later points are recorded as skipped (default 480)")
-    p.add_argument("--point-seconds", type=cli.positive_float, default=0.3,
+    p.add_argument("--point-seconds", type=positive_float, default=0.3,
                    help="timing budget per point (default 0.3)")
-    p.add_argument("--slow-point-seconds", type=cli.positive_float, default=3.0,
+    p.add_argument("--slow-point-seconds", type=positive_float, default=3.0,
                    help="skip a point whose warm-up + minimum repetitions would exceed this (default 3)")
     p.add_argument("--autotune", action="store_true", help="tune configs not in the autotune cache (slow)")
     p.add_argument("--retune", action="store_true", help="tune every point again, ignoring the cache")
-    p.add_argument("--tune-seconds", type=cli.positive_float, default=30.0,
+    p.add_argument("--tune-seconds", type=positive_float, default=30.0,
                    help="time budget of one point's tuning, compilation included (default 30)")
     p.add_argument("--clear-cache", action="store_true", help="delete the autotune cache first")
     p.add_argument("--interpret", action="store_true",
                    help="CPU only: a 2-point grid under the Triton interpreter, to test the plumbing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_bench)
-
-
-# --------------------------------------------------------------------------------------------
-# autotune cache
-
-
-def _cmd_autotune(args) -> int:
-    from mla_var3.runtime.autotune import AutotuneCache
-
-    cache = AutotuneCache()
-    if args.clear:
-        print(f"{'removed' if cache.clear() else 'no cache at'} {cache.path}")
-        return 0
-    entries = cache.entries()
-    print(f"{cache.path}: {len(entries)} tuned configs")
-    for key, entry in sorted(entries.items()):
-        t = entry.get("time_us")
-        print(f"  {key}: {entry['config']}" + (f" ({t:,.1f} µs)" if isinstance(t, (int, float)) else ""))
-    return 0
-
-
-def _add_autotune(sub) -> None:
-    p = sub.add_parser("autotune", help="show or clear the autotune cache",
-                       description="The autotune cache (autotune.json in $MLA_VAR3_CACHE_DIR, else the user cache "
-                                   "folder): list its entries, or --clear it.")
-    p.add_argument("--clear", action="store_true", help="delete the cache file")
-    p.set_defaults(func=_cmd_autotune)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and ``autotune`` and extend ``devices`` (the CLI calls this via its hook)."""
-    _extend_devices(sub)
-    _add_bench(sub)
-    _add_autotune(sub)
-
-
-if register not in cli._EXTRA_COMMANDS:
-    cli.register_command(register)
+    p.set_defaults(func=run)

@@ -1,0 +1,112 @@
+"""``mla-var3 calibrate``: on a CPU it times tiny calls under the interpreter and writes a file
+marked as a CPU calibration (the plumbing); the GPU path's fit, keys and grid are checked here
+with records made by the shipped H200 calibration itself."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+import torch
+
+from mla_var3 import cli
+from mla_var3.analysis.calibration import load_calibration, parse_calibration, predict, host_time_s
+from mla_var3.analysis.devices import get_device
+from mla_var3.designs import DESIGNS
+from mla_var3.runtime.calibrate import GRID, QUICK, calibration_from_records, default_backends
+from mla_var3.runtime.records import Record
+from mla_var3.shapes import Problem, get_preset
+
+V3 = get_preset("deepseek-v3")
+H200 = load_calibration(device="h200")
+ENV = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "commit": "abcdef0123",
+       "dirty": False, "timestamp": "2026-12-02T00:00:00+00:00", "platform": "Linux"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU / interpreter path")
+def test_calibrate_on_a_cpu_writes_a_cpu_calibration(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MLA_VAR3_CALIBRATION", raising=False)
+    out = tmp_path / "cal.json"
+    assert cli.main(["calibrate", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "CPU interpreter" in text and str(out) in text
+    raw = json.loads(out.read_text())
+    cal = parse_calibration(out.read_text())
+    assert raw["gpu"] is False and cal.device == "cpu" and not cal.gpu
+    assert set(cal.versions) == {"torch", "triton", "cuda"} and cal.commits["measurements"]
+    assert set(cal.default_backends) == {d.kernel for d in DESIGNS}
+    assert all(rules == [{"backend": "triton"}] for rules in cal.default_backends.values())
+    assert len(cal.points) == 4 and all(p["source"].startswith("mla-var3 calibrate") for p in cal.points)
+    fitted = [p for p in cal.parameters.values() if p.fitted]
+    assert fitted and all("mla-var3 calibrate" in p.source for p in fitted)
+    assert "never ship" in cal.notes
+    # a CPU calibration never stands for a GPU: asked about the H200, the commands fall back
+    assert cli.main(["cost", "--design", "flash_mla", "--calibration", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["calibrated_source"] == "roofline" and "for cpu, not h200" in d["calibration"]
+
+
+def test_no_cpu_calibration_is_shipped():
+    for entry in resources.files("mla_var3.conf").iterdir():
+        if entry.name.startswith("calibration-"):
+            cal = parse_calibration(entry.read_text(), entry.name)
+            assert cal.gpu and cal.device != "cpu", entry.name
+
+
+def _records_from(cal, grid) -> list[Record]:
+    """What a GPU run of ``grid`` would record if the kernels ran exactly as ``cal`` says."""
+    out = []
+    for name, b, s, t, n in grid:
+        pb = Problem(b=b, s=s, t=t, n=n)
+        backend = cal.default_backend(name, pb)
+        gpu = predict(cal, name, V3, pb, eager=False).time_s * 1e6
+        eager = predict(cal, name, V3, pb).time_s * 1e6
+        host = host_time_s(cal, name, backend, V3, pb) * 1e6
+        out.append(Record(name=name, kind="design", model=V3.name, b=b, s=s, t=t, n=n, time_us=gpu, method="cuda-graph",
+                          gpu=True, backend=backend,
+                          extra={"graph_us": gpu, "eager_us": eager, "host_us": host, "causal": pb.causal,
+                                 "source": "mla-var3 calibrate (abcdef0)"}))
+    return out
+
+
+@pytest.mark.parametrize("shipped", [True, False], ids=["from the shipped file", "from the priors"])
+def test_gpu_fit_reproduces_its_records_and_is_keyed(shipped):
+    records = _records_from(H200, GRID)
+    cal = calibration_from_records(records, ENV, get_device("h200"), gpu=True, shipped=H200 if shipped else None)
+    assert cal.device == "h200" and cal.gpu and cal.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0",
+                                                                   "cuda": "13.0"}
+    assert cal.commits["measurements"] == ["abcdef0"]
+    assert cal.default_backends["flash_attention"] == [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}]
+    assert cal.default_backends["flash_mla"] == [{"backend": "gluon"}]
+    for r in records:
+        pb = Problem(b=r.b, s=r.s, t=r.t, n=r.n)
+        assert predict(cal, r.name, V3, pb, eager=False).time_s * 1e6 == pytest.approx(r.extra["graph_us"], rel=0.06), r
+    for name in ("flash_mla.gluon.compute_efficiency", "flash_attention.gluon.compute_efficiency"):
+        assert cal.parameters[name].fitted and "mla-var3 calibrate" in cal.parameters[name].source
+    if shipped:     # a kernel the grid does not time keeps the shipped value and source
+        assert cal.parameters["flash_mla.triton.compute_efficiency"] == H200.parameters["flash_mla.triton.compute_efficiency"]
+
+
+def test_the_grid_covers_every_design_within_the_budget():
+    assert {p[0] for p in GRID} == {p[0] for p in QUICK} == {d.kernel for d in DESIGNS}
+    assert set(QUICK) < set(GRID)
+    for name, b, s, t, n in GRID:
+        Problem(b=b, s=s, t=t, n=n)
+    # the timed work alone, by the shipped calibration: warm-up, capture, repetitions bounded by
+    # 0.25 s per timing, 100 host calls; compilation comes on top and the run stops at 110 s
+    def seconds(grid):
+        total = 0.0
+        for name, b, s, t, n in grid:
+            e = predict(H200, name, V3, Problem(b=b, s=s, t=t), n=n).time_s
+            total += 2 * 0.25 + 2 * 5 * e + 115 * e
+        return total
+    assert seconds(GRID) < 60 and seconds(QUICK) < 20
+
+
+def test_default_backend_rules_follow_the_records():
+    recs = [Record("flash_attention", "design", V3.name, 32, s, 4096, backend="gluon" if s > 64 else "triton")
+            for s in (1, 16, 64, 128, 1024)] + [Record("flash_mla", "design", V3.name, 32, s, 4096, backend="gluon")
+                                                  for s in (1, 2)]
+    assert default_backends(recs) == {"flash_attention": [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}],
+                                      "flash_mla": [{"backend": "gluon"}]}

@@ -1,0 +1,268 @@
+"""The commands that predict use the calibrated model: each takes ``--calibration``, says
+"roofline" where the device has no calibration, shows the roofline, the calibrated and (with a
+results file) the measured time side by side; ``explain`` picks the design of least calibrated
+time and says what the losing designs would need."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from mla_var3 import cli
+from mla_var3.analysis.calibration import load_calibration, predict, save_calibration
+from mla_var3.analysis.regime import HYBRID_MARGIN, calibrated_split, regime_guide
+from mla_var3.analysis.what_it_takes import hybrid_need, requirement, resource_law_s
+from mla_var3.shapes import Problem, get_preset
+
+V3 = get_preset("deepseek-v3")
+H200 = load_calibration(device="h200")
+
+#: every command that predicts, with the arguments that make it print quickly.
+PREDICTING = {
+    "cost": ["cost", "--design", "flash_mla", "--s", "16"],
+    "regime": ["regime", "--s", "1,16,1024"],
+    "report": ["report", "--no-kernel-check", "--format", "md,json"],
+    "explain": ["explain", "--s", "16", "--no-measured"],
+}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_VAR3_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLA_VAR3_CALIBRATION", raising=False)
+    monkeypatch.delenv("MLA_VAR3_DEVICES", raising=False)
+
+
+def run(capsys, argv):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _argv(name, tmp_path, *extra):
+    argv = PREDICTING[name] + list(extra)
+    return argv + (["--out", str(tmp_path / "report")] if name == "report" else [])
+
+
+def test_the_predicting_commands_are_the_ones_with_calibration():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    with_flag = {name for name, p in sub.choices.items() if any("--calibration" in a.option_strings for a in p._actions)}
+    assert with_flag == set(PREDICTING) | {"bench"}     # bench: each record's calibrated prediction
+
+
+@pytest.mark.parametrize("name", list(PREDICTING))
+def test_without_a_calibration_the_command_says_roofline(capsys, tmp_path, name):
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "b200"))
+    assert code == 0, err
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert "no calibration for b200" in text and "roofline" in text
+    if name != "report":
+        code, out, err = run(capsys, _argv(name, tmp_path, "--device", "b200", "--json"))
+        d = json.loads(out)
+        assert {"cost": d.get("calibrated_source"), "regime": d.get("prediction"),
+                "explain": d.get("prediction")}[name] == "roofline"
+    else:
+        d = json.loads((tmp_path / "report" / "report.json").read_text())
+        assert d["regime"]["prediction"] == "roofline"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU (interpreter) bench")
+def test_bench_records_say_roofline_without_a_calibration(capsys, tmp_path):
+    out = tmp_path / "res"
+    argv = ["bench", "--interpret", "--designs", "flash_mla", "--s", "1", "--out", str(out), "--no-progress"]
+    assert cli.main(argv + ["--device", "b200"]) == 0, capsys.readouterr()
+    rec = json.loads((out / "results.json").read_text())["records"][0]
+    assert rec["extra"]["calibrated_source"] == "roofline"
+    path = save_calibration(H200, tmp_path / "mine.json")
+    assert cli.main(argv + ["--device", "h200", "--calibration", str(path)]) == 0, capsys.readouterr()
+    rec = json.loads((out / "results.json").read_text())["records"][0]
+    assert rec["extra"]["calibrated_source"] == "calibrated"
+
+
+@pytest.mark.parametrize("name", list(PREDICTING))
+def test_every_predicting_command_takes_a_calibration_file(capsys, tmp_path, name):
+    path = save_calibration(H200, tmp_path / "mine.json")
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200", "--calibration", str(path)))
+    assert code == 0, err
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert "mine.json" in text
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200", "--calibration", "none"))
+    assert code == 0, err
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert "roofline" in text and "mine.json" not in text
+
+
+@pytest.mark.parametrize("name", list(PREDICTING))
+@pytest.mark.parametrize("damage", [b"\xff\xfe" * 10, b"{", b'{"format": "x"}', None])
+def test_a_bad_calibration_file_is_one_line_naming_it(capsys, tmp_path, name, damage):
+    path = tmp_path / "cal.json"
+    if damage is not None:
+        path.write_bytes(damage)
+    code, out, err = run(capsys, _argv(name, tmp_path, "--calibration", str(path)))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(path) in err, err
+
+
+@pytest.mark.parametrize("argv", [["regime"], ["report", "--no-kernel-check"]], ids=["regime", "report"])
+@pytest.mark.parametrize("damage", [b"\xff\xfe" * 10, b'{"records": [', None])
+def test_a_bad_results_file_is_one_line_naming_it(capsys, tmp_path, argv, damage):
+    path = tmp_path / "results.json"
+    if damage is not None:
+        path.write_bytes(damage)
+    code, _, err = run(capsys, argv + ["--out", str(tmp_path / "r")] * (argv[0] == "report") + ["--results", str(path)])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(path) in err and "--results" in err, err
+
+
+def test_regime_table_has_roofline_calibrated_and_measured(capsys, tmp_path):
+    from mla_var3.runtime.records import Record, write_results
+
+    recs = [Record("flash_mla", "design", V3.name, 32, 16, 4096, time_us=1003.0),
+            Record("mla_var6_plus", "design", V3.name, 32, 16, 4096, n=2048, time_us=4100.0),
+            Record("mla_var6_plus", "design", V3.name, 32, 16, 4096, n=4096, time_us=1930.0)]
+    path = write_results(tmp_path / "results.json", recs, {"device_key": "h200"})
+    code, out, err = run(capsys, ["regime", "--s", "1,16", "--results", str(path)])
+    assert code == 0, err
+    for word in ("roofline", "calibrated", "measured", "1,003.0 µs", "1,930.0 µs", "regimes (calibrated)",
+                 "calibration-h200.json"):
+        assert word in out, word
+    code, out, err = run(capsys, ["regime", "--s", "1,16", "--results", str(path), "--json"])
+    d = json.loads(out)
+    assert d["prediction"] == "calibrated" and d["calibrated_crossover_s"] == 38
+    assert d["measured"] == [{"s": 16, "times_s": {"flash_mla": pytest.approx(1003e-6),
+                                                   "mla_var6_plus": pytest.approx(1930e-6)}, "n": {"mla_var6_plus": 4096}}]
+    row = d["rows"][1]
+    assert row["calibrated"]["best"] == "flash_mla" and row["calibrated"]["source"]["flash_mla"] == "calibrated"
+    assert row["calibrated"]["times_s"]["flash_mla"] == predict(H200, "flash_mla", V3, Problem(b=32, s=16, t=4096)).time_s
+
+
+def test_report_and_plots_with_calibration_and_results(capsys, tmp_path):
+    from mla_var3.runtime.records import Record, write_results
+
+    path = write_results(tmp_path / "r.json", [Record("flash_attention", "design", V3.name, 32, 1024, 4096,
+                                                      time_us=16800.0)], {"device_key": "h200"})
+    out_dir = tmp_path / "rep"
+    code, out, err = run(capsys, ["report", "--no-kernel-check", "--device", "h200", "--out", str(out_dir),
+                                  "--results", str(path)])
+    assert code == 0, err
+    md = (out_dir / "report.md").read_text()
+    assert "FlashAttention measured" in md and "16,800.0" in md and "Regime table (calibrated)" in md
+    assert "by the calibrated model at **s = 38**" in md
+    data = json.loads((out_dir / "report.json").read_text())
+    assert data["measured"] == [{"s": 1024, "times_s": {"flash_attention": pytest.approx(0.0168)}, "n": {}}]
+    for png in ("roofline.png", "time_vs_s.png"):
+        assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, _, err = run(capsys, ["regime", "--plot-n", str(tmp_path / "n.png"), "--s", "16"])
+    assert code == 0 and (tmp_path / "n.png").exists() and "wrote" in err
+
+
+# ------------------------------------------------------------------------ the regime guide
+
+
+def test_calibrated_guide_rows_pick_the_least_calibrated_time():
+    g = regime_guide(V3, "h200", 32, 4096, [1, 16, 32, 64, 1024], calibration=H200)
+    assert g.prediction == "calibrated" and "calibration-h200.json" in g.calibration
+    for r in g.rows:
+        times = r.calibrated_times
+        single = min(("flash_mla", "flash_attention"), key=times.get)
+        want = "mla_var6_plus" if times["mla_var6_plus"] * (1 + HYBRID_MARGIN) < times[single] else single
+        assert r.calibrated_best == want
+        n, pr = calibrated_split(H200, V3, Problem(b=32, s=r.s, t=4096))
+        assert (r.calibrated_n, times["mla_var6_plus"]) == (n, pr.time_s)
+    assert [r.calibrated_best for r in g.rows] == ["flash_mla"] * 3 + ["flash_attention"] * 2
+    assert {e.regime: e.best for e in g.calibrated_regimes} == {"decode": "flash_mla", "speculative": "flash_mla",
+                                                                "prefill": "flash_attention"}
+    # the roofline's own answers are unchanged beside it
+    assert {r.s: r.best for r in g.rows}[16] == "mla_var6_plus"
+
+
+def test_calibrated_split_scans_n_and_falls_back_to_the_roofline():
+    pb = Problem(b=32, s=16, t=4096)
+    n, pr = calibrated_split(H200, V3, pb)
+    grid = [predict(H200, "mla_var6_plus", V3, pb, n=m).time_s for m in range(0, 4097, 64)]
+    assert pr.time_s == pytest.approx(min(grid)) and n == 4096
+    n, pr = calibrated_split(H200, V3, pb, lo=0, hi=512)
+    assert n <= 512 and pr.time_s == pytest.approx(min(grid[:9]))
+    n, pr = calibrated_split(None, V3, pb)
+    assert pr.source == "roofline" and n == 1190
+
+
+# ------------------------------------------------------------------------ explain
+
+
+@pytest.mark.parametrize("b", [32, 64])
+@pytest.mark.parametrize("s", [1, 2, 4, 8, 16, 32, 64, 128, 512, 1024])
+def test_default_explain_picks_the_least_calibrated_time(capsys, b, s):
+    """The bar's grid: the default ``explain --json`` (no results file, no autotune cache) picks
+    the design whose calibrated time is least, kernel alone and whole call alike."""
+    code, out, err = run(capsys, ["explain", "--device", "h200", "--b", str(b), "--s", str(s), "--t", "4096", "--json"])
+    assert code == 0, err
+    d = json.loads(out)
+    pb = Problem(b=b, s=s, t=4096)
+    kernels = {"absorbed": predict(H200, "flash_mla", V3, pb).time_s,
+               "expanded": predict(H200, "flash_attention", V3, pb).time_s,
+               "hybrid": calibrated_split(H200, V3, pb)[1].time_s}
+    assert d["design"] == min(kernels, key=kernels.get) == min(d["predicted_s"], key=d["predicted_s"].get)
+    assert d["prediction"] == "calibrated" and d["source"] == "model"
+    assert d["design"] == ("absorbed" if s <= 32 else "expanded")
+    assert set(d["what_it_takes"]) == {"absorbed", "expanded", "hybrid"} - {d["design"]}
+
+
+def test_explain_says_what_the_hybrid_would_need(capsys):
+    code, out, err = run(capsys, ["explain", "--device", "h200", "--b", "32", "--s", "16", "--no-measured"])
+    assert code == 0, err
+    line = next(x for x in out.replace("\n", " ").split("to win: ") if x.startswith("the hybrid"))
+    assert "GB/s per SM" in line and "absorbed design's rate" in line and "SM·µs per latent key" in line
+
+
+def test_hybrid_need_meets_the_target_by_its_own_law():
+    pb = Problem(b=32, s=16, t=4096)
+    target = predict(H200, "flash_mla", V3, pb).time_s / (1 + HYBRID_MARGIN)
+    need = hybrid_need(H200, V3, pb, target)
+    assert 0 < need.n < 4096
+    assert resource_law_s(H200, V3, pb, need.n, need.rate) == pytest.approx(target, rel=1e-9)
+    # faster than the default call's window reaches, and more than one SM's share of the copy rate:
+    # no window kernel reaches it, so the hybrid loses here (docs/kernels/mla-var6-plus.md section 8)
+    m = H200.machine()
+    assert need.rate > need.own_rate and need.rate > m.bytes_per_s / m.sms
+    # every other split needs more
+    for n in (1024, 2048, 3072):
+        lat_free = resource_law_s(H200, V3, pb, n, math.inf)
+        assert lat_free >= target or resource_law_s(H200, V3, pb, n, need.rate) >= target * (1 - 1e-9)
+    # a looser target needs less
+    assert hybrid_need(H200, V3, pb, 2 * target).rate < need.rate
+    assert hybrid_need(H200, V3, pb, 1e-6) is None
+
+
+@pytest.mark.parametrize("kernel,s,factor,word", [("flash_mla", 1024, 0.5, "tile steps"),
+                                                  ("flash_attention", 16, 0.5, "stream"),
+                                                  ("flash_attention", 1, 0.04, "host time")])
+def test_single_design_requirements(kernel, s, factor, word):
+    pb = Problem(b=32, s=s, t=4096)
+    own = predict(H200, kernel, V3, pb).time_s
+    text = requirement(H200, kernel, V3, pb, own * factor)
+    assert word in text and text.startswith("the ")
+    assert requirement(H200, kernel, V3, pb, own * 2) == ""          # it already wins
+    assert requirement(None, kernel, V3, pb, own * factor) == ""     # the roofline: nothing to say
+
+
+def test_the_regime_guide_document_is_up_to_date(monkeypatch):
+    """docs/regimes.md is what benchmarks/regimes.py makes of the shipped calibration and the
+    committed results; every guide row says on which data it rests."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    spec = importlib.util.spec_from_file_location("regimes", root / "benchmarks" / "regimes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (root / "docs" / "regimes.md").read_text()
+    assert mod.render(Path("benchmarks/results/h200/results.json")) == doc
+    rows = [line for line in doc.split("## The benchmark grid")[0].splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| s |")]
+    assert len(rows) == 22
+    for line in rows:
+        assert line.rstrip(" |").rsplit("| ", 1)[-1].startswith(("measurements", "calibrated model", "measured ")), line
