@@ -124,20 +124,24 @@ def test_generate_gives_the_stock_tokens(name):
 @pytest.mark.parametrize("mode,paged", [("absorbed", False), ("naive", False), ("hybrid", False),
                                         ("auto", True), ("absorbed", True)])
 def test_every_mode_and_the_paged_cache(mode, paged):
-    """Each layer mode (the hybrid at its default window of 1,024 tokens holds everything
-    expanded here: its window logic is tested in test_model_layer) and the paged latent cache,
-    with a prompt batch that is not padded and one that is, and beam search (cache reordering)."""
+    """Each layer mode (the hybrid with a window of 4 tokens, so that tokens leave it, and the
+    padded prefill re-splits it) and the paged latent cache, with a prompt batch that is not
+    padded and one that is, and beam search (cache reordering)."""
     model = tiny_model("v3-yarn-dv<d")
     ids, mask = padded_prompts((6, 2, 4), seed=2)
     ref_tokens, ref_logits, _ = greedy(model, ids, mask)
     ref_full, _, _ = greedy(model, ids[:, -2:], None)
     ref_beam = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=2, do_sample=False)
     enable(model, mode=mode, paged=paged)
+    for layer in model.model.layers:
+        layer.self_attn.mla.cfg = layer.self_attn.mla.cfg.replace(hybrid_n=4)
     tokens, logits, out = greedy(model, ids, mask)
     assert torch.equal(tokens, ref_tokens)
     assert_steps_close(logits, ref_logits, mode)
     state = returned_cache(out).layers[0].state
     assert state.kind == {"naive": "expanded", "hybrid": "hybrid"}.get(mode, "paged" if paged else "latent")
+    if mode == "hybrid":
+        assert state.n == 4 and state.k_win.shape[1] == 4
     assert torch.equal(greedy(model, ids[:, -2:], None)[0], ref_full)
     beam = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, num_beams=2, do_sample=False)
     assert torch.equal(beam, ref_beam)
@@ -227,3 +231,27 @@ def test_bad_calls_are_clear_errors():
     disable(model)
     with pytest.raises(ValueError, match="an MLACache holds mla_var3 cache containers"):
         model(input_ids=ids[:, -1:], **{CACHE: ours})
+
+
+def test_decode_benchmark_dry_run(tmp_path):
+    """benchmarks/hf_decode.py --dry-run: the GPU script's plumbing (every variant, the graph
+    variants' steps run eagerly) on a tiny float32 model, where every variant decodes the stock
+    tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_decode.py"
+    out = tmp_path / "dry.json"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    names = ["stock", "stock_static_graph", "enabled", "enabled_paged", "enabled_paged_graph"]
+    assert res["checks_ok"] and [c["variant"] for c in res["checks"]] == names
+    assert all(c["rel_err"] <= LOGITS_TOL and c["same_token_after_steps"] == 1.0 for c in res["checks"])
+    assert [r["label"] for r in res["rows"]] == names and all(r["tokens_per_s"] > 0 for r in res["rows"])
+    assert res["variants"]["enabled"]["nbytes"] == res["latent_cache_bytes"]
