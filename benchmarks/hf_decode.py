@@ -37,7 +37,8 @@ the graph replays, the L2 flushed before each), plus ``host_time_us`` of one eag
 Checks (first): the first decode step's logits of each variant against the stock eager ones on
 the same state (relative error at most ``TOLERANCE``: bf16 through four layers; a variant
 that fails is not timed), and the share of equal greedy tokens after the first step and after
-``STEPS`` steps (recorded: in bf16 a near-tie may flip a token and the sequences then part). KV-cache bytes per variant: the cache tensors (``nbytes``), the buffers
+``STEPS`` steps (recorded: in bf16 a near-tie may flip a token and the sequences then part).
+KV-cache bytes per variant: the cache tensors (``nbytes``), the buffers
 behind them (reserved), and the per-head K/V the stock attention expands at every step.
 
 Usage::

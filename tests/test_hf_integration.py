@@ -24,6 +24,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from mla_var3.integrations.hf_cache import MLACacheLayer  # noqa: E402
 from mla_var3.integrations.transformers import MLAAttention, MLACache, disable, enable, is_enabled  # noqa: E402
 from mla_var3.testing import rel_err  # noqa: E402
 
@@ -169,6 +170,29 @@ def test_sampling_and_a_continued_cache():
     assert torch.equal(first, ref_first) and torch.equal(second, ref_second)
 
 
+def test_prompt_lookup_decoding_crops_the_cache():
+    """Prompt-lookup (assisted) decoding drafts tokens from the prompt and cuts the rejected
+    ones from the cache (``MLACacheLayer.crop``): the stock tokens, with tokens really cut."""
+    model = tiny_model("v3-qlora-interleave")
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    kw = dict(input_ids=ids, max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=3)
+    ref = model.generate(**kw)
+    enable(model)
+    cut = []
+    crop = MLACacheLayer.crop
+
+    def counting(self, n):
+        cut.append(n)
+        return crop(self, n)
+
+    MLACacheLayer.crop = counting
+    try:
+        assert torch.equal(model.generate(**kw), ref)
+    finally:
+        MLACacheLayer.crop = crop
+    assert min(cut) < 0
+
+
 def test_forward_without_a_cache_shares_the_weights_and_keeps_the_keys():
     model = tiny_model("v3-qlora-interleave")
     ids, mask = padded_prompts()
@@ -218,6 +242,14 @@ def test_bad_calls_are_clear_errors():
         enable(model, mode="fast")
     with pytest.raises(ValueError, match="paged=True keeps a paged latent cache"):
         enable(model, mode="naive", paged=True)
+    if hasattr(torch, "float8_e4m3fn"):                     # a quantized checkpoint: refused, named
+        attn = model.model.layers[1].self_attn
+        weight = attn.kv_b_proj.weight
+        attn.kv_b_proj.weight = torch.nn.Parameter(weight.detach().to(torch.float8_e4m3fn), requires_grad=False)
+        with pytest.raises(ValueError, match=r"model.layers.1.self_attn: .*kv_b_proj.weight is torch.float8_e4m3fn"):
+            enable(model)
+        attn.kv_b_proj.weight = weight
+        assert not is_enabled(model)
     stock_cache = transformers.DynamicCache(config=model.config)
     model(input_ids=ids, attention_mask=mask, **{CACHE: stock_cache})
     enable(model)

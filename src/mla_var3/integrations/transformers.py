@@ -19,8 +19,8 @@ Detection (not by class name): a module is MLA attention when it has the MLA pro
 ``q_a_proj`` + ``q_a_layernorm`` + ``q_b_proj``), its config (its own ``config``, else the
 model's text config) has the MLA fields (``kv_lora_rank``, ``qk_nope_head_dim``,
 ``qk_rope_head_dim``, ``v_head_dim``, ...), and the weights have the shapes that config gives.
-A module with the names but other shapes, an unsupported RoPE type, or a softmax scale other
-than the config's, is a ValueError naming the module; a model with no MLA attention is a
+A module with the names but other shapes, quantized (float8) weights, an unsupported RoPE
+type, or a softmax scale other than the config's, is a ValueError naming the module; a model with no MLA attention is a
 ValueError saying so.
 
 Padding. transformers feeds left-padded batches whole and masks the pad keys. Here padding never
@@ -67,6 +67,7 @@ CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_
 ENABLE_MODES = (*MODES, "auto")
 _PAGED_MODES = ("auto", "absorbed")      # the modes that run over a paged latent cache
 _HOOKS = "_mla_var3_hooks"
+_FLOAT_WEIGHTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # --------------------------------------------------------------------------------- detection
@@ -117,6 +118,12 @@ def mla_config(module: nn.Module, model_config=None) -> MLAConfig | None:
     if wrong:
         listed = ", ".join(f"{n} {list(got) if got else None} (config: {list(exp)})" for n, (got, exp) in wrong.items())
         raise ValueError(f"{type(module).__name__} has MLA weights whose shapes do not match its config: {listed}")
+    odd = {n: w.dtype for n in want if (w := getattr(_submodule(module, n), "weight", None)) is not None
+           and w.dtype not in _FLOAT_WEIGHTS}
+    if odd:
+        listed = ", ".join(f"{n}.weight is {dtype}" for n, dtype in odd.items())
+        raise ValueError(f"{type(module).__name__}: {listed}; the layer runs float16/bfloat16/float32/float64 "
+                         "weights (dequantize a quantized checkpoint first)")
     scaling = getattr(module, "scaling", None)
     if isinstance(scaling, float) and abs(scaling - c.softmax_scale) > 1e-6 * c.softmax_scale:
         raise ValueError(f"{type(module).__name__} scales scores by {scaling}, the config gives {c.softmax_scale}")
