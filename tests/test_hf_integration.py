@@ -203,6 +203,8 @@ def test_forward_without_a_cache_shares_the_weights_and_keeps_the_keys():
     adapter = model.model.layers[1].self_attn
     out = model(input_ids=ids, attention_mask=mask, use_cache=False)
     assert returned_cache(out) is None and rel_err(out.logits, ref) <= LOGITS_TOL
+    out = model(input_ids=ids, attention_mask=mask, **{CACHE: MLACache(paged=True)})     # the caller's choice
+    assert returned_cache(out).layers[0].state.kind == "paged" and rel_err(out.logits, ref) <= LOGITS_TOL
     assert adapter.original is attn and adapter.layer_idx == 1
     for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
         assert getattr(adapter.mla, name) is getattr(attn, name)                 # the same modules: no copy

@@ -32,8 +32,10 @@ front, runs the layer once (the cache appends them after each sequence's own tok
 and puts the outputs back at their places. RoPE positions are transformers' ``position_ids``
 (``generate`` numbers the real tokens 0, 1, ...), so each real token sees the same keys at the
 same positions as in the stock model. A padded position's output is the attention of nothing,
-``o_proj(0)`` (what PyTorch's SDPA gives a row with no visible key). Without padding the layer
-runs directly on the batch (no mask read, no copy).
+``o_proj(0)``: what PyTorch's SDPA gives a row with no visible key (transformers' eager
+attention gives such a row the mean of the masked values instead; only the padded positions'
+outputs differ then). Without padding the layer runs directly on the batch (no mask read, no
+copy). An ``MLACache`` made by the caller keeps its own ``paged`` choice.
 
 Not supported while enabled: ``StaticCache`` / ``cache_implementation="static"`` (its masks are
 built for its fixed length; use the default cache), flex attention's block masks (use
@@ -211,7 +213,8 @@ class MLAAttention(nn.Module):
         if position_ids is None:                       # transformers' default: the fed tokens, counted
             position_ids = torch.arange(q, device=hidden_states.device) + (slot.seen if slot is not None else 0)
         positions = position_ids.reshape(-1, q).expand(b, q).long()
-        out, state = self._attend(hidden_states, positions, valid, state)
+        paged = cache.paged if cache is not None else self.paged
+        out, state = self._attend(hidden_states, positions, valid, state, paged)
         if slot is not None:
             slot.state, slot.seen, slot.owner = state, slot.seen + q, self.mla
         return out, None
@@ -224,20 +227,20 @@ class MLAAttention(nn.Module):
             cache._mask_memo = memo = (mask, _valid_tokens(mask, b, q))
         return memo[1]
 
-    def _start(self, state, b: int, s: int, like: torch.Tensor):
+    def _start(self, state, b: int, s: int, like: torch.Tensor, paged: bool):
         """The cache to append s tokens to: a new paged one when the cache is paged, and a paged
         one with room for them (None lets the layer start the mode's own)."""
-        if not self.paged:
+        if not paged:
             return state
         c = self.mla.cfg
         if state is None:
             state = PagedLatentCache.empty(b, c.k, c.p, dtype=like.dtype, device=like.device)
         return with_room(state, s)
 
-    def _attend(self, x: torch.Tensor, positions: torch.Tensor, valid, state):
+    def _attend(self, x: torch.Tensor, positions: torch.Tensor, valid, state, paged: bool):
         b, q = x.shape[:2]
         if valid is None:                                          # nothing padded: the layer as it is
-            return self.mla(x, positions, cache=self._start(state, b, q, x), mode=self.mode)
+            return self.mla(x, positions, cache=self._start(state, b, q, x, paged), mode=self.mode)
         counts = valid.sum(1)
         s = int(counts.max())
         if s == 0:                                                 # only padding in this step
@@ -245,7 +248,8 @@ class MLAAttention(nn.Module):
         before = state.seqlens.long() if state is not None else torch.zeros(b, dtype=torch.long, device=x.device)
         order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :s]   # real tokens first, in order
         packed = x.gather(1, order[..., None].expand(b, s, x.shape[2]))
-        out, state = self.mla(packed, positions.gather(1, order), cache=self._start(state, b, s, x), mode=self.mode)
+        out, state = self.mla(packed, positions.gather(1, order), cache=self._start(state, b, s, x, paged),
+                              mode=self.mode)
         state = keep_first(state, before.to(state.seqlens.device) + counts.to(state.seqlens.device), self.mla)
         rank = (valid.long().cumsum(1) - 1).clamp(min=0)                               # token -> packed slot
         out = out.gather(1, rank[..., None].expand(b, q, out.shape[2]))
