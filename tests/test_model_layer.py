@@ -40,7 +40,7 @@ def eager_mla(cfg: MLAConfig, sd: dict, x: torch.Tensor) -> torch.Tensor:
     sd = {key: value.to(F64) for key, value in sd.items()}
     x = x.to(F64)
     b, s, _ = x.shape
-    h, d, p, k = cfg.h, cfg.d, cfg.p, cfg.k
+    h, d, p, k, dv = cfg.h, cfg.d, cfg.p, cfg.k, cfg.dv
 
     def lin(name, t):
         return F.linear(t, sd[name + ".weight"], sd.get(name + ".bias"))
@@ -51,7 +51,7 @@ def eager_mla(cfg: MLAConfig, sd: dict, x: torch.Tensor) -> torch.Tensor:
     q = lin("q_proj", x) if cfg.q_lora_rank is None else lin("q_b_proj", rms("q_a_layernorm", lin("q_a_proj", x)))
     q = q.view(b, s, h, d + p)
     ckv = lin("kv_a_proj_with_mqa", x)
-    kv = lin("kv_b_proj", rms("kv_a_layernorm", ckv[..., :k])).view(b, s, h, 2 * d)
+    kv = lin("kv_b_proj", rms("kv_a_layernorm", ckv[..., :k])).view(b, s, h, d + dv)
     k_nope, v = kv[..., :d], kv[..., d:]
     inv_freq, factor = rope_inv_freq(cfg)
     angle = torch.arange(s, dtype=F64)[:, None] * inv_freq           # [S, p/2]
@@ -69,7 +69,7 @@ def eager_mla(cfg: MLAConfig, sd: dict, x: torch.Tensor) -> torch.Tensor:
     scores = torch.einsum("bihd,bjhd->bhij", q[..., :d], k_nope) + torch.einsum("bihp,bjp->bhij", q_pe, k_pe)
     mask = torch.ones(s, s, dtype=torch.bool).tril()
     probs = torch.softmax((scores * cfg.softmax_scale).masked_fill(~mask, float("-inf")), dim=-1)
-    o = torch.einsum("bhij,bjhd->bihd", probs, v).reshape(b, s, h * d)
+    o = torch.einsum("bhij,bjhd->bihd", probs, v).reshape(b, s, h * dv)
     return lin("o_proj", o)
 
 
@@ -114,6 +114,33 @@ def test_rope_variants_and_bias(rope_interleave, yarn, attention_bias):
     for mode in MODES:
         out, _ = run_steps(layer, x, [4, 1, 2], mode, n=2)
         assert_close(out, ref, F64, name=mode)
+
+
+@pytest.mark.parametrize("dv", [6, 24], ids=["dv<d", "dv>d"])
+@pytest.mark.parametrize("mode", [*MODES, "auto"])
+def test_value_head_dim_differs(mode, dv):
+    """``v_head_dim != qk_nope_head_dim`` (d = 16) in every mode, the dispatcher's included: a
+    ragged prefill (a LatentCache built by the layer, then a decode step and s = 2 on it; for
+    "auto" each design forced over the latent cache and the hybrid over a HybridCache)."""
+    cfg = small_config("deepseek-v3", dv=dv)
+    assert cfg.d == 16
+    layer = MLALayer.random(cfg, dtype=F64, seed=11)
+    x = hidden(cfg, 2, 8)
+    ref = eager_mla(cfg, layer.state_dict(), x)
+    designs = ["auto", "absorbed", "expanded"] if mode == "auto" else [None]
+    for design in designs:
+        if design is not None:
+            layer.auto_design = design
+        out, cache = run_steps(layer, x, [5, 1, 2], mode, n=3)
+        assert out.shape == (2, 8, cfg.hidden)
+        assert_close(out, ref, F64, name=f"{mode} {design} dv={dv}")
+    if mode == "auto":
+        layer.auto_design = "hybrid"
+        out, cache = run_steps(layer, x, [5, 1, 2], "auto", n=3)
+        assert cache.kind == "hybrid" and cache.v_win.shape[-1] == dv and cache.k_win.shape[-1] == 16
+        assert_close(out, ref, F64, name=f"auto hybrid dv={dv}")
+    if mode == "naive":
+        assert cache.v.shape[-1] == dv and cache.k.shape[-1] == 16
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 8, 9, 20])
@@ -262,12 +289,14 @@ def test_backend_selection():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="float32 CPU tensors reach the kernels only under the interpreter; on a GPU the kernel tests and benchmarks/layer_e2e.py cover this path")
+@pytest.mark.parametrize("dv", [8, 16, 32], ids=["dv<d", "dv=d", "dv>d"])
 @pytest.mark.parametrize("mode", MODES)
-def test_kernel_backend_matches_reference(mode):
+def test_kernel_backend_matches_reference(mode, dv):
     """The layer wired to the Triton kernels (the interpreter on CPU) gives the reference's
     output: prefill, decode, and for the absorbed path a paged cache too. Power-of-two widths
-    (the kernels' tile shapes), float32 (tolerance TOLERANCE[float32])."""
-    cfg = MLAConfig(hidden=64, h=2, d=16, p=16, k=32, dv=16)
+    (the kernels' tile shapes), float32 (tolerance TOLERANCE[float32]); dv = 8 and 32 (d = 16) run
+    the expanded and hybrid kernels at the padded width."""
+    cfg = MLAConfig(hidden=64, h=2, d=16, p=16, k=32, dv=dv)
     layer = MLALayer.random(cfg, dtype=torch.float32, seed=9)
     x = hidden(cfg, 2, 5, torch.float32)
     caches = [None]

@@ -123,6 +123,14 @@ def test_from_hf_config_rope_parameters_and_lite():
     assert MLAConfig.from_hf_config(by_ratio).rope_scaling.factor == 40.0
 
 
+def test_value_head_dim_may_differ():
+    """A valid checkpoint config is never refused: v_head_dim != qk_nope_head_dim loads as it is."""
+    cfg = MLAConfig.from_hf_config(dict(DEEPSEEK_V3_HF, v_head_dim=96))
+    assert (cfg.d, cfg.dv, cfg.dims.dv) == (128, 96, 96)
+    assert cfg.softmax_scale == 192 ** -0.5 * cfg.rope_scaling.softmax_factor   # q/k width d + p only
+    assert MLAConfig(hidden=8, h=1, d=4, p=4, k=4, dv=8).dv == 8
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match=r"missing keys \['kv_lora_rank'\]"):
         MLAConfig.from_hf_config({k: v for k, v in DEEPSEEK_V3_HF.items() if k != "kv_lora_rank"})
@@ -130,8 +138,6 @@ def test_config_errors():
         MLAConfig.from_hf_config(dict(DEEPSEEK_V3_HF, rope_scaling={"type": "longrope"}))
     with pytest.raises(ValueError, match="p must be even"):
         MLAConfig(hidden=8, h=1, d=4, p=3, k=4, dv=4)
-    with pytest.raises(ValueError, match="dv=8 must equal"):
-        MLAConfig(hidden=8, h=1, d=4, p=4, k=4, dv=8)
     with pytest.raises(ValueError, match="h must be a positive integer"):
         MLAConfig(hidden=8, h=0, d=4, p=4, k=4, dv=4)
 

@@ -18,11 +18,20 @@ hybrid     hybrid: o latent + n expanded tokens per sequence, ``n <= window`` (d
 Functions come from :func:`mla_var3.model.backend.attention_fn`: the Triton kernels for CUDA
 tensors, the fp32 references elsewhere (``backend="kernel"`` runs the kernels under Triton's
 interpreter on a CPU).
+
+A value head dim ``DV`` other than the q/k no-RoPE dim ``D`` (``v_head_dim != qk_nope_head_dim``):
+the absorbed design never reads V per head (``W_UV`` maps the latent output to ``DV`` in
+``decompress``), so it runs as it is. The expanded and hybrid kernels read V tiles at the q/k
+width, so their calls get q, K and V padded with zero columns to ``max(D, DV)`` and the output
+is cut to ``DV`` (:func:`_one_head_dim`): exact (a zero column adds nothing to a score and
+gives a zero output column), at the cost of ``|D - DV|`` extra columns read and computed. The
+references take the same path, so the CPU tests run what a GPU runs.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from mla_var3.designs import design as _design
 from mla_var3.dispatch.decide import CacheInfo, Decision, Dispatcher, dims_for_dtype
@@ -74,6 +83,7 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
     def fn(name: str):
         return attention_fn(name, q_nope.device, backend)
 
+    dv = w_uv.shape[2]
     if not d.latent:                          # expanded
         if cache.kind == "expanded":
             k, v, kpe = cache.k, cache.v, cache.kpe
@@ -83,8 +93,9 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
             latent = cache.to_latent() if cache.kind == "paged" else cache
             k, v = expand_kv(latent.z, w_uk, w_uv)
             kpe = latent.kpe
-        o, _ = fn(d.kernel)(q_nope, q_pe, k, v, kpe, scale=scale, causal=True, seqlens=_seqlens(cache))
-        return o
+        q, k, v = _one_head_dim(q_nope, k, v)
+        o, _ = fn(d.kernel)(q, q_pe, k, v, kpe, scale=scale, causal=True, seqlens=_seqlens(cache))
+        return o[..., :dv]
     dt = q_nope.dtype
     qc = fn("absorb_query")(q_nope, w_uk).to(dt)
     if not d.split:                           # absorbed
@@ -100,12 +111,28 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
 
     def attend(rows: slice, parts):
         z_old, kpe, k_new, v_new = parts
-        o, o_latent, _ = split(q_nope[rows], q_pe[rows], qc[rows], z_old, kpe, k_new, v_new, scale=scale, causal=True)
-        return decompress(o_latent.to(dt), w_uv, o.to(dt))
+        q, k_new, v_new = _one_head_dim(q_nope[rows], k_new, v_new)
+        o, o_latent, _ = split(q, q_pe[rows], qc[rows], z_old, kpe, k_new, v_new, scale=scale, causal=True)
+        return decompress(o_latent.to(dt), w_uv, o[..., :dv].to(dt))
 
     if cache.uniform:
         return attend(slice(None), _hybrid_parts(cache, n, None))
     return torch.cat([attend(slice(i, i + 1), _hybrid_parts(cache, n, i)) for i in range(cache.batch)])
+
+
+def _one_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``q [..., D]``, ``k [..., D]``, ``v [..., DV]`` with zero columns appended to one width
+    ``max(D, DV)`` (the expanded and hybrid kernels read V at the q/k width); as they are when
+    ``D == DV``. Scores are unchanged; the output's columns past DV are zero (cut by the caller)."""
+    d, dv = k.shape[-1], v.shape[-1]
+    if d == dv:
+        return q, k, v
+    width = max(d, dv)
+
+    def pad(x):
+        return F.pad(x, (0, width - x.shape[-1]))
+
+    return pad(q), pad(k), pad(v)
 
 
 def _hybrid_parts(cache, n: int, b: int | None):

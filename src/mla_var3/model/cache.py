@@ -4,9 +4,9 @@
 container                  tensors                                          bytes (memory model)
 =========================  ===============================================  ========================
 :class:`LatentCache`       z [B,T,K], kpe [B,T,P]                           ``mla_cache_bytes``
-:class:`ExpandedCache`     k, v [B,T,H,D], kpe [B,T,P]                      ``expanded_cache_bytes``
+:class:`ExpandedCache`     k [B,T,H,D], v [B,T,H,DV], kpe [B,T,P]           ``expanded_cache_bytes``
 :class:`HybridCache`       z [B,O,K] (or [B,T,K]), kpe [B,T,P],             ``hybrid_cache_bytes``
-                           k_win, v_win [B,N,H,D]
+                           k_win [B,N,H,D], v_win [B,N,H,DV]
 :class:`PagedLatentCache`  kv [num_blocks, 64, 1, K+P],                     ``paged_cache_bytes``
                            block_table [B, max_blocks] int32
 =========================  ===============================================  ========================
@@ -172,8 +172,9 @@ class LatentCache(HostLengths):
 
 @dataclass(frozen=True)
 class ExpandedCache:
-    """Expanded cache of the FlashAttention design: ``k, v [B, T, H, D]`` (no-RoPE key and
-    value per head), ``kpe [B, T, P]`` (shared RoPE key), ``seqlens [B]``."""
+    """Expanded cache of the FlashAttention design: ``k [B, T, H, D]``, ``v [B, T, H, DV]``
+    (no-RoPE key and value per head; ``DV`` is ``v_head_dim``, usually ``D``), ``kpe [B, T, P]``
+    (shared RoPE key), ``seqlens [B]``."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -182,15 +183,18 @@ class ExpandedCache:
     kind = "expanded"
 
     def __post_init__(self) -> None:
-        if self.k.dim() != 4 or self.v.shape != self.k.shape or self.kpe.dim() != 3 or self.kpe.shape[:2] != self.k.shape[:2]:
-            raise ValueError(f"ExpandedCache: k, v must be [B, T, H, D] and kpe [B, T, P], got {list(self.k.shape)}, "
+        if self.k.dim() != 4 or self.v.dim() != 4 or self.v.shape[:3] != self.k.shape[:3] or self.kpe.dim() != 3 \
+                or self.kpe.shape[:2] != self.k.shape[:2]:
+            raise ValueError(f"ExpandedCache: k must be [B, T, H, D], v [B, T, H, DV] and kpe [B, T, P], got {list(self.k.shape)}, "
                              f"{list(self.v.shape)}, {list(self.kpe.shape)}")
         object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, *self.k.shape[:2], self.k.device))
 
     @classmethod
-    def empty(cls, b: int, h: int, d: int, p: int, dtype: torch.dtype = torch.float32, device=None) -> "ExpandedCache":
-        kv = torch.zeros(b, 0, h, d, dtype=dtype, device=device)
-        return cls(kv, kv.clone(), torch.zeros(b, 0, p, dtype=dtype, device=device))
+    def empty(cls, b: int, h: int, d: int, p: int, dtype: torch.dtype = torch.float32, device=None,
+              dv: int | None = None) -> "ExpandedCache":
+        """No tokens; ``dv`` defaults to ``d``."""
+        zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        return cls(zeros(b, 0, h, d), zeros(b, 0, h, d if dv is None else dv), zeros(b, 0, p))
 
     @property
     def batch(self) -> int:
@@ -206,11 +210,12 @@ class ExpandedCache:
 
     @property
     def nbytes(self) -> int:
-        """``B * T * (2 * H * D + P) * w`` (= ``expanded_cache_bytes``)."""
+        """``B * T * (H * (D + DV) + P) * w`` (= ``expanded_cache_bytes`` when ``DV = D``)."""
         return _nbytes(self.k, self.v, self.kpe)
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor, kpe_new: torch.Tensor) -> "ExpandedCache":
-        """Add ``k_new, v_new [B, s, H, D]``, ``kpe_new [B, s, P]`` after each sequence's tokens."""
+        """Add ``k_new [B, s, H, D]``, ``v_new [B, s, H, DV]``, ``kpe_new [B, s, P]`` after each
+        sequence's tokens."""
         s = check_new("k_new", k_new, self.batch, tuple(self.k.shape[2:]), self.k)
         check_new("v_new", v_new, self.batch, tuple(self.v.shape[2:]), self.v)
         check_new("kpe_new", kpe_new, self.batch, (self.kpe.shape[2],), self.kpe)

@@ -202,10 +202,6 @@ class MLAConfig:
             raise ValueError(f"MLAConfig: name must be a string, got {quote(self.name)}")
         if self.p % 2:
             raise ValueError(f"MLAConfig: the RoPE dim p must be even (pairs are rotated), got {self.p}")
-        if self.d != self.dv:
-            # The designs' layouts share one D for K, V, Q and O (seed layouts).
-            raise ValueError(f"MLAConfig: v_head_dim dv={self.dv} must equal qk_nope_head_dim d={self.d} "
-                             "(the designs' layouts share one head dim D)")
         if not isinstance(self.hybrid_n, int) or isinstance(self.hybrid_n, bool) or self.hybrid_n < 0:
             raise ValueError(f"MLAConfig: hybrid_n must be an integer >= 0, got {quote(self.hybrid_n)}")
 

@@ -5,7 +5,7 @@ Layout (the public tensors are views into buffers with spare capacity)::
 
     z_buf   [B, Cz, K]     latent rows 0..      z     = z_buf[:, :Tz]
     kpe_buf [B, Ct, P]     RoPE key rows 0..    kpe   = kpe_buf[:, :T]
-    k_buf   [B, Cw, H, D]  window at an offset  k_win = k_buf[:, off:off + N]   (v_buf alike)
+    k_buf   [B, Cw, H, D]  window at an offset  k_win = k_buf[:, off:off + N]   (v_buf alike, [B, Cw, H, DV])
 
 A step of s new tokens (:meth:`HybridCache.append`) writes them past the last token of each
 sequence: ``z``/``kpe`` rows ``t_b .. t_b + s`` and window slots ``off + n_b .. off + n_b + s``;
@@ -56,8 +56,9 @@ class HybridCache(HostLengths):
         ``keep_latent_window`` (then ``Tz = T``).
     kpe : Tensor [B, T, P]
         RoPE key of every token.
-    k_win, v_win : Tensor [B, N, H, D]
-        Expanded window: tokens ``[o_b, t_b)`` of sequence b, left-aligned, ``N = min(n, T)``.
+    k_win, v_win : Tensor [B, N, H, D] and [B, N, H, DV]
+        Expanded window: tokens ``[o_b, t_b)`` of sequence b, left-aligned, ``N = min(n, T)``
+        (``DV`` is ``v_head_dim``, usually ``D``).
     seqlens : Tensor [B] int32
         ``t_b``; ``o_b = t_b - min(n, t_b)``.
     n : int
@@ -80,9 +81,9 @@ class HybridCache(HostLengths):
 
     def __post_init__(self) -> None:
         b, t = self.kpe.shape[:2]
-        if self.z.dim() != 3 or self.z.shape[0] != b or self.k_win.dim() != 4 or self.v_win.shape != self.k_win.shape \
-                or self.k_win.shape[0] != b:
-            raise ValueError(f"HybridCache: z must be [B, Tz, K], kpe [B, T, P], k_win/v_win [B, N, H, D]; got "
+        if self.z.dim() != 3 or self.z.shape[0] != b or self.k_win.dim() != 4 or self.v_win.dim() != 4 \
+                or self.v_win.shape[:3] != self.k_win.shape[:3] or self.k_win.shape[0] != b:
+            raise ValueError(f"HybridCache: z must be [B, Tz, K], kpe [B, T, P], k_win [B, N, H, D], v_win [B, N, H, DV]; got "
                              f"{list(self.z.shape)}, {list(self.kpe.shape)}, {list(self.k_win.shape)}, {list(self.v_win.shape)}")
         check_window(self.n, "HybridCache: n")
         object.__setattr__(self, "seqlens", check_seqlens(self.seqlens, b, t, self.kpe.device))
@@ -111,9 +112,10 @@ class HybridCache(HostLengths):
     # ----------------------------------------------------------------- builders
     @classmethod
     def empty(cls, b: int, h: int, d: int, k: int, p: int, n: int, keep_latent_window: bool = True,
-              dtype: torch.dtype = torch.float32, device=None) -> "HybridCache":
+              dtype: torch.dtype = torch.float32, device=None, dv: int | None = None) -> "HybridCache":
+        """No tokens; ``dv`` (the value head dim) defaults to ``d``."""
         zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        return cls(zeros(b, 0, k), zeros(b, 0, p), zeros(b, 0, h, d), zeros(b, 0, h, d),
+        return cls(zeros(b, 0, k), zeros(b, 0, p), zeros(b, 0, h, d), zeros(b, 0, h, d if dv is None else dv),
                    torch.zeros(b, dtype=torch.int32, device=device), n, keep_latent_window)
 
     @classmethod
@@ -152,8 +154,8 @@ class HybridCache(HostLengths):
     # ----------------------------------------------------------------- properties
     @property
     def nbytes(self) -> int:
-        """``B * (O * (K + P) + N * (2 * H * D + P)) * w`` (+ ``B * N * K * w`` with
-        ``keep_latent_window``) (= ``hybrid_cache_bytes``)."""
+        """``B * (O * (K + P) + N * (H * (D + DV) + P)) * w`` (+ ``B * N * K * w`` with
+        ``keep_latent_window``) (= ``hybrid_cache_bytes`` when ``DV = D``)."""
         return tensor_bytes(self.z, self.kpe, self.k_win, self.v_win)
 
     @property
@@ -162,7 +164,7 @@ class HybridCache(HostLengths):
         return self.nbytes if self._store is None else self._store.nbytes
 
     def parts(self, b: int | None = None):
-        """``(z_old [B,O,K], kpe [B,O+N,P], k_new [B,N,H,D], v_new [B,N,H,D])`` for the attention.
+        """``(z_old [B,O,K], kpe [B,O+N,P], k_new [B,N,H,D], v_new [B,N,H,DV])`` for the attention.
 
         The whole batch when every sequence has the same length (``b=None``), else sequence b
         alone (unpadded, batch 1).
@@ -181,7 +183,7 @@ class HybridCache(HostLengths):
     # ----------------------------------------------------------------- maintenance
     def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> "HybridCache":
         """Add s tokens per sequence (their latent ``z_new [B,s,K]``, RoPE key ``kpe_new [B,s,P]``
-        and expanded ``k_new, v_new [B,s,H,D]``); the window keeps the n newest, its oldest
+        and expanded ``k_new [B,s,H,D]``, ``v_new [B,s,H,DV]``); the window keeps the n newest, its oldest
         tokens move to the latent part (their ``z`` is already there). See the module docstring."""
         s = check_new("z_new", z_new, self.batch, (self.z.shape[2],), self.z)
         for name, x, tail in (("kpe_new", kpe_new, (self.kpe.shape[2],)), ("k_new", k_new, tuple(self.k_win.shape[2:])),
@@ -214,7 +216,7 @@ class HybridCache(HostLengths):
         empty = lambda *tail: self.kpe.new_zeros((b, 0, *tail))  # noqa: E731
         step = _Step(self, 0)
         st, off = step.rebuild(empty(k), empty(self.kpe.shape[2]), empty(*self.k_win.shape[2:]),
-                               empty(*self.k_win.shape[2:]), min_t=max_len)
+                               empty(*self.v_win.shape[2:]), min_t=max_len)
         return HybridCache._view(st, self.seqlens.clone(), self._lengths, self.n, self.keep_latent_window,
                                  step.tz2, step.t2, off)
 
@@ -321,7 +323,7 @@ class _Step:
         rows = reserve(min(c.n, max(self.t2, min_t)), s) if c.n else 0
         alloc = self._alloc()
         st.k = alloc((c.batch, rows, *c.k_win.shape[2:]))
-        st.v = alloc((c.batch, rows, *c.k_win.shape[2:]))
+        st.v = alloc((c.batch, rows, *c.v_win.shape[2:]))
         if c.n and c.batch:
             self._rebuild_window(st.k, c.k_win, k_new)
             self._rebuild_window(st.v, c.v_win, v_new)

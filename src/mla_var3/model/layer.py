@@ -198,8 +198,8 @@ class MLALayer(nn.Module):
         return q_nope.contiguous(), q_pe.contiguous(), z.contiguous(), kpe.contiguous()
 
     def expand(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``k_nope, v [B, S, H, D]`` of latent tokens ``z [B, S, K]`` (the per-head blocks of
-        ``kv_b_proj``)."""
+        """``k_nope [B, S, H, D]`` and ``v [B, S, H, DV]`` of latent tokens ``z [B, S, K]`` (the
+        per-head blocks of ``kv_b_proj``)."""
         w = self.absorbed
         return expand_kv(z, w.w_uk, w.w_uv)
 
@@ -241,9 +241,9 @@ class MLALayer(nn.Module):
         c = self.cfg
         kw = dict(dtype=dtype, device=device)
         if mode == "hybrid" or (mode == "auto" and n is not None):
-            return HybridCache.empty(b, c.h, c.d, c.k, c.p, c.hybrid_n if n is None else n, **kw)
+            return HybridCache.empty(b, c.h, c.d, c.k, c.p, c.hybrid_n if n is None else n, dv=c.dv, **kw)
         if mode == "naive":
-            return ExpandedCache.empty(b, c.h, c.d, c.p, **kw)
+            return ExpandedCache.empty(b, c.h, c.d, c.p, dv=c.dv, **kw)
         return LatentCache.empty(b, c.k, c.p, **kw)
 
     def _append(self, cache, z: torch.Tensor, kpe: torch.Tensor):
