@@ -130,6 +130,34 @@ def test_bench_interpret_tiny_grid(tmp_path, capsys):
     assert recs["flash_mla"]["extra"]["calibrated_source"] == "calibrated"
     assert recs["flash_mla"]["extra"]["calibrated_us"] > 0 and "cal/meas" in (out / "results.md").read_text()
     assert "calibrated_us" not in recs["torch_eager_absorbed"]["extra"]
+    # every point also records its eager time and its host time per call
+    assert recs["flash_mla"]["extra"]["eager_us"] > 0 and recs["flash_mla"]["extra"]["host_us"] > 0
+
+
+@CPU_ONLY
+def test_bench_interpret_ragged_paged_batches(tmp_path, capsys):
+    """--seqlens adds ragged paged points: the compat call over FlashMLA's layout, and official
+    FlashMLA (skipped here: not importable on a CPU) on the same inputs."""
+    out = tmp_path / "res"
+    rc = cli.main(["bench", "--interpret", "--designs", "flash_mla", "--s", "1", "--baselines", "--seqlens",
+                   "random:100:4096", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr()
+    recs = json.loads((out / "results.json").read_text())["records"]
+    ragged = [r for r in recs if r["extra"].get("lengths") is not None]
+    assert {r["name"] for r in ragged} == {"flash_mla_paged", "flashmla_official"}
+    ours = next(r for r in ragged if r["name"] == "flash_mla_paged")
+    assert ours["status"] == "ok" and "compat" in ours["backend"] and len(ours["extra"]["lengths"]) == ours["b"]
+    assert all(2 <= n <= 64 for n in ours["extra"]["lengths"]) and ours["extra"]["host_us"] > 0
+    assert next(r for r in ragged if r["name"] == "flashmla_official")["status"] == "skipped"
+
+
+def test_ragged_lengths_spec():
+    assert B.ragged_lengths("random:3:9", 50, 10, seed=1) == B.ragged_lengths("random:3:9", 50, 10, seed=1)
+    assert all(3 <= n <= 9 for n in B.ragged_lengths("random:3:9", 50, 10))
+    assert B.ragged_lengths("5,7", 5, 10) == [5, 7, 5, 7, 5]
+    for bad in ("random:5", "random:0:3", "random:4:3", "x", "3,,4", "random:1:99"):
+        with pytest.raises(ValueError, match="seqlens"):
+            B.ragged_lengths(bad, 4, 10)
 
 
 @CPU_ONLY

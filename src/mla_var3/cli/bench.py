@@ -90,6 +90,7 @@ def run(args) -> int:
         baselines=BASELINES if args.baselines else (),
         point_seconds=args.point_seconds, slow_point_seconds=args.slow_point_seconds, max_seconds=args.max_seconds,
         autotune=args.autotune, retune=args.retune, tune_seconds=args.tune_seconds, interpret=args.interpret,
+        seqlens=args.seqlens, eager=not args.no_eager,
     )
     if args.interpret:
         spec = interpret_spec(spec)
@@ -174,5 +175,12 @@ def add(sub) -> None:
     p.add_argument("--clear-cache", action="store_true", help="delete the autotune cache first")
     p.add_argument("--interpret", action="store_true",
                    help="CPU only: a 2-point grid under the Triton interpreter, to test the plumbing")
+    p.add_argument("--seqlens", default=None, metavar="SPEC",
+                   help="also time ragged paged batches (FlashMLA's layout: the compat call, and official FlashMLA "
+                        "with --baselines): 'random:LO:HI' (lengths uniform in [LO, HI] per b) or a comma list of "
+                        "lengths; --t is the cache's capacity")
+    p.add_argument("--no-eager", action="store_true",
+                   help="time CUDA-graph replays only (by default each point also records its eager time and its "
+                        "host time per call)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

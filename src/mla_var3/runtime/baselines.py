@@ -133,8 +133,31 @@ def _import_for_cuda(package: str, device):
     return importlib.import_module(package)
 
 
-def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device) -> Baseline:
+def paged_inputs(dims: MLADims, problem: Problem, lengths: list[int], dtype: str, device, seed: int = 0) -> dict:
+    """A ragged batch in FlashMLA's layout, the same for every caller with the same arguments:
+    ``q [b, s, h, K + P]``, ``cache [pages, 64, 1, K + P]`` (pages in random order, NaN past each
+    length), ``table [b, max_blocks]`` int32 (-1 past each sequence), ``seqlens [b]`` int32 and
+    ``scale``; ``problem.t`` is the capacity (every length <= t)."""
+    from mla_var3.reference import make_inputs, make_paged
+
+    x = make_inputs(dims, problem, dtype=torch_dtype(dtype), device=device, seed=seed)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    cache, table = make_paged(x.z, x.kpe, seqlens, page_block_size=64, seed=seed)
+    q = torch.cat([x.qc, x.qpe], dim=-1).transpose(1, 2).contiguous()
+    return {"q": q, "cache": cache, "table": table, "seqlens": seqlens, "scale": x.scale}
+
+
+def make_flashmla_official(dims: MLADims, problem: Problem, dtype: str, device, lengths=None) -> Baseline:
+    """Official FlashMLA's dense decode: over a contiguous paged copy of the uniform inputs, or,
+    with ``lengths``, over :func:`paged_inputs` (the ragged points' inputs)."""
     flash_mla = _import_for_cuda("flash_mla", device)
+    if lengths is not None:
+        x = paged_inputs(dims, problem, lengths, dtype, device)
+        meta, splits = flash_mla.get_mla_metadata(x["seqlens"], problem.s * dims.h, 1)
+        causal = problem.causal and problem.s > 1
+        call = lambda: flash_mla.flash_mla_with_kvcache(x["q"], x["cache"], x["table"], x["seqlens"],  # noqa: E731
+                                                        dims.k, meta, splits, softmax_scale=x["scale"], causal=causal)
+        return Baseline("flashmla_official", call, f"flash_mla {getattr(flash_mla, '__version__', '')}".strip())
 
     b, s, t, h, k, p = problem.b, problem.s, problem.t, dims.h, dims.k, dims.p
     block = 64
@@ -185,10 +208,20 @@ MAKERS = {
 BASELINES = tuple(MAKERS)
 
 
-def make_baseline(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> Baseline:
-    """Build baseline ``name`` for one shape (raises :class:`BaselineUnavailable`)."""
+#: baselines that take a ragged paged batch (``lengths``)
+RAGGED = ("flashmla_official",)
+
+
+def make_baseline(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda",
+                  lengths: list[int] | None = None) -> Baseline:
+    """Build baseline ``name`` for one shape (raises :class:`BaselineUnavailable`); ``lengths``: a
+    ragged paged batch (only the baselines in :data:`RAGGED`)."""
     try:
         maker = MAKERS[name]
     except KeyError:
         raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}") from None
+    if lengths is not None:
+        if name not in RAGGED:
+            raise ValueError(f"baseline {name!r} takes no ragged batch; those that do: {', '.join(RAGGED)}")
+        return maker(dims, problem, dtype, device, lengths=lengths)
     return maker(dims, problem, dtype, device)

@@ -33,6 +33,9 @@ DEFAULT_B = (32, 64)
 #: the hybrid's n sweep, as fractions of t (plus the model's optimum).
 N_SWEEP_FRACTIONS = (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 N_ALIGN = 64
+#: the design a ragged point runs: the FlashMLA-compatible call on a paged cache
+RAGGED_DESIGN = "flash_mla_paged"
+RAGGED_BASELINES = ("flashmla_official",)
 
 
 @dataclass
@@ -59,6 +62,12 @@ class BenchSpec:
     retune: bool = False
     tune_seconds: float = 30.0
     interpret: bool = False
+    #: ragged paged batches (FlashMLA's layout, the compat call against official FlashMLA):
+    #: "random:LO:HI" (lengths uniform in [LO, HI], seeded per b) or "L1,L2,..." (cycled over b); t is
+    #: the capacity
+    seqlens: str | None = None
+    #: also time each point as plain eager calls and its host time per call
+    eager: bool = True
 
     def __post_init__(self) -> None:
         def ints(name: str, values, low: int) -> None:
@@ -82,6 +91,33 @@ class BenchSpec:
                 raise ValueError(f"BenchSpec: {name} must be a finite positive number of seconds, got {value!r}")
         for name in ("warmup", "reps", "min_reps"):
             ints(name, (getattr(self, name),), 0 if name == "warmup" else 1)
+        if self.seqlens is not None:
+            ragged_lengths(self.seqlens, 1, self.t)          # a bad spec is refused here, by name
+
+
+def ragged_lengths(spec: str, b: int, t: int, seed: int = 0) -> list[int]:
+    """The ``b`` lengths of a ragged batch from ``spec``: ``"random:LO:HI"`` (uniform in [LO, HI],
+    seeded by ``seed``) or a comma list of lengths cycled over the batch; each in [1, t]."""
+    import random
+
+    text = str(spec).strip()
+    try:
+        if text.startswith("random:"):
+            lo, hi = (int(v) for v in text[len("random:"):].split(":"))
+            if not 1 <= lo <= hi:
+                raise ValueError
+            rng = random.Random(seed)
+            lengths = [rng.randint(lo, hi) for _ in range(b)]
+        else:
+            values = [int(v) for v in text.split(",")]
+            lengths = [values[i % len(values)] for i in range(b)]
+    except ValueError:
+        raise ValueError(f"seqlens must be 'random:LO:HI' (1 <= LO <= HI) or a comma list of lengths, got {spec!r}") \
+            from None
+    if any(not 1 <= n <= t for n in lengths):
+        raise ValueError(f"seqlens {spec!r}: every length must lie in [1, t={t}] (t is the cache's capacity), "
+                         f"got {min(lengths)}..{max(lengths)}")
+    return lengths
 
 
 @dataclass
@@ -122,6 +158,18 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
                     points.append(Point(name, DESIGN, base))
             for name in spec.baselines:
                 points.append(Point(name, BASELINE, base))
+    if spec.seqlens is not None:
+        for b in spec.bs:
+            lengths = ragged_lengths(spec.seqlens, b, spec.t, seed=b)
+            for s in spec.ss:
+                if s > min(lengths):
+                    continue
+                base = Problem(b=b, s=s, t=spec.t, causal=spec.causal)
+                extra = {"lengths": lengths, "mean_len": sum(lengths) / b, "seqlens_spec": spec.seqlens}
+                points.append(Point(RAGGED_DESIGN, DESIGN, base, dict(extra)))
+                for name in spec.baselines:
+                    if name in RAGGED_BASELINES:
+                        points.append(Point(name, BASELINE, base, dict(extra)))
     if "mla_var6_plus" in spec.designs and spec.sweep_s is not None and spec.sweep_s <= spec.t:
         for b in spec.bs:
             base = Problem(b=b, s=spec.sweep_s, t=spec.t, causal=spec.causal)
@@ -204,6 +252,17 @@ class Runner:
                            budget_s=self.spec.tune_seconds)
 
     def _callable(self, point: Point, rec: Record):
+        lengths = point.extra.get("lengths")
+        if lengths is not None and point.kind == DESIGN:
+            from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+            from mla_var3.runtime.baselines import paged_inputs
+
+            x = paged_inputs(self.spec.dims, point.problem, lengths, self.spec.dtype, self.device)
+            meta, _ = get_mla_metadata()
+            causal = point.problem.causal and point.problem.s > 1
+            rec.backend = D.backend_name("flash_mla", self.device, tuned=False) + " (paged, compat call)"
+            return lambda: flash_mla_with_kvcache(x["q"], x["cache"], x["table"], x["seqlens"], self.spec.dims.k,
+                                                  meta, softmax_scale=x["scale"], causal=causal)
         if point.kind == DESIGN:
             cfg, how = self._config(point.name, point.problem)
             from mla_var3.runtime.autotune import config_to_dict
@@ -216,7 +275,7 @@ class Runner:
             return lambda: D.run(point.name, inputs, cfg)
         from mla_var3.runtime.baselines import make_baseline
 
-        bl = make_baseline(point.name, self.spec.dims, point.problem, self.spec.dtype, self.device)
+        bl = make_baseline(point.name, self.spec.dims, point.problem, self.spec.dtype, self.device, lengths=lengths)
         rec.backend = bl.backend
         return bl.call
 
@@ -227,12 +286,14 @@ class Runner:
         from mla_var3.analysis.cost import cost
         from mla_var3.analysis.roofline import predict
         from mla_var3.runtime.baselines import COST_MODEL as BL_COST, BaselineUnavailable
-        from mla_var3.runtime.timing import time_fn
+        from mla_var3.runtime.timing import host_time_us, time_fn
 
         pr, spec = point.problem, self.spec
         rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
                      dtype=spec.dtype, extra=dict(point.extra))
-        model_name = KERNELS[point.name].cost_model if point.kind == DESIGN else BL_COST[point.name]
+        ragged = point.extra.get("lengths") is not None
+        model_name = ("flash_mla" if ragged else KERNELS[point.name].cost_model) if point.kind == DESIGN \
+            else BL_COST[point.name]
         rec.cost_model = model_name
         design_for_prediction = point.name if point.kind == DESIGN else model_name
         try:
@@ -253,6 +314,15 @@ class Runner:
                 timing = time_fn(fn, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps,
                                  max_seconds=spec.point_seconds)
                 fill_timing(rec, timing)
+                if spec.eager:
+                    # what an eager caller sees: plain calls between events (host work included),
+                    # and the host time per call (calls issued without a synchronisation)
+                    eager = time_fn(fn, warmup=0, reps=spec.reps, min_reps=spec.min_reps,
+                                    max_seconds=spec.point_seconds, use_graph=False)
+                    calls = int(max(3, min(300, spec.point_seconds / max(one, 1e-7))))
+                    rec.extra.update(graph_us=timing.median_us if timing.method == "cuda-graph" else None,
+                                     eager_us=eager.median_us, host_us=host_time_us(fn, calls=calls, warmup=1),
+                                     host_calls=calls)
         except BaselineUnavailable as exc:
             rec.status, rec.note = "skipped", str(exc)
         except torch.cuda.OutOfMemoryError:
@@ -264,13 +334,15 @@ class Runner:
         finally:
             fn = None
             _free(self.device)
+        if ragged:  # the cost and roofline of the batch's mean length (the lengths are recorded)
+            pr = Problem(b=pr.b, s=pr.s, t=max(pr.s, round(point.extra["mean_len"])), causal=pr.causal)
         c = cost(model_name, spec.dims, pr)
         try:
             pred = predict(design_for_prediction, spec.dims, pr, self.dev, "measured").time_s
         except ValueError:
             pred = None
         fill_roofline(rec, c, self.ceil, pred)
-        if point.kind == DESIGN:
+        if point.kind == DESIGN and not ragged:
             from mla_var3.analysis.calibration import predict as calibrated_predict
 
             cal = calibrated_predict(self.calibration, point.name, spec.dims, pr, device=self.dev)
@@ -313,12 +385,14 @@ class Runner:
 def interpret_spec(spec: BenchSpec) -> BenchSpec:
     """The tiny grid for ``--interpret`` (CPU, Triton interpreter): tests the plumbing only.
 
-    h = min(h, 16) heads, b = 1, s = 1 and 2 (or the given s when at most two values <= 16),
-    t = 64, n = 32, no n sweep, two repetitions.
+    h = min(h, 16) heads, b = 1 (2 with ragged batches, lengths in [2, 64]), s = 1 and 2 (or the
+    given s when at most two values <= 16), t = 64, n = 32, no n sweep, two repetitions.
     """
     h = min(spec.dims.h, 16)
     dims = spec.dims if h == spec.dims.h else spec.dims.replace(h=h, name=f"{spec.dims.name}(h={h})")
     ss = spec.ss if len(spec.ss) <= 2 and max(spec.ss) <= 16 else (1, 2)
-    return dataclasses.replace(spec, dims=dims, bs=(1,), ss=ss, t=64, n=(32,), sweep_s=None,
+    seqlens = None if spec.seqlens is None else "random:2:64"   # a ragged batch within t = 64
+    return dataclasses.replace(spec, dims=dims, bs=(2,) if seqlens else (1,), ss=ss, t=64, n=(32,), sweep_s=None,
+                               seqlens=seqlens,
                                warmup=1, reps=2, min_reps=1, point_seconds=5.0, slow_point_seconds=60.0,
                                max_seconds=min(spec.max_seconds, 120.0))
