@@ -58,7 +58,6 @@ class MLASchedMeta:
     have_initialized: bool = False
     config: tuple | None = None
     plan: DecodePlan | None = None
-    seqlens: torch.Tensor | None = None
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
@@ -68,10 +67,11 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     The plan is built by the first :func:`flash_mla_with_kvcache` call that uses the metadata
     (it needs the block table's width, which sizes its buffers), on the GPU, with no host
     synchronisation (capturable in a CUDA graph), and reused by the later calls (the other
-    layers of the step). ``cache_seqlens`` (FlashMLA's older interface), when given, must be the
-    lengths those calls pass. Further arguments of FlashMLA's interfaces are accepted and ignored.
+    layers of the step). The arguments of FlashMLA's older interface (``cache_seqlens``,
+    ``num_q_tokens_per_head_k``, ``num_heads_k``) and further ones are accepted and not needed:
+    the calls pass the lengths.
     """
-    return MLASchedMeta(seqlens=cache_seqlens), None
+    return MLASchedMeta(), None
 
 
 def flash_mla_with_kvcache(
