@@ -429,3 +429,17 @@ def test_cost_json_takes_a_calibration_file(capsys, tmp_path):
     assert d["calibrated_source"] == "roofline"                                      # a 5090 file does not apply
     code, err = _cost_json(capsys, "--design", "flash_mla", "--calibration", str(tmp_path / "none.json"))
     assert code == 2 and "cannot read calibration file" in err
+
+
+@pytest.mark.parametrize("value", [-1.0, -1e-9, 1e12])
+def test_out_of_range_parameters_are_refused(tmp_path, value):
+    """A corrupt or hand-edited file with a negative time or an efficiency past its law's bounds
+    is one error naming the parameter, never a negative or absurd prediction."""
+    raw = json.loads((Path(__file__).parents[1] / "src/mla_var3/conf/calibration-h200.json").read_text())
+    for p in raw["parameters"]:
+        if p["name"] in ("flash_mla.triton.host_us", "flash_mla.gluon.compute_efficiency"):
+            bad = dict(raw, parameters=[dict(q, value=value) if q is p else q for q in raw["parameters"]])
+            path = tmp_path / "bad.json"
+            path.write_text(json.dumps(bad))
+            with pytest.raises(CalibrationFileError, match=p["name"].replace(".", r"\.") + ".*outside its range"):
+                load_calibration(path)

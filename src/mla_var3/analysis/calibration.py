@@ -201,6 +201,9 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
             value = float(p["value"])
             if not math.isfinite(value):
                 raise ValueError(f"parameter {p['name']!r} is not finite")
+            lo, hi = _bounds(str(p["name"]))
+            if not lo <= value <= hi:
+                raise ValueError(f"parameter {p['name']!r} = {value:g} lies outside its range [{lo:g}, {hi:g}]")
             params[p["name"]] = Parameter(p["name"], p["unit"], value, p["source"], p.get("meaning", ""),
                                           bool(p.get("fitted", True)), p.get("group", "gpu"))
         ceil = raw["ceilings"]
@@ -215,6 +218,17 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
         )
     except (KeyError, TypeError, ValueError) as e:
         raise CalibrationFileError(f"{where}: malformed ({type(e).__name__}: {e})") from None
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    """The range a parameter ``<design>.<backend>.<name>`` may take: its law's bounds, or
+    [0, inf) for one no law declares (every parameter is a time or a fraction)."""
+    design, _, rest = name.partition(".")
+    backend, _, short = rest.partition(".")
+    for spec in SPECS.get((design, backend), ()):
+        if spec.name == short:
+            return spec.lo, spec.hi
+    return 0.0, math.inf
 
 
 def load_calibration(path: str | os.PathLike | None = None, device: str | Device | None = "h200") -> Calibration | None:
