@@ -95,7 +95,7 @@ def h200_points() -> tuple[list[Point], list[Point]]:
     old: list[Point] = list(compat)
     # absorbed, seesaw v6 (CUDA-graph replays): an older kernel
     for name, commit in (("gluon_flash_mla_check.json", "c289878"), ("seesaw/v6-rerun-bcf7d56-check.json", "bcf7d56"),
-                         ("seesaw/v6-ab-check.json", "v6 in the v8 A/B session"),
+                         ("seesaw/v6-ab-check.json", "v6 in the v8 A/B run"),
                          ("seesaw/v6-quick-check.json", "c289878")):
         old += [Point(**{**p.__dict__, "note": V6}) for p in _check_points(name, commit)]
     src = "hybrid_check.json (2590efd)"
