@@ -201,7 +201,9 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
             value = float(p["value"])
             if not math.isfinite(value):
                 raise ValueError(f"parameter {p['name']!r} is not finite")
-            lo, hi = _bounds(str(p["name"]))
+            # a GPU calibration's parameters lie within their laws' bounds; one timed under the CPU
+            # interpreter (``"gpu": false``, never used for a GPU) only needs them non-negative
+            lo, hi = _bounds(str(p["name"])) if raw.get("gpu", True) else (0.0, math.inf)
             if not lo <= value <= hi:
                 raise ValueError(f"parameter {p['name']!r} = {value:g} lies outside its range [{lo:g}, {hi:g}]")
             params[p["name"]] = Parameter(p["name"], p["unit"], value, p["source"], p.get("meaning", ""),
