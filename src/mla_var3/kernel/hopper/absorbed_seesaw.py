@@ -593,12 +593,13 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         x = torch.empty((b, h, s, k) if head_major else (b, s, h, k), dtype=qc.dtype, device=dev)
         return x if head_major else x.transpose(1, 2)
 
+    o_stride = k                                   # a fresh rows_buffer()'s row stride
     if out is None:
         out = o_run = rows_buffer()
     else:
         o_order = _row_order(out)
         o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
-    o_stride = k if o_run is not out else _row_order(out)[1]
+        o_stride = o_order[1] if o_run is out else k
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b == 0 or rows == 0:
         return out, lse
@@ -607,11 +608,11 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         cache = keys[0]
         nb, page, _, width = cache.shape
         t = block_table.shape[1] * page
-        table, max_blocks, tstrides = block_table, block_table.shape[1], block_table.stride()
+        max_blocks, tstrides = block_table.shape[1], block_table.stride()
     else:
         z, kpe = keys
         t = z.shape[1]
-        table, max_blocks, tstrides = None, cdiv(t, BLOCK_N), (0, 0)
+        max_blocks, tstrides = cdiv(t, BLOCK_N), (0, 0)
     plan_given = plan is not None
     if plan is None:
         if seqlens is not None:
@@ -620,13 +621,14 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             plan = uniform_plan(b, rows, t, k=k, device=dev, num_splits=num_splits)
     else:
         plan.check_for(b, rows, cdiv(t, BLOCK_N), dev)
-    o_part, lse_part = _partials(plan.max_slots, rows, k, dev)
     # int32 placeholders where there is no table / no lengths (never read)
     seq_arg = seqlens if seqlens is not None else plan.items
-    table = table if table is not None else plan.items
-    ints = (rows, s, h, t, max_blocks, *lse.stride(), *tstrides)
-    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, ints, table.data_ptr() % 16,
-           seq_arg.data_ptr() % 16)
+    table = block_table if paged else plan.items
+    tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
+    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
+           table.data_ptr() % 16, seq_arg.data_ptr() % 16)
+    constexprs = dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
+                      HEAD_MAJOR=head_major)
     cached = _launch.ready(key)
     if paged:
         cs = cache.stride()
@@ -635,55 +637,38 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     else:
         z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), cached)
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
-    q_desc = _rows_desc(qc, order[1], k // 2, cached)
-    qr_desc = _rows_desc(qpe, _row_order(qpe)[1], p, cached)
-    o_desc = _rows_desc(o_run, o_stride, k // 2, cached)
-    op_desc = _desc(o_part, (plan.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), cached)
-    def grid_of(pl: DecodePlan) -> tuple[int, int, int]:
-        return (cdiv(rows, BLOCK_M), pl.max_items, 1)
+    inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
-    grid = grid_of(plan)
-    _launch(key, grid,
-            (q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse, lse_part, seq_arg, table, plan.items,
-             rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides),
-            dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None, HEAD_MAJOR=head_major),
-            num_warps=4)
-    if plan.may_split:
-        combine_planned(o_part, lse_part, plan.seqs, o_run, lse, head_major=head_major)
+    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
+        """Launch the kernel for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
+        op, lp = _partials(pl.max_slots, rows, k, dev)
+        _launch(key, (cdiv(rows, BLOCK_M), pl.max_items, 1),
+                (*inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
+                 _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
+                 l_out, lp, seq, tab, pl.items, *tail), constexprs, num_warps=4)
+        if pl.may_split:
+            combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
+
+    run(plan, o_run, o_stride, lse, seq_arg, table, cached)
     if o_run is not out:
         out.copy_(o_run)
     if replays is not None and cached:
         per_call_plan = plan if plan_given or seqlens is None else None
         seq_ptr = seq_arg.data_ptr() if seqlens is not None else None
-        fixed = (q_desc, qr_desc, z_desc, kr_desc)
-        tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
-        constexprs = dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
-                          HEAD_MAJOR=head_major)
-        table_ptr = table.data_ptr() if table is not plan.items else None
-        shape_out = (b, h, s, k) if head_major else (b, s, h, k)
-        dtype = qc.dtype
+        table_ptr = table.data_ptr() if paged else None
 
         def replay() -> tuple[torch.Tensor, torch.Tensor]:
             pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
-            o = torch.empty(shape_out, dtype=dtype, device=dev)
-            o = o if head_major else o.transpose(1, 2)
+            o = rows_buffer()
             l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-            op, lp = _partials(pl.max_slots, rows, k, dev)
-            items = pl.items
-            _launch(key, grid_of(pl), (*fixed, _rows_desc(o, k, k // 2, True),
-                                       _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2)),
-                                       l_out, lp, seq_ptr if seq_ptr is not None else items,
-                                       table_ptr if table_ptr is not None else items, items, *tail),
-                    constexprs, num_warps=4)
-            if pl.may_split:
-                combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
+            run(pl, o, k, l_out, seq_ptr if seq_ptr is not None else pl.items,
+                table_ptr if table_ptr is not None else pl.items, True)
             return o, l_out
 
         if len(replays) > 256:
             replays.clear()
         replays[replay_key] = replay
     return out, lse
-
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
