@@ -157,6 +157,57 @@ def test_a_repeated_call_follows_the_new_contents():
     assert_close(lse, rl, tol=1e-4, name="lse")
 
 
+@pytest.mark.parametrize("s", [1, 4])
+def test_bound_repeats_of_a_decode_step(s):
+    """A step's later layers (the same buffers, the step's plan): from the fourth call on, the
+    kernel and the combine run as bound launches. Each call gets fresh outputs holding its own
+    result, follows the buffers' new contents, and a call on another stream re-binds."""
+    x, q, cache, table, seqlens = _paged([300, 4096, 7, 1000], s, 4096, seed=11)
+    meta, _ = get_mla_metadata()
+    qt = q.transpose(1, 2)
+
+    def call():
+        return flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, softmax_scale=x.scale, causal=True)
+
+    def check(o, lse):
+        ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
+        assert o.shape == (4, s, 128, 512) and o.is_contiguous()
+        assert_close(o.transpose(1, 2), ro, BF, name="out")
+        assert_close(lse, rl, tol=1e-4, name="lse")
+
+    for _ in range(4):
+        check(*call())
+    kept = [], []
+    for i in range(3):   # bound calls, each on new queries; every output keeps its own result
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(i)).to(BF))
+        o, lse = call()
+        kept[0].append((q.clone(), o, lse))
+    for qi, o, lse in kept[0]:
+        q.copy_(qi)
+        check(o, lse)
+    seqlens.copy_(torch.tensor([64, 1, 7, 999], dtype=torch.int32))    # same plan object: lengths the plan was
+    meta2, _ = get_mla_metadata()                                       # not built for need a new one
+    o, lse = flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta2, softmax_scale=x.scale, causal=True)
+    check(o, lse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        results = [flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta2, softmax_scale=x.scale, causal=True)
+                   for _ in range(4)]
+    torch.cuda.current_stream().wait_stream(side)
+    for o, lse in results:
+        check(o, lse)
+    # the dense call's repeats (uniform: the plan is cached per shape)
+    z, kpe = x.z, x.kpe
+    first = None
+    for i in range(5):
+        o, lse = flash_mla(x.qc, x.qpe, z, kpe, scale=x.scale, causal=True)
+        first = first if first is not None else (o.clone(), lse.clone())
+    ro, rl = ref.flash_mla(x.qc, x.qpe, z, kpe, x.scale, True)
+    assert_close(o, ro, BF, name="dense out")
+    assert torch.equal(o, first[0]) and torch.equal(lse, first[1])
+
+
 # ------------------------------------------------------------------------------------------
 # the engine's entry point and the layer, captured
 

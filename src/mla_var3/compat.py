@@ -120,8 +120,7 @@ def flash_mla_with_kvcache(
         replay = _REPLAYS.get(_replay_key("compat", (q, k_cache, block_table, cache_seqlens),
                                           softmax_scale or 0.0, causal, (meta.plan, head_dim_v)))
         if replay is not None:
-            o, lse = replay()
-            return o.transpose(1, 2), lse
+            return replay()
     unsupported = {
         "is_fp8_kvcache=True": bool(is_fp8_kvcache), "indices (sparse attention)": indices is not None,
         "attn_sink": attn_sink is not None, "extra_k_cache": extra_k_cache is not None,
@@ -172,7 +171,9 @@ def flash_mla_with_kvcache(
     if plan is not None:  # the same replay under this call's own key (no slicing to build the key)
         replay = _REPLAYS.get(_replay_key("paged", (qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens),
                                           scale, causal, plan))
-        if replay is not None:
+        if replay is not None:  # stored as a call that returns FlashMLA's [b, s_q, h_q, dv] order
+            token_major = getattr(replay, "token_major", None)
             _REPLAYS[_replay_key("compat", (q, k_cache, block_table, cache_seqlens), softmax_scale or 0.0, causal,
-                                 (plan, dv))] = replay
+                                 (plan, dv))] = token_major if token_major is not None else (
+                lambda: (lambda o, lse: (o.transpose(1, 2), lse))(*replay()))
     return o.transpose(1, 2).contiguous(), lse

@@ -14,6 +14,10 @@ and (unless the parameter is marked ``do_not_specialize``) each integer argument
 (1, divisible by 16) and each pointer's 16-byte alignment. The launchers of this package pass
 the integer arguments themselves and the pointers' alignment in the key.
 
+:meth:`CachedLaunch.bind` goes one step further for a call that repeats with only a few
+arguments changed (a decode step's fresh output, say): a :class:`BoundLaunch` holds every other
+argument already flattened and encoded, and a launch costs one list and one C call.
+
 Under Triton's interpreter, or with a launch hook installed (profilers such as proton), every
 call takes the ordinary path. Where the installed Triton's launcher does not have the expected shape, the
 descriptors are encoded per launch by Triton's own launcher (``direct`` is then False).
@@ -28,7 +32,7 @@ from triton.runtime import driver
 
 from mla_var3.kernel._common import interpreting
 
-__all__ = ["CachedLaunch"]
+__all__ = ["Address", "BoundLaunch", "CachedLaunch"]
 
 #: turn the direct launcher path off (for A/B timing of the host cost)
 DIRECT = True
@@ -99,6 +103,34 @@ class CachedLaunch:
         self._encoded[id(desc)] = (desc, enc)
         return enc
 
+    def bind(self, key: Hashable, grid: tuple[int, int, int], args: tuple, varying: tuple[int, ...]) -> "BoundLaunch":
+        """A launch of the kernel compiled for ``key`` with ``args`` fixed except the positions in
+        ``varying`` (increasing), which each call gives as addresses (ints): a pointer argument's,
+        or the base address of a tensor-descriptor argument (the descriptor in ``args`` then gives
+        the shape, strides, box and layout; each address is encoded once). The fixed arguments are
+        flattened and encoded now: tensors are kept as addresses, so the caller must keep them
+        alive (or, as a decode step's repeat does, key the bound launch by their addresses).
+        Requires :meth:`ready`."""
+        if not self.ready(key):
+            raise ValueError(f"{self.fn.__name__}: bind() needs a kernel compiled for this key on the direct path")
+        compiled, const_vals, (raw, base, desc_meta) = self._compiled[(driver.active.get_current_device(), key)]
+        pieces: list[list] = [[]]
+        encoders = []
+        for i, a in enumerate(args):
+            meta = desc_meta.get(i, False)
+            if i in varying:
+                encoders.append(None if meta is False else _AddressEncoder(a, meta))
+                pieces.append([])
+            elif meta is False:
+                pieces[-1].append(a.data_ptr() if hasattr(a, "data_ptr") else a)
+            else:
+                pieces[-1].extend(self._encode(a, meta))
+        if len(encoders) != len(varying):
+            raise ValueError(f"{self.fn.__name__}: varying positions {varying} outside the {len(args)} arguments")
+        head = (grid[0], grid[1], grid[2])
+        return BoundLaunch(raw, head, (compiled.function, *base, *pieces[0]), tuple(encoders),
+                           tuple(tuple(p) for p in pieces[1:]), tuple(const_vals))
+
     def ready(self, key: Hashable) -> bool:
         """Whether a call with ``key`` takes the direct path (its kernel is compiled on the
         current device, no launch hook is installed, and the launcher has the expected shape):
@@ -111,6 +143,70 @@ class CachedLaunch:
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
         return len(self._compiled)
+
+
+class Address:
+    """What a host TMA descriptor needs of its tensor, the address and dtype, without keeping the
+    tensor alive (a cached descriptor must not hold a call's output: the allocator could never
+    reuse its memory)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _AddressEncoder:
+    """A tensor descriptor's launch arguments at a given base address: the descriptor ``desc``
+    (shape, strides, box, layout) moved to ``addr``, each address encoded once (a decode step's
+    outputs come back at a handful of addresses)."""
+
+    __slots__ = ("desc", "meta", "dtype", "cache")
+
+    def __init__(self, desc, meta) -> None:
+        self.desc, self.meta, self.dtype, self.cache = desc, meta, desc.base.dtype, {}
+
+    def __call__(self, addr: int) -> tuple:
+        enc = self.cache.get(addr)
+        if enc is None:
+            import dataclasses
+
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            if len(self.cache) > 64:
+                self.cache.clear()
+            moved = dataclasses.replace(self.desc, base=Address(addr, self.dtype))
+            enc = self.cache[addr] = tuple(make_tensordesc_arg(moved, self.meta))
+        return enc
+
+
+class BoundLaunch:
+    """One compiled kernel's launch with all arguments fixed but a few addresses (see
+    :meth:`CachedLaunch.bind`): ``bound(stream, *addresses)`` issues it on ``stream`` (a raw CUDA
+    stream handle, the one the caller's tensors are ordered on)."""
+
+    __slots__ = ("raw", "head", "mid", "encoders", "tails", "consts")
+
+    def __init__(self, raw, head, mid, encoders, tails, consts) -> None:
+        self.raw, self.head, self.mid, self.encoders, self.tails, self.consts = raw, head, mid, encoders, tails, consts
+
+    def __call__(self, stream: int, *addresses: int) -> None:
+        flat = [*self.head, stream, *self.mid]
+        for enc, tail, addr in zip(self.encoders, self.tails, addresses):
+            if enc is None:
+                flat.append(addr)
+            else:
+                flat.extend(enc(addr))
+            flat.extend(tail)
+        self.raw(*flat, *self.consts)
+
+
+def current_stream(device_index: int) -> int:
+    """The raw handle of the current CUDA stream of a device (what the launchers take)."""
+    return driver.active.get_current_stream(device_index)
 
 
 def _hooked() -> bool:

@@ -227,11 +227,31 @@ def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Te
     b, h, s, v = out.shape
     if b == 0 or h * s == 0:
         return
+    key, grid, args, constexprs = _planned_launch(o_part, lse_part, seqs, out, lse, head_major)
+    _combine_launch(key, grid, args, constexprs, num_warps=4)
+
+
+def _planned_launch(o_part, lse_part, seqs, out, lse, head_major):
+    """(key, grid, arguments, constexprs) of :func:`combine_planned`'s launch."""
+    b, h, s, v = out.shape
     block_r = 32 if interpreting() else 16
     block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
     grid = (b, triton.cdiv(h * s, block_r), triton.cdiv(v, block_v))
     ints = (h * s, s, h, v, *out.stride(), *lse.stride())
     key = (out.dtype, bool(head_major), ints, out.data_ptr() % 16, lse.data_ptr() % 16, o_part.data_ptr() % 16,
            lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
-    _combine_launch(key, grid, (o_part, lse_part, seqs, out, lse, *ints),
-                    dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r, BLOCK_V=block_v), num_warps=4)
+    return key, grid, (o_part, lse_part, seqs, out, lse, *ints), dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r,
+                                                                       BLOCK_V=block_v)
+
+
+def bind_combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, *, head_major: bool = True):
+    """:func:`combine_planned` bound to these partials and plan, for outputs laid out as ``out``
+    and ``lse`` (same strides, 16-byte aligned): ``bound(stream, out_address, lse_address)``
+    (a :class:`mla_var3.kernel._launch.BoundLaunch`), or None where the launch is not on its
+    direct path yet (a first call compiles it) or there is nothing to merge."""
+    b, h, s, _ = out.shape
+    if b == 0 or h * s == 0:
+        return None
+    key, grid, args, _ = _planned_launch(o_part, lse_part, seqs, out, lse, head_major)
+    return _combine_launch.bind(key, grid, args, (3, 4)) if _combine_launch.ready(key) else None

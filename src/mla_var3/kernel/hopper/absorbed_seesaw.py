@@ -72,8 +72,8 @@ import torch
 import triton
 
 from mla_var3.kernel._common import cdiv
-from mla_var3.kernel._launch import CachedLaunch
-from mla_var3.kernel.combine import combine_planned
+from mla_var3.kernel._launch import Address, CachedLaunch, current_stream
+from mla_var3.kernel.combine import bind_combine_planned, combine_planned
 from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS, DecodePlan, build_plan, plan_decode, uniform_plan
 from mla_var3.kernel.hopper import _gluon
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
@@ -510,25 +510,11 @@ def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.T
     if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
         buf = torch.empty(n, dtype=torch.float32, device=dev)
     else:
-        key = (dev, torch.cuda.current_stream(dev).cuda_stream)
+        key = (dev.index, current_stream(dev.index))
         buf = _WORKSPACES.get(key)
         if buf is None or buf.numel() < n:
             buf = _WORKSPACES[key] = torch.empty(n, dtype=torch.float32, device=dev)
     return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows)
-
-
-class _Address:
-    """What a host TMA descriptor needs of its tensor, the address and dtype, without keeping the
-    tensor alive (a cached descriptor must not hold a call's output: the allocator could never
-    reuse its memory)."""
-
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
-        self.ptr, self.dtype = ptr, dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
 
 
 def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple, cached: bool = True):
@@ -543,7 +529,7 @@ def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple, cached: b
     if d is None:
         if len(_DESCRIPTORS) > 512:
             _DESCRIPTORS.clear()
-        d = _DESCRIPTORS[key] = TensorDescriptor(_Address(key[0], x.dtype), list(shape), list(strides), list(block),
+        d = _DESCRIPTORS[key] = TensorDescriptor(Address(key[0], x.dtype), list(shape), list(strides), list(block),
                                                   _gluon.layout(block, x.dtype))
     return d
 
@@ -639,15 +625,32 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
+    def launch_args(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
+                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
+        """The kernel's grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
+        return (cdiv(rows, BLOCK_M), pl.max_items, 1), (
+            *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
+            _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
+            l_out, lp, seq, tab, pl.items, *tail)
+
     def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
         """Launch the kernel for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
-        _launch(key, (cdiv(rows, BLOCK_M), pl.max_items, 1),
-                (*inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
-                 _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-                 l_out, lp, seq, tab, pl.items, *tail), constexprs, num_warps=4)
+        grid, args = launch_args(pl, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
+        _launch(key, grid, args, constexprs, num_warps=4)
         if pl.may_split:
             combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
+
+    def bind(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab):
+        """The kernel's and the combine's launches for plan ``pl`` bound to the current workspace,
+        for outputs laid out as ``o`` / ``l_out`` (fresh ones a repeat has just written: both
+        launches compiled for them): ``(kernel, combine or None)``, or None off the direct path."""
+        op, lp = _partials(pl.max_slots, rows, k, dev)
+        combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
+        if not _launch.ready(key) or (pl.may_split and combine is None):
+            return None
+        grid, args = launch_args(pl, o, k, l_out, seq, tab, True, op, lp)
+        return _launch.bind(key, grid, args, (4, 6)), combine
 
     run(plan, o_run, o_stride, lse, seq_arg, table, cached)
     if o_run is not out:
@@ -657,7 +660,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         seq_ptr = seq_arg.data_ptr() if seqlens is not None else None
         table_ptr = table.data_ptr() if paged else None
 
-        def replay() -> tuple[torch.Tensor, torch.Tensor]:
+        def run_again() -> tuple[torch.Tensor, torch.Tensor]:
             pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
             o = rows_buffer()
             l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
@@ -667,8 +670,62 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
 
         if len(replays) > 256:
             replays.clear()
-        replays[replay_key] = replay
+        if per_call_plan is None:   # ragged without a plan: each repeat plans anew (three launches)
+            replays[replay_key] = run_again
+        else:
+            seq_fixed = seq_ptr if seq_ptr is not None else per_call_plan.items
+            tab_fixed = table_ptr if table_ptr is not None else per_call_plan.items
+            replays[replay_key] = _Repeat(run_again, lambda o, l_out: bind(per_call_plan, o, l_out, seq_fixed, tab_fixed),
+                                          (b, h, s, k), head_major, qc.dtype, dev)
     return out, lse
+
+
+class _Repeat:
+    """The repeat of a seesaw call with a fixed plan (a decode step's later layers): fresh
+    outputs, then the kernel and the combine as two bound launches (no Python set-up), while the
+    current stream and its workspace are those they were bound with; otherwise (another stream,
+    a grown workspace, a CUDA-graph capture) the ordinary repeat, which binds anew.
+
+    ``repeat()`` returns ``(o_latent [B, H, S, K], lse [B, H, S])`` like the call;
+    ``repeat.token_major()`` gives ``o_latent`` as ``[B, S, H, K]`` (FlashMLA's order, a plain
+    tensor when the kernel wrote that order)."""
+
+    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound")
+
+    def __init__(self, slow, binder, shape: tuple, head_major: bool, dtype: torch.dtype, dev: torch.device) -> None:
+        self.slow, self.binder, self.head_major, self.dtype, self.dev = slow, binder, head_major, dtype, dev
+        b, h, s, k = shape
+        self.shape = shape if head_major else (b, s, h, k)     # the order the kernel writes
+        self.lse_shape, self.index, self.bound = (b, h, s), dev.index, None
+
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the output in the order the kernel writes it, lse)"""
+        stream = current_stream(self.index)
+        bound = self.bound
+        if bound is not None and bound[0] == stream and _WORKSPACES.get((self.index, stream)) is bound[1] \
+                and not torch.cuda.is_current_stream_capturing():
+            x = torch.empty(self.shape, dtype=self.dtype, device=self.dev)
+            l_out = torch.empty(self.lse_shape, dtype=torch.float32, device=self.dev)
+            x_ptr, l_ptr = x.data_ptr(), l_out.data_ptr()
+            bound[2](stream, x_ptr, l_ptr)
+            if bound[3] is not None:
+                bound[3](stream, x_ptr, l_ptr)
+            return x, l_out
+        o, l_out = self.slow()
+        self.bound = None
+        if not torch.cuda.is_current_stream_capturing():
+            launches = self.binder(o, l_out)
+            if launches is not None:
+                self.bound = (stream, _WORKSPACES.get((self.index, stream)), *launches)
+        return (o if self.head_major else o.transpose(1, 2)), l_out
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, l_out = self._run()
+        return (x if self.head_major else x.transpose(1, 2)), l_out
+
+    def token_major(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, l_out = self._run()
+        return (x.transpose(1, 2) if self.head_major else x), l_out
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
