@@ -344,12 +344,14 @@ def host_profile(r: Runner) -> None:
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
         print(f"---- host profile: {name}, 200 calls\n" + buf.getvalue()[-3500:])
         from mla_var3.kernel import _launch
+        from mla_var3.kernel.hopper import absorbed_seesaw
         from mla_var3.runtime.timing import host_time_us
-        for direct in (True, False):
-            _launch.DIRECT = direct
-            r.checks.append({"name": f"host {name} direct={direct}", "host_us": host_time_us(fn)})
-            print(f"host time {name} direct={direct}: {r.checks[-1]['host_us']:.1f} us", flush=True)
-        _launch.DIRECT = True
+        # bound repeats (the default), the direct launcher per call, Triton's own launch path
+        for bound, direct in ((True, True), (False, True), (False, False)):
+            _launch.DIRECT, absorbed_seesaw.BOUND_REPEATS = direct, bound
+            r.checks.append({"name": f"host {name} bound={bound} direct={direct}", "host_us": host_time_us(fn)})
+            print(f"host time {name} bound={bound} direct={direct}: {r.checks[-1]['host_us']:.1f} us", flush=True)
+        _launch.DIRECT, absorbed_seesaw.BOUND_REPEATS = True, True
 
 
 def table(r: Runner) -> None:

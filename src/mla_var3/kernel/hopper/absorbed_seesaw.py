@@ -499,6 +499,8 @@ def _row_order(x: torch.Tensor) -> tuple[bool, int] | None:
 
 _DESCRIPTORS: dict = {}
 _WORKSPACES: dict = {}
+#: repeats take their bound launches (off: the ordinary repeat every time; for A/B timing of the host cost)
+BOUND_REPEATS = True
 
 
 def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -702,8 +704,8 @@ class _Repeat:
         """(the output in the order the kernel writes it, lse)"""
         stream = current_stream(self.index)
         bound = self.bound
-        if bound is not None and bound[0] == stream and _WORKSPACES.get((self.index, stream)) is bound[1] \
-                and not torch.cuda.is_current_stream_capturing():
+        if bound is not None and BOUND_REPEATS and bound[0] == stream and \
+                _WORKSPACES.get((self.index, stream)) is bound[1] and not torch.cuda.is_current_stream_capturing():
             x = torch.empty(self.shape, dtype=self.dtype, device=self.dev)
             l_out = torch.empty(self.lse_shape, dtype=torch.float32, device=self.dev)
             x_ptr, l_ptr = x.data_ptr(), l_out.data_ptr()
