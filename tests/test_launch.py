@@ -188,3 +188,26 @@ def test_repeat_returns_both_row_orders(monkeypatch, head_major):
         o, _ = rep.token_major()
         assert o.shape == (b, s, h, k) and torch.equal(o, written.transpose(1, 2))
     assert rep.bound is not None
+
+
+def _fake_compiled(launch, signature):
+    run = SimpleNamespace(launch=launch, global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                          launch_pdl=False)
+    return SimpleNamespace(run=run, src=SimpleNamespace(signature=signature, constants={}),
+                           metadata=SimpleNamespace(tensordesc_meta=None), packed_metadata="packed")
+
+
+def test_direct_launcher_found_with_and_without_descriptor_arguments():
+    """Triton calls its C launcher unwrapped for a kernel without tensor-descriptor arguments
+    (the combine, the planner) and through an encoding wrapper otherwise; both take the direct path."""
+    raw = print                                          # any builtin stands for the C launcher
+    found = _launch._direct_launcher(_fake_compiled(raw, {"x_ptr": "*fp32", "n": "i32"}))
+    assert found is not None and found[0] is raw and found[2] == {}
+
+    def wrapper(*args):                                  # Triton's wrap_handle_tensordesc closure
+        return raw(*args)
+
+    sig = {"a_desc": "tensordesc<bf16[64, 64]>", "x_ptr": "*fp32"}
+    found = _launch._direct_launcher(_fake_compiled(wrapper, sig))
+    assert found is not None and found[0] is raw and list(found[2]) == [0]
+    assert _launch._direct_launcher(_fake_compiled(lambda *a: None, sig)) is None   # not the expected shape

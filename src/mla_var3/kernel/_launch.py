@@ -218,6 +218,10 @@ def _hooked() -> bool:
     return True if calls is None else bool(calls)
 
 
+def _is_builtin(fn) -> bool:
+    return type(fn).__name__ == "builtin_function_or_method"
+
+
 def _direct_launcher(compiled):
     """``(raw_launch, base_args, {arg index: descriptor metadata})`` for calling the compiled
     kernel's C launcher without its per-launch Python wrapper, or None when the launcher is not
@@ -227,8 +231,11 @@ def _direct_launcher(compiled):
         inner = launcher.launch
         if launcher.global_scratch_size or launcher.profile_scratch_size:
             return None
-        cells = [c.cell_contents for c in (getattr(inner, "__closure__", None) or ())]
-        raw = [c for c in cells if type(c).__name__ == "builtin_function_or_method"]
+        if _is_builtin(inner):      # no tensor-descriptor argument: Triton calls its C launcher unwrapped
+            raw = [inner]
+        else:                       # Triton's descriptor-encoding wrapper around it
+            cells = [c.cell_contents for c in (getattr(inner, "__closure__", None) or ())]
+            raw = [c for c in cells if _is_builtin(c)]
         if len(raw) != 1:
             return None
         sig = [v for v in compiled.src.signature.values()]
