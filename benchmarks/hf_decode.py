@@ -96,9 +96,12 @@ def build(dry: bool, device, dtype):
         rope_interleave=True, attention_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
+    # built in ``dtype`` as ``from_pretrained(dtype=...)`` builds it: the RoPE frequencies stay
+    # float32 (``model.to(bfloat16)`` would round them to bf16, and the stock model's rotations at
+    # position 4,096 would then be off by radians)
     with torch.device(device):
-        model = DeepseekV3ForCausalLM(config)
-    return model.to(dtype).eval(), {**dims, **sizes}
+        model = DeepseekV3ForCausalLM._from_config(config, dtype=dtype)
+    return model.eval(), {**dims, **sizes}
 
 
 def context_latents(sz: dict, device, dtype):
