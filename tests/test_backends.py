@@ -64,7 +64,7 @@ torch.cuda.get_device_capability = lambda device=None: (9, 0)
 from mla_var3.kernel import absorbed, backends, expanded, hybrid
 assert "mla_var3.kernel.hopper" not in sys.modules
 assert backends.available("flash_attention", "cuda") == ["gluon", "triton"]
-assert backends.available("mla_var6_plus", "cuda") == ["triton", "gluon"]      # opt-in
+assert backends.available("mla_var6_plus", "cuda") == ["gluon", "triton"]
 assert backends.available("flash_mla", "cuda")[0] == "gluon"
 assert backends.available("flash_attention", "cpu") == ["triton"]
 from mla_var3.kernel.hopper import expanded_gluon, hybrid_hopper

@@ -214,7 +214,7 @@ def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
     causal rule, merged with the expanded part) against the reference, with the Gluon kernel
     replaced by the fp32 reference absorbed attention (rounded to the input dtype as the Gluon
     kernel returns it). Runs anywhere: the parts are issued one after the other."""
-    from mla_var3.kernel.hopper import absorbed_gluon
+    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
     calls = []
@@ -224,6 +224,7 @@ def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
 
+    monkeypatch.setattr(hybrid_hopper, "CHECKED_WIDTHS", {(DIMS.k, DIMS.p)})   # the Hopper path at the tests' widths
     monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
     dtype = torch.bfloat16
     x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
@@ -269,13 +270,14 @@ def test_expanded_persistent(b, h, s, n, causal, programs):
 @pytest.mark.parametrize("b,h,s,t,n,causal", [(2, 5, 4, 65, 20, True), (2, 5, 4, 65, 2, False)])
 def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
     """The sm_90 path with the persistent expanded part (one after the other: runs anywhere)."""
-    from mla_var3.kernel.hopper import absorbed_gluon
+    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
     def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, **_):
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
 
+    monkeypatch.setattr(hybrid_hopper, "CHECKED_WIDTHS", {(DIMS.k, DIMS.p)})   # the Hopper path at the tests' widths
     monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
     dtype = torch.bfloat16
     x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
@@ -299,3 +301,69 @@ def test_expanded_persistent_compiles_for_sm90(s):
     print(report)
     assert report.spill_stores == 0 and report.spill_loads == 0, report
     assert report.shared_bytes <= SMEM_LIMIT, report
+
+
+def test_default_programs_balance_the_measured_costs():
+    """The partition's window share grows with N and shrinks with s (a latent key's cost grows
+    with s faster than a window key's); it always leaves both parts SMs."""
+    from mla_var3.kernel.hopper.hybrid_hopper import default_programs
+
+    assert default_programs(16, 3072, 1024, 132) == 37
+    assert default_programs(32, 1536, 2560, 132) == 76
+    assert default_programs(32, 3072, 1024, 132) < default_programs(32, 2048, 2048, 132)
+    assert default_programs(64, 2048, 2048, 132) < default_programs(16, 2048, 2048, 132)
+    assert default_programs(16, 4000, 1, 132) == 8 and default_programs(16, 1, 4000, 132) == 124
+
+
+def test_sm90_default_is_the_hopper_path_at_checked_widths_only(monkeypatch):
+    """Widths outside CHECKED_WIDTHS run the portable path (no Gluon kernel is called)."""
+    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
+
+    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", lambda *a, **k: pytest.fail("Gluon path taken"))
+    dtype = torch.bfloat16
+    x = R.make_inputs(DIMS.replace(h=4), Problem(b=1, s=4, t=65, n=20, causal=True), dtype=dtype, device=DEVICE)
+    o, o_latent, lse = hybrid_hopper.mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new,
+                                                          scale=x.scale, overlap=False)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, True)
+    assert_close(o, ref_o, dtype, name="o")
+    assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
+
+
+def _on_sm90() -> bool:
+    from mla_var3.kernel import backends
+
+    return torch.cuda.is_available() and backends.gluon_hopper(torch.device("cuda"))
+
+
+@pytest.mark.skipif(not _on_sm90(), reason="needs a Hopper (sm_90) GPU with Gluon")
+@pytest.mark.parametrize("s,t,n", [(16, 1024, 300), (32, 1024, 600), (4, 700, 700)],
+                         ids=["s16-partition", "s32-partition", "n=t-expanded"])
+def test_sm90_default_at_deepseek_widths_captured(s, t, n):
+    """The default call on sm_90 at DeepSeek-V3 widths (the SM-partitioned Hopper path; at n = t
+    the expanded kernel alone) against the fp32 reference, then captured in a CUDA graph and
+    replayed on new queries: the eager result on them."""
+    from mla_var3.kernel.hybrid import mla_var6_plus
+    from mla_var3.shapes import get_preset
+
+    dtype = torch.bfloat16
+    x = R.make_inputs(get_preset("deepseek-v3"), Problem(b=2, s=s, t=t, n=n, causal=True), dtype=dtype,
+                      device="cuda")
+    args = [x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new]
+    o, o_latent, lse = mla_var6_plus(*args, scale=x.scale)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(*[a.float() for a in args], x.scale, True)
+    assert_close(o, ref_o, dtype, name="o")
+    assert_close(o_latent, ref_ol, dtype, name="o_latent")
+    assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
+    static = [a.clone() for a in args]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_o, g_ol, g_lse = mla_var6_plus(*static, scale=x.scale)
+    for i in (0, 2):                                     # new queries (q and the absorbed qc)
+        static[i].copy_(torch.randn(static[i].shape, device="cuda").to(dtype) * args[i].float().std())
+    graph.replay()
+    torch.cuda.synchronize()
+    e_o, e_ol, e_lse = mla_var6_plus(*static, scale=x.scale)
+    assert_close(g_o, e_o, dtype, name="graph o")
+    assert_close(g_ol, e_ol, dtype, name="graph o_latent")
+    assert_close(g_lse, e_lse, tol=LSE_TOLERANCE[dtype], name="graph lse")

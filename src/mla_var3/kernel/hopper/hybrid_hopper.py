@@ -20,10 +20,23 @@ from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel.hopper import absorbed_gluon, window_gluon as wg
 from mla_var3.kernel.hybrid import _merge, _mla_var6_plus_triton, expanded_persistent
 
-__all__ = ["gluon_latent_applies", "mla_var6_plus_hopper"]
+__all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_var6_plus_hopper"]
+
+#: (K, P) of the calls the Hopper path takes: the widths its kernels were checked at end to end on
+#: an H200 (DeepSeek's; the seesaw latent kernel takes no other). Other widths run the portable path.
+CHECKED_WIDTHS = {(512, 64)}
+#: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_partition.py, docs/kernels/mla-var6-plus.md
+#: section 9): the window kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (38 at s = 16, 52 at s = 32;
+#: bandwidth and its swap-AB MMAs), the seesaw latent kernel ~ LATENT_US_PER_TOKEN * s (31 and 69)
+WINDOW_US = (24.0, 0.875)
+LATENT_US_PER_TOKEN = 2.0
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -58,9 +71,21 @@ def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int,
     return o_len >= s and (n_len >= s or not causal)
 
 
+def default_programs(s: int, o_len: int, n_len: int, sms: int) -> int:
+    """The window's share of an SM partition: programs such that the window part (N keys on them)
+    and the latent part (O keys on the other SMs) take the same time, by their measured SM-time
+    per key (:data:`WINDOW_US`, :data:`LATENT_US_PER_TOKEN`; both scale with b alike). Measured
+    on an H200 at b = 32, t = 4,096: s = 16, N = 1,024 -> 37 (44 ran fastest of 44/66/88);
+    s = 32, N = 2,560 -> 76 (88: 2,155 us, 66: 2,318 us)."""
+    window = (WINDOW_US[0] + WINDOW_US[1] * s) * n_len
+    latent = LATENT_US_PER_TOKEN * s * o_len
+    share = window / max(window + latent, 1e-9)
+    return max(8, min(sms - 8, round(sms * share)))
+
+
 def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
                          out=None, out_latent=None, overlap: bool = True, streams=None,
-                         expanded_programs: int | None = None, window_kernel: str = "gluon",
+                         expanded_programs: int | None | str = "auto", window_kernel: str = "gluon",
                          window_block: tuple[int, int] | None = None):
     """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
     ``out_latent`` may be None).
@@ -72,15 +97,18 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     output in the input dtype); :func:`merge_partials`' kernel merges them.
     With ``overlap`` the two parts are issued on two streams (latent on a side stream, expanded
     on the current one, or on ``streams = (latent_stream, expanded_stream)``), joined before
-    the merge, so the compute-bound and memory-bound parts may run at the same time. With
-    ``expanded_programs`` the expanded part is :func:`expanded_persistent` on that many programs,
+    the merge, so the compute-bound and memory-bound parts may run at the same time.
+    ``expanded_programs="auto"`` (the default) takes an SM partition of :func:`default_programs`
+    programs where the Gluon window kernel applies (else the two streams: ``None``). With
+    ``expanded_programs`` an int, the expanded part is :func:`expanded_persistent` on that many programs,
     issued *before* the latent part: it holds that many SMs and the latent part (one
     shared-memory-filling program per SM) takes the others — an SM partition. The persistent
     expanded part is the Gluon window kernel (:func:`mla_var3.kernel.hopper.window_gluon.
     expanded_window_gluon`, built to pull the window's bytes from few SMs; ``window_block`` =
     (keys per block, ring depth), default its ``choose_block``) where it applies and
     ``window_kernel == "gluon"``, else the portable :func:`expanded_persistent`. Otherwise the
-    portable backend runs.
+    portable backend runs. Only :data:`CHECKED_WIDTHS` take this path; with no old key (O = 0,
+    N >= S) it is the expanded kernel alone (the device's best), the latent output zero.
 
     The Gluon kernel returns its latent partial in the input dtype (one extra rounding of
     ``o_l`` before the merge, within the dtype's tolerance) and copies ``kpe[:, :O]`` (and a
@@ -88,11 +116,23 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     """
     b, h, s, d = q.shape
     k, p, o_len, n_len = qc.shape[-1], qpe.shape[-1], z_old.shape[1], k_new.shape[1]
-    if b * h * s == 0 or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
+    dev = q.device
+    checked = (k, p) in CHECKED_WIDTHS and config is None and b * h * s > 0
+    if checked and o_len == 0 and n_len >= s and q.dtype in (torch.bfloat16, torch.float16):
+        # the expanded design itself: the device's best expanded kernel, a zero latent output
+        o, lse = _fa.flash_attention(q, qpe, k_new, v_new, kpe, scale=scale, causal=causal)
+        out = o if out is None else out.copy_(o)
+        out_latent = (torch.zeros((b, h, s, k), dtype=q.dtype, device=dev) if out_latent is None
+                      else out_latent.zero_())
+        return out, out_latent, lse
+    if not checked or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
         return _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
                                      config=config, out=out, out_latent=out_latent)
-    dev = q.device
     kpe_old = kpe[:, :o_len]
+    if expanded_programs == "auto":                  # a partition where the window kernel takes the call
+        fits = n_len > 0 and overlap and streams is None and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:],
+                                                                            causal) is not None
+        expanded_programs = default_programs(s, o_len, n_len, _sms(dev)) if fits else None
     if n_len == 0:                                   # the absorbed design itself
         o_l, lse = absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
         if out_latent is None:
@@ -164,9 +204,10 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     return out, out_latent, lse
 
 
-# Opt-in (backend="gluon"), below the portable kernel in "auto": on an H200 it was no faster
-# than the Gluon absorbed kernel alone (best n at b=32, s=16 was 0; overlapped ~ sequential),
-# and 2 of the GPU tests at small widths failed on it (a TMA stride-alignment assertion with
-# NaN-padded views, and an lse error of 2.1e-4 against the 1e-4 bound); the DeepSeek-size
-# checks of benchmarks/hybrid_check.py passed. See docs/kernels/mla-var6-plus.md.
-backends.register("mla_var6_plus", "gluon", mla_var6_plus_hopper, supports=backends.gluon_hopper, priority=-10)
+# The sm_90 default: at DeepSeek's widths (CHECKED_WIDTHS) it runs the seesaw latent kernel and
+# the window kernel on an SM partition (or the expanded kernel alone at O = 0), 2-3x faster than
+# the portable path it replaced as the default (measured on an H200: b = 32, t = 4,096, s = 32,
+# N = 2,560: 2,155 us against the portable 4-7 ms; docs/kernels/mla-var6-plus.md section 9).
+# Other widths run the portable path (at small widths the Gluon latent path failed 2 GPU tests
+# when it was the default: a TMA stride assertion on NaN-padded views, an lse 2.1e-4 over 1e-4).
+backends.register("mla_var6_plus", "gluon", mla_var6_plus_hopper, supports=backends.gluon_hopper, priority=10)
