@@ -12,7 +12,9 @@ Per ``s`` (default 32, 16, 64):
   t - n old keys, whole GPU) and the window part on m programs (``expanded_window_gluon``);
 * **together**: ``mla_var6_plus_hopper(expanded_programs=m)`` (the window's persistent launch
   first, the latent part on the SMs it leaves) then ``decompress(o_latent, w_uv, o)``; and
-  the two parts on two streams without a partition (``expanded_programs=None``).
+  the two parts on two streams without a partition (``expanded_programs=None``); and the
+  default public call (``mla_var6_plus``, its sm_90 default: the partition of
+  ``default_programs``).
 
 First a correctness check of the partitioned hybrid against the fp32 reference at s = 32 and
 s = 64 (small b and t). Timing: ``time_fn`` (CUDA-graph replays, L2 flushed). Inputs are random
@@ -56,6 +58,7 @@ def main() -> int:
     from mla_var3.kernel.gemm import decompress
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
     from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+    from mla_var3.kernel.hybrid import mla_var6_plus
     from mla_var3.shapes import Problem, get_preset
     from mla_var3.testing import TOLERANCE, rel_err
 
@@ -148,6 +151,12 @@ def main() -> int:
                     return decompress(ol, w_uv, o)
                 timed(rows, f"s={s} n={n} hybrid, window on {m} programs + decompress", hybrid, budget=budget,
                       timing=timing, part="hybrid", n=n, programs=m, **base)
+
+            def default():   # the public call as a user makes it: mla_var6_plus's sm_90 default
+                o, ol, _ = mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale)
+                return decompress(ol, w_uv, o)
+            timed(rows, f"s={s} n={n} default mla_var6_plus call + decompress", default, budget=budget,
+                  timing=timing, part="hybrid", n=n, programs="default", **base)
 
             def streams():
                 o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True)
