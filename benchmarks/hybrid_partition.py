@@ -47,6 +47,9 @@ def main() -> int:
     ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
     ap.add_argument("--s", default="32,16,64", help="query tokens per sequence, comma-separated")
     ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--n", default=None, help="window sizes, comma-separated (default: the grid per s)")
+    ap.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88)")
+    ap.add_argument("--no-parts", action="store_true", help="time the hybrid only, not its parts alone")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
@@ -104,6 +107,8 @@ def main() -> int:
     randn = seeded_randn("cuda", dtype)
     for s in (int(v) for v in args.s.split(",")):
         ns, ms = GRID.get(s, GRID[32])
+        ns = tuple(int(v) for v in args.n.split(",")) if args.n else ns
+        ms = tuple(int(v) for v in args.programs.split(",")) if args.programs else ms
         q, qpe, qc = randn(B, H, s, D), randn(B, H, s, P), randn(B, H, s, K, std=0.05)
         z, kpe = randn(B, T, K), randn(B, T, P)
         k_all, v_all = randn(B, T, H, D), randn(B, T, H, D)
@@ -134,16 +139,18 @@ def main() -> int:
         for n in ns:
             o_len = T - n
             z_old, k_new, v_new = z[:, :o_len], k_all[:, o_len:], v_all[:, o_len:]
-            timed(rows, f"s={s} n={n} latent part alone (whole GPU)",
-                  lambda: flash_mla(qc, qpe, z_old, kpe[:, :o_len], scale=scale, causal=False),
-                  budget=budget, timing=timing, part="latent", n=n, **base)
+            if not args.no_parts:
+                timed(rows, f"s={s} n={n} latent part alone (whole GPU)",
+                      lambda: flash_mla(qc, qpe, z_old, kpe[:, :o_len], scale=scale, causal=False),
+                      budget=budget, timing=timing, part="latent", n=n, **base)
             for m in ms:
-                timed(rows, f"s={s} n={n} window part alone on {m} programs",
-                      lambda m=m: expanded_window_gluon(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale,
-                                                        causal=True, programs=m),
-                      budget=budget, timing=timing, part="window", n=n, programs=m, **base)
-                if rows[-1].get("us"):
-                    rows[-1]["gbps"] = 2 * B * n * H * 2 * D / rows[-1]["us"] / 1e3
+                if not args.no_parts:
+                    timed(rows, f"s={s} n={n} window part alone on {m} programs",
+                          lambda m=m: expanded_window_gluon(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale,
+                                                            causal=True, programs=m),
+                          budget=budget, timing=timing, part="window", n=n, programs=m, **base)
+                    if rows[-1].get("us"):
+                        rows[-1]["gbps"] = 2 * B * n * H * 2 * D / rows[-1]["us"] / 1e3
 
                 def hybrid(m=m):
                     o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True,
@@ -159,7 +166,8 @@ def main() -> int:
                   timing=timing, part="hybrid", n=n, programs="default", **base)
 
             def streams():
-                o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True)
+                o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True,
+                                                expanded_programs=None)
                 return decompress(ol, w_uv, o)
             timed(rows, f"s={s} n={n} hybrid, two streams, no partition + decompress", streams, budget=budget,
                   timing=timing, part="hybrid", n=n, programs=0, **base)
