@@ -308,11 +308,12 @@ def test_default_programs_balance_the_measured_costs():
     with s faster than a window key's); it always leaves both parts SMs."""
     from mla_var3.kernel.hopper.hybrid_hopper import default_programs
 
-    assert default_programs(16, 3072, 1024, 132) == 37
-    assert default_programs(32, 1536, 2560, 132) == 76
+    assert default_programs(16, 3072, 1024, 132) == 49
+    assert default_programs(32, 1536, 2560, 132) == 88
+    assert default_programs(16, 3584, 512, 132) == 31 and default_programs(32, 1024, 3072, 132) == 106
     assert default_programs(32, 3072, 1024, 132) < default_programs(32, 2048, 2048, 132)
     assert default_programs(64, 2048, 2048, 132) < default_programs(16, 2048, 2048, 132)
-    assert default_programs(16, 4000, 1, 132) == 8 and default_programs(16, 1, 4000, 132) == 124
+    assert default_programs(16, 4000, 1, 132) == 12 and default_programs(16, 1, 4000, 132) == 124
 
 
 def test_sm90_default_is_the_hopper_path_at_checked_widths_only(monkeypatch):

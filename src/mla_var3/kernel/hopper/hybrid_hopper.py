@@ -30,6 +30,10 @@ CHECKED_WIDTHS = {(512, 64)}
 #: bandwidth and its swap-AB MMAs), the seesaw latent kernel ~ LATENT_US_PER_TOKEN * s (31 and 69)
 WINDOW_US = (24.0, 0.875)
 LATENT_US_PER_TOKEN = 2.0
+#: programs the window gets beyond the balance of the parts' costs: an under-sized window is the
+#: long pole (its programs are persistent), while the latent programs take every SM the window
+#: frees (measured on an H200: the best of 22-124 programs was 9-29 above the balance)
+PARTITION_MARGIN = 12
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
@@ -72,15 +76,17 @@ def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int,
 
 
 def default_programs(s: int, o_len: int, n_len: int, sms: int) -> int:
-    """The window's share of an SM partition: programs such that the window part (N keys on them)
-    and the latent part (O keys on the other SMs) take the same time, by their measured SM-time
-    per key (:data:`WINDOW_US`, :data:`LATENT_US_PER_TOKEN`; both scale with b alike). Measured
-    on an H200 at b = 32, t = 4,096: s = 16, N = 1,024 -> 37 (44 ran fastest of 44/66/88);
-    s = 32, N = 2,560 -> 76 (88: 2,155 us, 66: 2,318 us)."""
+    """The window's programs in an SM partition: those that balance the window part (N keys on
+    them) and the latent part (O keys on the other SMs) by their measured SM-time per key
+    (:data:`WINDOW_US`, :data:`LATENT_US_PER_TOKEN`; both scale with b alike), plus
+    :data:`PARTITION_MARGIN`. Measured on an H200 at b = 32, t = 4,096 (best of the programs
+    tried, µs with the decompression): s = 16, N = 512 -> 31 (33: 1,123.0); N = 1,024 -> 49
+    (44: 1,186.8, 55: 1,219.4); s = 32, N = 2,048 -> 71 (88: 2,101.7, 66: 2,134.7); N = 2,560
+    -> 88 (88: 2,131.5); N = 3,072 -> 106 (100: 2,102.5, 110: 2,169.7)."""
     window = (WINDOW_US[0] + WINDOW_US[1] * s) * n_len
     latent = LATENT_US_PER_TOKEN * s * o_len
     share = window / max(window + latent, 1e-9)
-    return max(8, min(sms - 8, round(sms * share)))
+    return max(8, min(sms - 8, round(sms * share) + PARTITION_MARGIN))
 
 
 def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
