@@ -46,7 +46,7 @@ V3 = get_preset("deepseek-v3")
 H200_DEFAULTS = {
     "flash_mla": [{"backend": "gluon"}],
     "flash_attention": [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}],
-    "mla_var6_plus": [{"backend": "triton"}],
+    "mla_var6_plus": [{"backend": "gluon"}],
 }
 VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"}
 
@@ -88,10 +88,43 @@ def serving_points() -> tuple[list[Point], list[Point]]:
     return dense, compat
 
 
+#: the sm_90 hybrid's runs (benchmarks/hybrid_partition.py): b = 32, t = 4096, decompression included
+PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.json", "hybrid/programs-s32-01c5255.json",
+                  "hybrid/programs-s16-01c5255.json")
+
+
+def partition_points() -> list[Point]:
+    """The sm_90 hybrid's default path, per (run, s, n), the decompression measured in the same run
+    taken off: for s <= 32 the best of the window partitions tried (the default's programs,
+    ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus.md
+    section 9), above it the two streams (the default there)."""
+    out = []
+    for name in PARTITION_RUNS:
+        data = _load(name)
+        commit = data["info"]["commit"]
+        dec = {r["s"]: r["us"] for r in data["rows"] if r.get("impl") == "decompress" and r.get("us")}
+        best: dict[tuple[int, int], dict] = {}
+        for r in data["rows"]:
+            if r.get("part") != "hybrid" or not r.get("us") or r["s"] not in dec:
+                continue
+            partition = isinstance(r["programs"], int) and r["programs"] > 0
+            if partition != (r["s"] <= 32) or ("01d2b76" in name and not partition):
+                continue        # 01d2b76's "two streams" row timed the default partition (fixed at 3f9d11d)
+            key = (r["s"], r["n"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+        for (s, n), r in sorted(best.items()):
+            how = f"best of {r['programs']} window programs and the others tried" if s <= 32 else "two streams"
+            out.append(Point("mla_var6_plus", "gluon", r["b"], s, r["t"], n=n, gpu_us=r["us"] - dec[s],
+                             source=f"{name} ({commit})",
+                             note=f"{how}; decompression {dec[s]:.1f} us (same run) taken off"))
+    return out
+
+
 def h200_points() -> tuple[list[Point], list[Point]]:
     """(points of today's kernels, points of older kernels and other calls: compared only)."""
     dense, compat = serving_points()
-    pts: list[Point] = list(dense)
+    pts: list[Point] = list(dense) + partition_points()
     old: list[Point] = list(compat)
     # absorbed, seesaw v6 (CUDA-graph replays): an older kernel
     for name, commit in (("gluon_flash_mla_check.json", "c289878"), ("seesaw/v6-rerun-bcf7d56-check.json", "bcf7d56"),
@@ -194,7 +227,8 @@ def host_base(anchors: list[Point]) -> dict[str, Parameter]:
            f"call b = 32, s = 1 of the side-by-side run, anchors-eager-8a6fad7.json) x {unsplit:.1f} / {split:.1f} "
            f"(unsplit / split host time of the host-table run of the same commit)")
     return {f"{kernel}.host_us": Parameter(f"{kernel}.host_us", "us", value, src, "", False, "host")
-            for kernel in ("flash_mla.triton", "flash_attention.triton", "flash_attention.gluon", "mla_var6_plus.triton")}
+            for kernel in ("flash_mla.triton", "flash_attention.triton", "flash_attention.gluon", "mla_var6_plus.triton",
+                           "mla_var6_plus.gluon")}
 
 
 #: absorbed-kernel parameters the serving run cannot identify, held at the values fitted to seesaw v6

@@ -1,5 +1,5 @@
 """The hybrid MLAvar6+ on an sm_90 SM partition, its parts alone and together, beside the three
-single designs and official FlashMLA, in one process (bf16, DeepSeek-V3 dims, b = 32,
+single designs and official FlashMLA, in one process (bf16, DeepSeek-V3 dims, b = 32 (`--b`),
 t = 4,096, causal, the output decompression included everywhere).
 
 Per ``s`` (default 32, 16, 64):
@@ -35,7 +35,7 @@ import torch
 
 from common import D, H, K, P, Budget, environment, error_text, randn as seeded_randn, timed, write_json
 
-B, T = 32, 4096
+T = 4096
 GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
         64: ((1024, 2048, 3072), (44, 66, 88))}
 CHECKS = [(2, 32, 1024, 512, 8), (2, 64, 1200, 700, 12), (2, 16, 1024, 300, 20)]   # (b, s, t, n, programs)
@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
     ap.add_argument("--s", default="32,16,64", help="query tokens per sequence, comma-separated")
+    ap.add_argument("--b", type=int, default=32, help="sequences (default 32)")
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--n", default=None, help="window sizes, comma-separated (default: the grid per s)")
     ap.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88)")
@@ -104,21 +105,22 @@ def main() -> int:
         return 1
 
     timing = dict(max_seconds=0.4)
+    batch = args.b
     randn = seeded_randn("cuda", dtype)
     for s in (int(v) for v in args.s.split(",")):
         ns, ms = GRID.get(s, GRID[32])
         ns = tuple(int(v) for v in args.n.split(",")) if args.n else ns
         ms = tuple(int(v) for v in args.programs.split(",")) if args.programs else ms
-        q, qpe, qc = randn(B, H, s, D), randn(B, H, s, P), randn(B, H, s, K, std=0.05)
-        z, kpe = randn(B, T, K), randn(B, T, P)
-        k_all, v_all = randn(B, T, H, D), randn(B, T, H, D)
+        q, qpe, qc = randn(batch, H, s, D), randn(batch, H, s, P), randn(batch, H, s, K, std=0.05)
+        z, kpe = randn(batch, T, K), randn(batch, T, P)
+        k_all, v_all = randn(batch, T, H, D), randn(batch, T, H, D)
         w_uv = randn(H, K, D, std=K ** -0.5)
-        base = dict(b=B, s=s, t=T)
+        base = dict(b=batch, s=s, t=T)
         print(f"---- s = {s}", flush=True)
         if fm is not None:
-            cache = torch.cat([z, kpe], dim=-1).view(B * T // 64, 64, 1, K + P)
-            table = torch.arange(B * T // 64, dtype=torch.int32, device="cuda").view(B, T // 64)
-            lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+            cache = torch.cat([z, kpe], dim=-1).view(batch * T // 64, 64, 1, K + P)
+            table = torch.arange(batch * T // 64, dtype=torch.int32, device="cuda").view(batch, T // 64)
+            lens = torch.full((batch,), T, dtype=torch.int32, device="cuda")
             q_fm = torch.cat([qc, qpe], dim=-1).transpose(1, 2).contiguous()
             meta, _ = fm.get_mla_metadata()
 
@@ -150,7 +152,7 @@ def main() -> int:
                                                             causal=True, programs=m),
                           budget=budget, timing=timing, part="window", n=n, programs=m, **base)
                     if rows[-1].get("us"):
-                        rows[-1]["gbps"] = 2 * B * n * H * 2 * D / rows[-1]["us"] / 1e3
+                        rows[-1]["gbps"] = 2 * batch * n * H * 2 * D / rows[-1]["us"] / 1e3
 
                 def hybrid(m=m):
                     o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True,

@@ -92,7 +92,8 @@ def _guide(cal) -> list[str]:
              f"holds a measurement of today's default call at that point (its files are named under the table; the "
              f"hybrid at the fastest n measured), else the **calibrated** model (c; `conf/calibration-h200.json`: "
              f"{cal.label}; the hybrid at its calibrated best n). *best* is the fastest by those numbers (the hybrid "
-             f"only if it beats the better single design by more than {HYBRID_MARGIN:.0%}); *dispatcher* is what "
+             f"only if it beats the better single design by more than {HYBRID_MARGIN:.0%} at a split 0 < n < t: at n = 0 "
+             f"or t it is that single design); *dispatcher* is what "
              "`mla-var3 explain --device h200 --b B --s S --t 4096` picks by default (the calibrated model alone, no "
              "results file, no autotune cache). *rests on* says which data decided the row.", ""]
     files: set[str] = set()
@@ -116,10 +117,12 @@ def _guide(cal) -> list[str]:
                     cells.append(f"{_us(calib[d.kernel])} c" + (f" (n={n_cal})" if d.split else ""))
             single = min((d.name for d in TABLE if not d.split), key=times.get)
             hybrid = next(d.name for d in TABLE if d.split)
-            best = hybrid if times[hybrid] * (1 + HYBRID_MARGIN) < times[single] else single
+            # a split at n = 0 or n = t is a single design (the absorbed or the expanded kernel): never "best" over it
+            m_h = measured.get((HYBRID, b, s))
+            split = 0 < (m_h["n"] if kinds[hybrid] == "m" else n_cal) < t
+            best = hybrid if split and times[hybrid] * (1 + HYBRID_MARGIN) < times[single] else single
             c_single = min((d.kernel for d in TABLE if not d.split), key=calib.get)
-            c_best = next(d for d in TABLE if d.split).kernel if calib[next(d for d in TABLE if d.split).kernel] * (
-                1 + HYBRID_MARGIN) < calib[c_single] else c_single
+            c_best = HYBRID if 0 < n_cal < t and calib[HYBRID] * (1 + HYBRID_MARGIN) < calib[c_single] else c_single
             dispatcher = next(d.name for d in TABLE if d.kernel == c_best)
             m_names = [d for d in times if kinds[d] == "m"]
             rests = ("measurements" if len(m_names) == len(times) else "calibrated model" if not m_names else

@@ -100,6 +100,9 @@ GLUON_LATENT_BLOCK_M = GLUON_LATENT_BLOCK_N = 64
 GLUON_EXPANDED_MIN_S = 64
 #: row tile of the Gluon expanded kernel (two 64-row consumer warpgroups).
 GLUON_EXPANDED_BLOCK_M = 128
+#: the sm_90 hybrid partitions its SMs between the window and the latent part up to this s, and
+#: runs the two parts on two streams above it (``kernel.hopper.hybrid_hopper.PARTITION_MAX_S``).
+HYBRID_PARTITION_MAX_S = 32
 
 
 #: the decode planner's constants (``kernel.decode_plan``): item length bounds in key blocks, and
@@ -350,6 +353,39 @@ def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded:
     return hybrid(dims, pb, m, p, latent_law, lambda q: flash_attention_portable(dims, q, m, expanded))
 
 
+def window_partition(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
+    """The sm_90 hybrid's window part (the Gluon window kernel on its share of an SM partition),
+    as whole-GPU time: its SM-time, ``window_us_per_head_key + window_us_per_head_key_token * s``
+    per (sequence, head, key), over all SMs, and never below the window's bytes (K and V per head,
+    the RoPE key once per token) at the copy rate."""
+    b, h, s, n = pb.b, dims.h, pb.s, pb.t
+    sm_s = b * h * n * (p["window_us_per_head_key"] + p["window_us_per_head_key_token"] * s) * US
+    stream = b * n * (h * (dims.d + dims.dv) + dims.p) * dims.w / m.bytes_per_s
+    return Breakdown(max(sm_s / m.sms, stream), {"sm_time_s": sm_s, "stream_s": stream}, {})
+
+
+def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Params, expanded_gluon: Params,
+                  expanded_portable: Params) -> Breakdown:
+    """MLAvar6+'s sm_90 default: the seesaw over the o old keys (parameters ``latent``) and, for
+    s <= :data:`HYBRID_PARTITION_MAX_S`, the window kernel on an SM partition sized to balance the
+    parts: the two parts' SM-times add up (``part_overlap`` 0; the partition's interference is in
+    the window's fitted cost), plus the merge. Above it the parts run on two streams: the
+    expanded default (Gluon for s > 64, else portable) over the n newest keys after the latent
+    part. With o = 0 (or n = 0) one part runs: the expanded (or absorbed) kernel alone."""
+
+    def latent_law(q: Problem) -> Breakdown:
+        return flash_mla_gluon(dims, q, m, latent)
+
+    def window_law(q: Problem) -> Breakdown:
+        if pb.n == pb.t or pb.s > HYBRID_PARTITION_MAX_S:
+            if q.s > GLUON_EXPANDED_MIN_S:
+                return flash_attention_gluon(dims, q, m, expanded_gluon)
+            return flash_attention_portable(dims, q, m, expanded_portable)
+        return window_partition(dims, q, m, p)
+
+    return hybrid(dims, pb, m, p, latent_law, window_law)
+
+
 def seed_flash_mla(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
     """The seed's absorbed kernel (not in this repository): assumed tiled as our portable kernel."""
     return flash_mla_portable(dims, pb, m, p)
@@ -374,6 +410,10 @@ _FIX = "GPU time of the launch and drain, beyond the program waves"
 _COMB = "split-KV combine time per split (the combine walks a row's partials one after the other)"
 _HOST = "host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time, host time)"
 _HOST_SPLIT = "extra host time of a split-KV call (split plan, partial buffers, the combine's launch)"
+_WINDOW_WHY = ("measured alone on an H200 (b = 32, window programs 44-88): 51.3-51.9 SM-us per key at s = 32 "
+               "(hybrid/partition-a147d5b.json, -01d2b76.json), 37.8-38.3 at s = 16 (window/run2-3), i.e. "
+               "0.00928 and 0.01267 us per (sequence, head, key); held: the hybrid's times cannot identify it, "
+               "the window's stream at the copy rate being longer on the whole GPU")
 _NOT_SEEN = "not identifiable: every committed call of this kernel lasts >= 1.9 ms, where it is under 1 %"
 
 
@@ -420,6 +460,18 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
              why="confounded with latent_fixed_us and merge_us; held at 0"),
         Spec("host_us", "us", _HOST, 150.0, 0.0, 5000.0, group="host"),
     ),
+    ("mla_var6_plus", "gluon"): (
+        Spec("window_us_per_head_key", "us", "SM-time of the window kernel per (sequence, head, key), beyond its "
+             "per-query-token part", 0.00589, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
+        Spec("window_us_per_head_key_token", "us", "SM-time of the window kernel per (sequence, head, key) and query "
+             "token (its swap-AB MMAs)", 0.000212, 0.0, 10.0, fit=False, why=_WINDOW_WHY),
+        Spec("merge_us", "us", "merge time beyond its bytes at the copy rate (launch, small programs)", 20.0, 0.0, 1000.0),
+        Spec("part_overlap", "1", "fraction of the shorter part (its whole-GPU time) hidden under the longer: the "
+             "window's stream under the latent part's MMAs", 0.3, 0.0, 1.0),
+        Spec("fixed_us", "us", "the call's own GPU time beyond its parts and merge", 0.0, 0.0, 1000.0, fit=False,
+             why="confounded with merge_us; held at 0"),
+        Spec("host_us", "us", _HOST, 150.0, 0.0, 5000.0, group="host"),
+    ),
     ("flash_mla", "seed"): (
         Spec("compute_efficiency", "1", _EFF + " (the seed's kernel, assumed tiled as our portable one)", 0.5, 0.02, 1.5),
         Spec("fixed_us", "us", "the call's fixed time (launch, latency) beyond its tile steps", 10.0, 0.0, 2000.0),
@@ -456,6 +508,9 @@ LAWS: dict[tuple[str, str], Callable] = {
     ("flash_attention", "gluon"): lambda d, pb, m, P: flash_attention_gluon(d, pb, m, P("flash_attention", "gluon")),
     ("mla_var6_plus", "triton"): lambda d, pb, m, P: hybrid_portable(d, pb, m, P("mla_var6_plus", "triton"),
                                                                      P("flash_attention", "triton")),
+    ("mla_var6_plus", "gluon"): lambda d, pb, m, P: hybrid_hopper(d, pb, m, P("mla_var6_plus", "gluon"),
+                                                                   P("flash_mla", "gluon"), P("flash_attention", "gluon"),
+                                                                   P("flash_attention", "triton")),
     ("flash_mla", "seed"): lambda d, pb, m, P: seed_flash_mla(d, pb, m, P("flash_mla", "seed")),
     ("flash_attention", "seed"): lambda d, pb, m, P: seed_flash_attention(d, pb, m, P("flash_attention", "seed")),
     ("mla_var6_plus", "seed"): lambda d, pb, m, P: seed_hybrid(d, pb, m, P("mla_var6_plus", "seed"),
@@ -466,6 +521,7 @@ LAWS: dict[tuple[str, str], Callable] = {
 DEPENDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
     ("mla_var6_plus", "triton"): (("flash_attention", "triton"),),
     ("mla_var6_plus", "seed"): (("flash_mla", "seed"), ("flash_attention", "seed")),
+    ("mla_var6_plus", "gluon"): (("flash_mla", "gluon"), ("flash_attention", "gluon"), ("flash_attention", "triton")),
 }
 
 

@@ -34,6 +34,10 @@ LATENT_US_PER_TOKEN = 2.0
 #: long pole (its programs are persistent), while the latent programs take every SM the window
 #: frees (measured on an H200: the best of 22-124 programs was 9-29 above the balance)
 PARTITION_MARGIN = 12
+#: the largest s the default partitions at: measured on an H200 (b = 32, t = 4,096) the partition
+#: beat the two streams at s = 16 and 32 (1,134.8 against 1,309.9 us; 2,101.7 against 2,277.8) and
+#: lost at s = 64 (4,233-7,252 against 3,111.6-3,930.4 us: the window kernel's one-stage ring there)
+PARTITION_MAX_S = 32
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
@@ -105,7 +109,8 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     on the current one, or on ``streams = (latent_stream, expanded_stream)``), joined before
     the merge, so the compute-bound and memory-bound parts may run at the same time.
     ``expanded_programs="auto"`` (the default) takes an SM partition of :func:`default_programs`
-    programs where the Gluon window kernel applies (else the two streams: ``None``). With
+    programs where the Gluon window kernel applies and ``s <= PARTITION_MAX_S`` (else the two
+    streams: ``None``). With
     ``expanded_programs`` an int, the expanded part is :func:`expanded_persistent` on that many programs,
     issued *before* the latent part: it holds that many SMs and the latent part (one
     shared-memory-filling program per SM) takes the others — an SM partition. The persistent
@@ -136,8 +141,8 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
                                      config=config, out=out, out_latent=out_latent)
     kpe_old = kpe[:, :o_len]
     if expanded_programs == "auto":                  # a partition where the window kernel takes the call
-        fits = n_len > 0 and overlap and streams is None and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:],
-                                                                            causal) is not None
+        fits = (0 < n_len and s <= PARTITION_MAX_S and overlap and streams is None
+                and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:], causal) is not None)
         expanded_programs = default_programs(s, o_len, n_len, _sms(dev)) if fits else None
     if n_len == 0:                                   # the absorbed design itself
         o_l, lse = absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
