@@ -53,7 +53,7 @@ def test_shipped_h200_is_keyed_and_complete():
     assert H200.default_backend("flash_mla", Problem(b=1, s=1, t=64)) == "gluon"
     assert H200.default_backend("flash_attention", Problem(b=1, s=64, t=64)) == "triton"
     assert H200.default_backend("flash_attention", Problem(b=1, s=65, t=65)) == "gluon"
-    assert H200.default_backend("mla_var6_plus", Problem(b=1, s=16, t=64)) == "triton"
+    assert H200.default_backend("mla_var6_plus", Problem(b=1, s=16, t=64)) == "gluon"
 
 
 def test_shipped_points_are_the_committed_measurements():
@@ -294,8 +294,9 @@ def test_hybrid_breakdown_states_the_resource_law():
     assert (i["o"], i["n"]) == (3072, 1024)
     assert i["sm_us_per_latent_key"] == pytest.approx(132 * t["latent_s"] / 3072 * 1e6)
     assert i["sm_us_per_window_key"] == pytest.approx(132 * t["window_s"] / 1024 * 1e6)
-    # the default (portable) path runs its parts one after the other: the fitted overlap is ~0
-    assert i["part_overlap"] < 0.1
+    # the sm_90 default partitions the SMs: part of the window's stream hides under the latent
+    # part's MMAs (fitted 0.21 to the partition runs), far from a full overlap
+    assert 0.05 < i["part_overlap"] < 0.5
     assert pr.gpu_s == pytest.approx(t["parts_s"] + t["merge_s"] + t["fixed_s"])
     # n = t: no latent part, the latent output is zero-filled; n = 0: no window
     only_window = predict(H200, "mla_var6_plus", V3, Problem(b=32, s=16, t=4096, n=4096))
