@@ -88,9 +88,9 @@ def serving_points() -> tuple[list[Point], list[Point]]:
     return dense, compat
 
 
-#: the sm_90 hybrid's runs (benchmarks/hybrid_partition.py): b = 32, t = 4096, decompression included
+#: the sm_90 hybrid's runs (benchmarks/hybrid_partition.py): t = 4096, decompression included; b = 32 (and 64)
 PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.json", "hybrid/programs-s32-01c5255.json",
-                  "hybrid/programs-s16-01c5255.json")
+                  "hybrid/programs-s16-01c5255.json", "hybrid/b64-s32-518ebad.json")
 
 
 def partition_points() -> list[Point]:
