@@ -119,3 +119,23 @@ def test_combine_planned_merges_split_items():
     out2 = torch.zeros(2, h, s, v, device=DEVICE)
     combine_planned(o_part, lse_part, seqs, out2, lse, head_major=False)
     assert torch.allclose(out2[0].double(), ref_o.view(s, h, v).transpose(0, 1), atol=1e-5)
+
+
+def test_reference_with_a_forced_item_length_covers_every_sequence():
+    """``item_blocks`` forces C: every item holds at most C blocks, each sequence is covered once
+    in order, and split items get distinct slots (for measuring the estimate against other cuts)."""
+    lengths = [0, 1, 64, 65, 4000, 130, 20_000]
+    for c in (2, 7, 64, 1024):
+        ref = plan_reference(lengths, 256, capacity=20_480, item_blocks=c)
+        assert ref["item_blocks"] == c
+        live = [it for it in ref["items"] if it[0] >= 0]
+        assert all(hi - lo <= c for _, lo, hi, _ in live)
+        for b, n in enumerate(lengths):
+            mine = sorted((lo, hi) for bb, lo, hi, _ in live if bb == b)
+            blocks = -(-n // PLAN_BLOCK)
+            assert mine[0][0] == 0 and mine[-1][1] == max(blocks, 0)
+            assert all(a[1] == b_[0] for a, b_ in zip(mine, mine[1:]))
+        slots = [sl for *_, sl in live if sl >= 0]
+        assert len(slots) == len(set(slots)) == ref["slots_used"]
+    with pytest.raises(ValueError, match="item_blocks"):
+        plan_reference(lengths, 256, capacity=20_480, item_blocks=1)

@@ -161,11 +161,16 @@ def _size_class(size: int, c_len: int) -> int:
     return min(_SIZE_CLASSES - 1, (size * _SIZE_CLASSES) // (c_len + 1))
 
 
-def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
-    """The plan of :func:`plan_decode`, computed in Python from host lengths.
+def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
+                   item_blocks: int | None = None) -> dict:
+    """The plan of :func:`plan_decode`, computed in Python from host lengths. ``item_blocks``
+    forces the item length C (in blocks, within [MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]) instead of
+    the estimate's choice: for measuring the estimate against other cuts.
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
-    "item_blocks": C, "max_slots": ...}`` — bit-for-bit the tensors the device planner writes.
+    "item_blocks": C, "max_slots": ..., "slots_used": ...}`` — bit-for-bit the tensors the device
+    planner writes (a forced C may need more items or slots than the buffers hold: then the
+    items are not padded and ``slots_used`` exceeds ``max_slots``).
     """
     batch = len(lengths)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK))
@@ -178,6 +183,10 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
         if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
             best = (est, c_len)
     c_len = best[1] if best else min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
+    if item_blocks is not None:
+        if not MIN_ITEM_BLOCKS <= item_blocks <= MAX_ITEM_BLOCKS:
+            raise ValueError(f"item_blocks must lie in [{MIN_ITEM_BLOCKS}, {MAX_ITEM_BLOCKS}], got {item_blocks}")
+        c_len = item_blocks
     counts = [max(1, cdiv(n, c_len)) for n in blocks]
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = [(-1, 0)] * batch
@@ -194,7 +203,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
                 lo = j * base + min(j, rem)
                 items.append((b, lo, lo + base + (1 if j < rem else 0), first + j if c > 1 else -1))
     items += [(-1, -1, -1, -1)] * (max_items - len(items))
-    return {"items": items, "seqs": seqs, "item_blocks": c_len, "max_slots": max_slots}
+    return {"items": items, "seqs": seqs, "item_blocks": c_len, "max_slots": max_slots, "slots_used": next_slot}
 
 
 def _split_reference(batch: int, t: int, num_splits: int) -> dict:
