@@ -139,3 +139,13 @@ def test_reference_with_a_forced_item_length_covers_every_sequence():
         assert len(slots) == len(set(slots)) == ref["slots_used"]
     with pytest.raises(ValueError, match="item_blocks"):
         plan_reference(lengths, 256, capacity=20_480, item_blocks=1)
+
+
+def test_uniform_plan_is_shared_by_the_lengths_of_one_block():
+    """A dense decode step's cache grows by a token per step: the host plan is reused for every t
+    of one 64-key block (it depends on t only through its blocks) and differs past it."""
+    a, b_, c = (uniform_plan(3, 256, t, sms=132) for t in (4033, 4090, 4096))
+    assert a is b_ is c
+    ref = plan_reference([4096] * 3, 256, capacity=4096)
+    assert a.items.tolist() == [list(it) for it in ref["items"]]
+    assert uniform_plan(3, 256, 4097, sms=132).max_blocks == 65 != a.max_blocks

@@ -239,7 +239,10 @@ def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.d
     device = torch.device(device)
     sms = sms if sms is not None else _device_sms(device)
     ns = None if num_splits is None else int(num_splits)
-    return _uniform_tensors(int(batch), int(rows), int(t), int(k), int(sms), ns, device)
+    # the plan depends on t only through its blocks: a decode step's growing cache (t, t + 1, ...)
+    # reuses one plan per 64 keys instead of planning on the host at every step
+    t_blocks = cdiv(max(int(t), 0), PLAN_BLOCK) * PLAN_BLOCK
+    return _uniform_tensors(int(batch), int(rows), t_blocks, int(k), int(sms), ns, device)
 
 
 def _device_sms(device: torch.device) -> int:

@@ -77,8 +77,8 @@ def rope_cos_sin(cfg: MLAConfig, positions: torch.Tensor, dtype: torch.dtype = t
         raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
     if inv_freq is None:
         inv_freq, factor = rope_inv_freq(cfg)
-    else:
-        factor = rope_inv_freq(cfg)[1]
+    else:   # the factor alone (rope_inv_freq's second value, without rebuilding the frequencies per call)
+        factor = cfg.rope_scaling.cos_sin_factor if cfg.rope_scaling is not None else 1.0
     inv_freq = inv_freq.to(device=positions.device, dtype=torch.float64)
     freqs = positions.to(torch.float64)[..., None] * inv_freq  # [B, S, p/2]
     emb = torch.cat((freqs, freqs), dim=-1)
