@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -109,3 +111,51 @@ def write_json(path, data) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
+
+
+def import_flash_mla(folder: str | None):
+    """Official FlashMLA from ``folder`` (the folder holding the ``flash_mla`` package), or None:
+    no folder given, or it does not import (said on stdout)."""
+    if not folder or not os.path.isdir(folder):
+        return None
+    sys.path.insert(0, folder)
+    try:
+        import flash_mla
+    except Exception as exc:
+        print("official FlashMLA not importable:", exc)
+        return None
+    return flash_mla
+
+
+def check_hybrid_partition(cases, checks: list, dtype=torch.bfloat16) -> bool:
+    """The sm_90 hybrid on an SM partition (``mla_var6_plus_hopper(expanded_programs=m)``) against
+    the fp32 reference at DeepSeek-V3 dims, per case ``(b, s, t, n, m)``: o, o_latent, lse and the
+    decompressed output within the dtype's tolerance. Appends a row per case to ``checks``;
+    True when every case passed."""
+    from mla_var3 import reference as R
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
+    from mla_var3.shapes import Problem, get_preset
+    from mla_var3.testing import TOLERANCE, rel_err
+
+    dims, all_ok = get_preset("deepseek-v3"), True
+    for b, s, t, n, m in cases:
+        row = dict(kind="hybrid", b=b, s=s, t=t, n=n, programs=m)
+        try:
+            x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=n, causal=True), dtype=dtype, device="cuda")
+            o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
+                                              causal=True, expanded_programs=m)
+            torch.cuda.synchronize()
+            f32 = [a.float() for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
+            ro, rol, rlse = R.mla_var6_plus(*f32, x.scale, True)
+            w = x.w_uv.float()
+            errs = dict(o=rel_err(o, ro), o_latent=rel_err(ol, rol), lse=rel_err(lse, rlse),
+                        final=rel_err(R.decompress(ol.float(), w, o.float()), R.decompress(rol, w, ro)))
+            row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
+        except Exception as exc:
+            traceback.print_exc()
+            row.update(ok=False, error=error_text(exc))
+        all_ok &= row["ok"]
+        checks.append(row)
+        print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
+              flush=True)
+    return all_ok

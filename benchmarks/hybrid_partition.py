@@ -27,13 +27,12 @@ s = 64 (small b and t). Timing: ``time_fn`` (CUDA-graph replays, L2 flushed). In
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import traceback
 
 import torch
 
-from common import D, H, K, P, Budget, environment, error_text, randn as seeded_randn, timed, write_json
+from common import (D, H, K, P, Budget, check_hybrid_partition, environment, import_flash_mla, randn as seeded_randn,
+                    timed, write_json)
 
 T = 4096
 GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
@@ -56,49 +55,20 @@ def main() -> int:
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         return 2
     budget = Budget(args.budget)
-    from mla_var3 import reference as R
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.expanded import flash_attention
     from mla_var3.kernel.gemm import decompress
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
     from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
     from mla_var3.kernel.hybrid import mla_var6_plus
-    from mla_var3.shapes import Problem, get_preset
-    from mla_var3.testing import TOLERANCE, rel_err
 
-    fm = None
-    if args.flash_mla and os.path.isdir(args.flash_mla):
-        sys.path.insert(0, args.flash_mla)
-        try:
-            import flash_mla as fm
-        except Exception as exc:
-            print("official FlashMLA not importable:", exc)
+    fm = import_flash_mla(args.flash_mla)
     dtype = torch.bfloat16
-    dims = get_preset("deepseek-v3")
     scale = (D + P) ** -0.5
     info = environment(flashmla=fm is not None)
-    checks, rows, all_ok = [], [], True
+    checks, rows = [], []
 
-    for b, s, t, n, m in CHECKS:
-        row = dict(kind="hybrid", b=b, s=s, t=t, n=n, programs=m)
-        try:
-            x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=n, causal=True), dtype=dtype, device="cuda")
-            o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
-                                              causal=True, expanded_programs=m)
-            torch.cuda.synchronize()
-            f32 = [a.float() for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
-            ro, rol, rlse = R.mla_var6_plus(*f32, x.scale, True)
-            w = x.w_uv.float()
-            errs = dict(o=rel_err(o, ro), o_latent=rel_err(ol, rol), lse=rel_err(lse, rlse),
-                        final=rel_err(R.decompress(ol.float(), w, o.float()), R.decompress(rol, w, ro)))
-            row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
-        except Exception as exc:
-            traceback.print_exc()
-            row.update(ok=False, error=error_text(exc))
-        all_ok &= row["ok"]
-        checks.append(row)
-        print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
-              flush=True)
+    all_ok = check_hybrid_partition(CHECKS, checks, dtype)
     if not all_ok:
         write_json(args.out, dict(info=info, checks=checks, rows=rows))
         print("a check failed: nothing timed")

@@ -15,12 +15,11 @@ time on the same inputs is the yardstick. A table last; everything to ``--out`` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
-from common import environment, timed, write_json
+from common import environment, import_flash_mla, timed, write_json
 from serving_check import K, RAGGED, make_paged, reference, rel
 
 #: the item length C as a multiple of the estimate's choice (1: the shipped planner)
@@ -56,10 +55,7 @@ def main() -> int:
         return 2
     from mla_var3 import flash_mla_paged
 
-    fm = None
-    if args.flash_mla and os.path.isdir(args.flash_mla):
-        sys.path.insert(0, args.flash_mla)
-        import flash_mla as fm
+    fm = import_flash_mla(args.flash_mla)
     scale = (K + 64) ** -0.5
     rows_out, checks = [], []
     timing = dict(max_seconds=0.3)

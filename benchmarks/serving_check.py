@@ -39,6 +39,8 @@ import traceback
 
 import torch
 
+from common import import_flash_mla
+
 H, K, P, PAGE = 128, 512, 64, 64
 UNIFORM = [(b, s) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)]
 RAGGED = [(32, 1, 4096), (64, 1, 8192), (128, 1, 4096), (64, 2, 8192), (32, 4, 16384), (8, 1, 32768), (1, 1, 4096),
@@ -212,7 +214,6 @@ def graphs(r: Runner) -> None:
     """Capture, change the inputs' contents, replay, compare with eager."""
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
-    from mla_var3.kernel.absorbed import flash_mla_paged
 
     scale = (K + P) ** -0.5
     for s in (1, 4):
@@ -301,7 +302,6 @@ def timing(r: Runner, quick: bool) -> None:
             kpe = torch.randn(b, cap, P, device="cuda").to(torch.bfloat16)
             row["dense"] = measure(lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal))
         r.times.append(row)
-        f = row.get("flashmla", {})
         msg = " ".join(f"{k}: eager {v['eager_us']:.1f} graph {v['graph_us']:.1f} host {v['host_us']:.1f}"
                        for k, v in row.items() if isinstance(v, dict))
         print(f"{kind} b{b} s{s} t{cap}: {msg}", flush=True)
@@ -383,13 +383,7 @@ def main() -> None:
     print(proc.stdout[-2000:], proc.stderr[-4000:])
     if proc.returncode != 0:
         sys.exit("smoke run failed")
-    fm = None
-    if args.flash_mla and os.path.isdir(args.flash_mla):
-        sys.path.insert(0, args.flash_mla)
-        try:
-            import flash_mla as fm
-        except Exception as exc:
-            print("official FlashMLA not importable:", exc)
+    fm = import_flash_mla(args.flash_mla)
     r = Runner(fm)
     record = {"env": environment(), "flashmla": fm is not None}
     for step in (host_profile, correctness, graphs):

@@ -24,7 +24,8 @@ import traceback
 
 import torch
 
-from common import D, H, P, Budget, environment, error_text, randn as seeded_randn, timed, write_json
+from common import (D, H, P, Budget, check_hybrid_partition, environment, error_text, randn as seeded_randn, timed,
+                    write_json)
 
 CHECKS = [  # (b, h, s, n, causal, programs, block_n, stages)
     (2, 8, 16, 1344, True, 3, 128, 1), (2, 8, 1, 130, True, 5, 128, 1), (1, 8, 5, 77, True, 2, 128, 1),
@@ -81,27 +82,8 @@ def main() -> int:
         print(f"check window b={b} h={h} s={s} n={n} causal={causal:d} m={m} bn={bn} st={st}: "
               f"{'ok' if row['ok'] else 'FAIL'} {row.get('err_o', float('nan')):.2e} {row.get('err_lse', float('nan')):.2e}",
               flush=True)
+    all_ok &= check_hybrid_partition(HYBRID_CHECKS, checks, dtype)
     dims = get_preset("deepseek-v3")
-    for b, s, t, n, m in HYBRID_CHECKS:
-        row = dict(kind="hybrid", b=b, s=s, t=t, n=n, programs=m)
-        try:
-            x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=n, causal=True), dtype=dtype, device="cuda")
-            o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
-                                              causal=True, expanded_programs=m)
-            torch.cuda.synchronize()
-            f32 = [a.float() for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
-            ro, rol, rlse = R.mla_var6_plus(*f32, x.scale, True)
-            w = x.w_uv.float()
-            errs = dict(o=rel_err(o, ro), o_latent=rel_err(ol, rol), lse=rel_err(lse, rlse),
-                        final=rel_err(R.decompress(ol.float(), w, o.float()), R.decompress(rol, w, ro)))
-            row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
-        except Exception as exc:
-            traceback.print_exc()
-            row.update(ok=False, error=error_text(exc))
-        all_ok &= row["ok"]
-        checks.append(row)
-        print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
-              flush=True)
 
     rows = []
     timing = dict(max_seconds=0.6)
