@@ -381,8 +381,9 @@ def test_mirrors_match_the_launchers():
             lat = hybrid.default_config(MLADims(h=h, d=128, p=p, k=k), Problem(b=b, s=s, t=t, n=n)).latent
             assert KL.hybrid_latent_config(b, h, s, t - n, k, 132) == (lat.block_h, lat.block_s, lat.block_n,
                                                                        lat.num_splits), (b, s, t, n)
-    from mla_var3.kernel.hopper import expanded_gluon
+    from mla_var3.kernel.hopper import expanded_gluon, hybrid_hopper
     assert KL.GLUON_EXPANDED_MIN_S == expanded_gluon.GLUON_MIN_S
+    assert KL.HYBRID_PARTITION_MAX_S == hybrid_hopper.PARTITION_MAX_S
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
     assert KL.GLUON_LATENT_BLOCK_M == decode_plan.ROW_TILE and KL.GLUON_LATENT_BLOCK_N == decode_plan.PLAN_BLOCK
     assert (KL.PLAN_MIN_ITEM_BLOCKS, KL.PLAN_MAX_ITEM_BLOCKS, KL.PLAN_UNIT, KL.PLAN_ITEM_OVERHEAD, KL.PLAN_COMBINE_FIXED,

@@ -171,9 +171,7 @@ def flash_mla_with_kvcache(
     if plan is not None:  # the same replay under this call's own key (no slicing to build the key)
         replay = _REPLAYS.get(_replay_key("paged", (qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens),
                                           scale, causal, plan))
-        if replay is not None:  # stored as a call that returns FlashMLA's [b, s_q, h_q, dv] order
-            token_major = getattr(replay, "token_major", None)
+        if replay is not None:  # a call with a plan repeats as a _Repeat: stored as FlashMLA's [b, s_q, h_q, dv] order
             _REPLAYS[_replay_key("compat", (q, k_cache, block_table, cache_seqlens), softmax_scale or 0.0, causal,
-                                 (plan, dv))] = token_major if token_major is not None else (
-                lambda: (lambda o, lse: (o.transpose(1, 2), lse))(*replay()))
+                                 (plan, dv))] = replay.token_major
     return o.transpose(1, 2).contiguous(), lse

@@ -47,7 +47,7 @@ def rope_inv_freq(cfg: MLAConfig) -> tuple[torch.Tensor, float]:
     inv_extra = 1.0 / pos_freqs
     yarn = cfg.rope_scaling
     if yarn is None:
-        return inv_extra, 1.0
+        return inv_extra, rope_factor(cfg)
     inv_inter = 1.0 / (yarn.factor * pos_freqs)
     low = _correction_dim(yarn.beta_fast, dim, base, yarn.original_max_position_embeddings)
     high = _correction_dim(yarn.beta_slow, dim, base, yarn.original_max_position_embeddings)
@@ -59,7 +59,12 @@ def rope_inv_freq(cfg: MLAConfig) -> tuple[torch.Tensor, float]:
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
     extrapolation = 1.0 - ramp  # 1: keep the original frequency, 0: interpolate fully
     inv_freq = inv_inter * (1.0 - extrapolation) + inv_extra * extrapolation
-    return inv_freq, yarn.cos_sin_factor
+    return inv_freq, rope_factor(cfg)
+
+
+def rope_factor(cfg: MLAConfig) -> float:
+    """The factor cos and sin are scaled by: YaRN's attention factor, else 1."""
+    return cfg.rope_scaling.cos_sin_factor if cfg.rope_scaling is not None else 1.0
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -76,9 +81,8 @@ def rope_cos_sin(cfg: MLAConfig, positions: torch.Tensor, dtype: torch.dtype = t
     if positions.dtype.is_floating_point or positions.dtype == torch.bool:
         raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
     if inv_freq is None:
-        inv_freq, factor = rope_inv_freq(cfg)
-    else:   # the factor alone (rope_inv_freq's second value, without rebuilding the frequencies per call)
-        factor = cfg.rope_scaling.cos_sin_factor if cfg.rope_scaling is not None else 1.0
+        inv_freq = rope_inv_freq(cfg)[0]
+    factor = rope_factor(cfg)
     inv_freq = inv_freq.to(device=positions.device, dtype=torch.float64)
     freqs = positions.to(torch.float64)[..., None] * inv_freq  # [B, S, p/2]
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -17,6 +17,7 @@ import torch
 
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
+from mla_var3.kernel._common import num_sms
 from mla_var3.kernel.hopper import absorbed_gluon, window_gluon as wg
 from mla_var3.kernel.hybrid import _merge, _mla_var6_plus_triton, expanded_persistent
 
@@ -41,10 +42,6 @@ PARTITION_MAX_S = 32
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
-
-
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -143,7 +140,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     if expanded_programs == "auto":                  # a partition where the window kernel takes the call
         fits = (0 < n_len and s <= PARTITION_MAX_S and overlap and streams is None
                 and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:], causal) is not None)
-        expanded_programs = default_programs(s, o_len, n_len, _sms(dev)) if fits else None
+        expanded_programs = default_programs(s, o_len, n_len, num_sms(dev.index)) if fits else None
     if n_len == 0:                                   # the absorbed design itself
         o_l, lse = absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
         if out_latent is None:
