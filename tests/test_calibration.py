@@ -384,6 +384,11 @@ def test_mirrors_match_the_launchers():
     from mla_var3.kernel.hopper import expanded_gluon, hybrid_hopper
     assert KL.GLUON_EXPANDED_MIN_S == expanded_gluon.GLUON_MIN_S
     assert KL.HYBRID_PARTITION_MAX_S == hybrid_hopper.PARTITION_MAX_S
+    # the window's held SM-time per (sequence, head, key) is the launcher's per key at b = 32, h = 128
+    window = {sp.name: sp.prior for sp in KL.SPECS[("mla_var6_plus", "gluon")]}
+    per_key = [w / (32 * 128) for w in hybrid_hopper.WINDOW_US]
+    assert window["window_us_per_head_key"] == pytest.approx(per_key[0], rel=0.01)
+    assert window["window_us_per_head_key_token"] == pytest.approx(per_key[1], rel=0.01)
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
     assert KL.GLUON_LATENT_BLOCK_M == decode_plan.ROW_TILE and KL.GLUON_LATENT_BLOCK_N == decode_plan.PLAN_BLOCK
     assert (KL.PLAN_MIN_ITEM_BLOCKS, KL.PLAN_MAX_ITEM_BLOCKS, KL.PLAN_UNIT, KL.PLAN_ITEM_OVERHEAD, KL.PLAN_COMBINE_FIXED,
