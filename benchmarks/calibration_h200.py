@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from mla_var3.analysis.calibration import Calibration, Parameter, predict, save_calibration  # noqa: E402
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_results  # noqa: E402
 from mla_var3.analysis.devices import get_device  # noqa: E402
+from mla_var3.analysis.kernel_laws import HYBRID_PARTITION_MAX_S  # noqa: E402
 from mla_var3.analysis.cost import decompress  # noqa: E402
 from mla_var3.shapes import Problem, get_preset  # noqa: E402
 
@@ -95,7 +96,7 @@ PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.jso
 
 def partition_points() -> list[Point]:
     """The sm_90 hybrid's default path, per (run, s, n), the decompression measured in the same run
-    taken off: for s <= 32 the best of the window partitions tried (the default's programs,
+    taken off: for s <= HYBRID_PARTITION_MAX_S the best of the window partitions tried (the default's programs,
     ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus.md
     section 9), above it the two streams (the default there)."""
     out = []
@@ -108,13 +109,14 @@ def partition_points() -> list[Point]:
             if r.get("part") != "hybrid" or not r.get("us") or r["s"] not in dec:
                 continue
             partition = isinstance(r["programs"], int) and r["programs"] > 0
-            if partition != (r["s"] <= 32) or ("01d2b76" in name and not partition):
+            if partition != (r["s"] <= HYBRID_PARTITION_MAX_S) or ("01d2b76" in name and not partition):
                 continue        # 01d2b76's "two streams" row timed the default partition (fixed at 3f9d11d)
             key = (r["s"], r["n"])
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r
         for (s, n), r in sorted(best.items()):
-            how = f"best of {r['programs']} window programs and the others tried" if s <= 32 else "two streams"
+            how = (f"best of {r['programs']} window programs and the others tried" if s <= HYBRID_PARTITION_MAX_S
+                   else "two streams")
             out.append(Point("mla_var6_plus", "gluon", r["b"], s, r["t"], n=n, gpu_us=r["us"] - dec[s],
                              source=f"{name} ({commit})",
                              note=f"{how}; decompression {dec[s]:.1f} us (same run) taken off"))

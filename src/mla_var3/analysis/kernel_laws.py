@@ -368,8 +368,8 @@ def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Par
                   expanded_portable: Params) -> Breakdown:
     """MLAvar6+'s sm_90 default: the seesaw over the o old keys (parameters ``latent``) and, for
     s <= :data:`HYBRID_PARTITION_MAX_S`, the window kernel on an SM partition sized to balance the
-    parts: the two parts' SM-times add up (``part_overlap`` 0; the partition's interference is in
-    the window's fitted cost), plus the merge. Above it the parts run on two streams: the
+    parts (its part: :func:`window_partition`, with the window's held SM-time per key), the fitted
+    ``part_overlap`` of the shorter part hidden under the longer, plus the merge. Above it the parts run on two streams: the
     expanded default (Gluon for s > 64, else portable) over the n newest keys after the latent
     part. With o = 0 (or n = 0) one part runs: the expanded (or absorbed) kernel alone."""
 
