@@ -1,0 +1,104 @@
+"""Where a serving-shaped decode call's GPU time goes: each kernel's device time, ours and
+official FlashMLA's, on the paged points of ``serving_check.py``.
+
+For every point the compat call (``mla_var3.compat.flash_mla_with_kvcache``, its plan built once
+as an engine's decode step does) and FlashMLA's call run ``--calls`` times each under
+``torch.profiler``; the kernels' device times are summed per kernel name and divided by the
+calls. Our plan's work list is read back (a host read, outside the profiled calls): items,
+split items, programs and the item lengths. The sum of kernel times is not the call's wall time
+(launch gaps are left out); ``serving_check.py`` measures that.
+
+Usage::
+
+    python benchmarks/serving_profile.py --out prof.json --flash-mla <folder of flash_mla>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+
+from common import import_flash_mla
+from serving_check import K, RAGGED, environment, make_paged
+
+POINTS = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096)] + [
+    ("ragged", b, s, t) for b, s, t in RAGGED]
+
+
+def kernel_times(fn, calls: int) -> dict[str, float]:
+    """Mean device µs per call of each kernel ``fn`` launches (summed over its launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
+            total[ev.name[:90]] += ev.device_time
+    return {name: us / calls for name, us in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def plan_stats(meta) -> dict:
+    """Items, split items, programs and item lengths (blocks) of our plan (host read)."""
+    plan = meta.plan
+    items = plan.items.cpu()
+    live = items[items[:, 0] >= 0]
+    lens = (live[:, 2] - live[:, 1]).tolist()
+    tiles = -(-plan.rows // 64)
+    return {"items": len(lens), "split_items": int((live[:, 3] >= 0).sum()), "programs": len(lens) * tiles,
+            "item_blocks_max": max(lens, default=0), "item_blocks_min": min(lens, default=0),
+            "item_blocks_mean": sum(lens) / max(1, len(lens)), "row_tiles": tiles}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args()
+    from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+
+    fm = import_flash_mla(args.flash_mla)
+    scale = (K + 64) ** -0.5
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for kind, b, s, t in POINTS:
+        lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+        q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
+        causal = s > 1
+        meta, _ = get_mla_metadata()
+        ours = lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
+        row = {"kind": kind, "b": b, "s": s, "t_max": t, "mean_len": sum(lengths) / b,
+               "ours": kernel_times(ours, args.calls)}
+        row["plan"] = plan_stats(meta)
+        if fm is not None:
+            meta_f, _ = fm.get_mla_metadata()
+            theirs = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta_f, None, softmax_scale=scale,
+                                                       causal=causal)
+            row["flashmla"] = kernel_times(theirs, args.calls)
+        rows.append(row)
+        fmt = lambda d: " + ".join(f"{n.split('(')[0][-28:]} {us:.1f}" for n, us in d.items())
+        print(f"{kind} b{b} s{s} t{t}: plan {row['plan']}\n  ours  {fmt(row['ours'])}\n"
+              f"  flash {fmt(row.get('flashmla', {}))}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"env": environment(), "calls": args.calls, "rows": rows}, f, indent=1)
+    print("\n| kind | b | s | t | ours: kernels µs (sum) | FlashMLA: kernels µs (sum) | items (split) | programs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        o, f, p = r["ours"], r.get("flashmla", {}), r["plan"]
+        print(f"| {r['kind']} | {r['b']} | {r['s']} | {r['t_max']} | "
+              f"{' + '.join(f'{v:.1f}' for v in o.values())} ({sum(o.values()):.1f}) | "
+              f"{' + '.join(f'{v:.1f}' for v in f.values())} ({sum(f.values()):.1f}) | "
+              f"{p['items']} ({p['split_items']}) | {p['programs']} |")
+
+
+if __name__ == "__main__":
+    main()
