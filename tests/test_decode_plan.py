@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel.combine import combine_planned
 from mla_var3.kernel.decode_plan import (
-    MAX_ITEM_BLOCKS, PLAN_BLOCK, plan_capacity, plan_decode, plan_reference, uniform_plan,
+    MAX_ITEM_BLOCKS, PACK_OVERHEAD, PLAN_BLOCK, auto_reference, packed_reference, plan_capacity, plan_decode,
+    plan_reference, uniform_plan,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,6 +59,57 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
     _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan.max_slots)
+
+
+def _check_packed(ref, lengths, capacity, max_slots):
+    """A packed plan: the item contract, program starts in order over all items, each program's
+    items contiguous in the batch's block order and no wider than its share."""
+    _check_contract(ref["items"], ref["seqs"], lengths, capacity, max_slots)
+    starts, items = ref["starts"], ref["items"]
+    live = sum(1 for it in items if it[0] >= 0)
+    assert starts[0] == 0 and starts[-1] == live and all(a <= b for a, b in zip(starts, starts[1:]))
+    for p in range(len(starts) - 1):
+        mine = items[starts[p]: starts[p + 1]]
+        assert sum(hi - lo for _, lo, hi, _ in mine) <= ref.get("width", MAX_ITEM_BLOCKS)
+        assert all(a[0] < b[0] and b[1] == 0 for a, b in zip(mine, mine[1:])), "a program's pieces run in batch order"
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9000), min_size=1, max_size=60), rows=st.sampled_from([16, 128, 512, 2048]),
+       extra=st.integers(0, 3000), sms=st.sampled_from([132, 7, 1]), packed=st.sampled_from([True, None]))
+def test_packed_and_chosen_plans_match_reference_and_contract(lengths, rows, extra, sms, packed):
+    capacity = max(lengths) + extra
+    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), rows, capacity=capacity, sms=sms,
+                       packed=packed)
+    if packed:
+        ref = packed_reference(lengths, rows, capacity=capacity, sms=sms)
+    else:
+        ref = auto_reference(lengths, rows, capacity=capacity, sms=sms)
+    assert plan.items.tolist() == [list(x) for x in ref["items"]]
+    assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
+    assert plan.starts.tolist() == ref["starts"] and plan.programs == len(ref["starts"]) - 1
+    _check_packed(ref, lengths, capacity, plan.max_slots)
+
+
+def test_packed_plan_cuts_at_program_shares():
+    """Two sequences of 100 blocks over 4 programs: (100 + 2) * 2 / 4 -> 51 units each; program 1
+    starts inside sequence 0, program 2 at sequence 1's start (its boundary fell in the
+    sequence's overhead units), so no piece is empty."""
+    ref = packed_reference([6400, 6400], 64, capacity=6400, sms=4)
+    assert ref["width"] == 51
+    assert [it for it in ref["items"] if it[0] >= 0] == [(0, 0, 49, 0), (0, 49, 100, 1), (1, 0, 49, 2),
+                                                         (1, 49, 100, 3)]
+    assert ref["starts"][:5] == [0, 1, 2, 3, 4]
+    assert PACK_OVERHEAD == 2
+
+
+def test_the_planner_packs_ragged_batches_and_not_balanced_ones():
+    """Measured on an H200: packing won on ragged b = 32, s = 1 (t <= 4096) and lost on uniform
+    b = 32, s = 1 (the item plan fills the SMs in one wave there)."""
+    g = torch.Generator().manual_seed(5)
+    ragged = torch.randint(512, 4097, (32,), generator=g).tolist()
+    assert auto_reference(ragged, 128, capacity=4096)["packed"]
+    assert not auto_reference([4096] * 32, 128, capacity=4096)["packed"]
 
 
 def test_long_sequences_are_cut_at_the_item_limit():

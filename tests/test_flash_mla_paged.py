@@ -169,3 +169,19 @@ def test_overlapping_out_is_refused():
     out = torch.empty(1, 1, 1, SMALL.k, dtype=torch.bfloat16, device=DEVICE).expand(2, SMALL.h, 2, SMALL.k)
     with pytest.raises(ValueError, match="out has overlapping elements"):
         flash_mla_paged(**args, out=out)
+
+
+@pytest.mark.parametrize("packed", [True, None])
+def test_packed_plans_cover_every_key_once(packed):
+    """A packed plan (each program's share of the batch's blocks, sequences split at program
+    boundaries, here over 3 SMs) run by the portable kernel, item by item: the same attention."""
+    from mla_var3.kernel.decode_plan import plan_decode
+
+    lengths = [0, 70, 500, 2, 64, 65, 129, 300]
+    x, seqlens, cache, table = _paged(SMALL, len(lengths), 2, 512, lengths, torch.bfloat16, 64)
+    plan = plan_decode(seqlens, SMALL.h * 2, capacity=table.shape[1] * 64, k=SMALL.k, sms=3, packed=packed)
+    assert plan.starts is not None and (int(plan.seqs[:, 1].max()) > 1 or not packed)    # packed: something is split
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, scale=x.scale, causal=True, plan=plan)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, torch.bfloat16, name="o_latent")
+    assert_close(lse, rl, tol=1e-4, name="lse")

@@ -53,6 +53,27 @@ def test_compat_paged_matches_reference(lengths, s, causal):
     assert_close(lse, rl, tol=1e-4, name="lse")
 
 
+#: (lengths, s, SMs the plan fills): a plan for a few SMs makes each packed program walk many
+#: items — empty and one-block sequences, sequences split across programs
+PACKED_CASES = [([0, 70, 5000, 1, 64, 65, 129, 3000], 2, 4), ([4096] * 3, 1, 5), ([1] * 40, 1, 132),
+                ([777, 0, 0, 64], 4, 3), ([6000, 100, 2500, 40, 9000, 1], 1, 132), ([300] * 64, 8, 132)]
+
+
+@pytest.mark.parametrize("lengths,s,sms", PACKED_CASES, ids=[f"b{len(c[0])}-s{c[1]}-sms{c[2]}" for c in PACKED_CASES])
+@pytest.mark.parametrize("packed", [True, None])
+def test_packed_plans_match_reference(lengths, s, sms, packed):
+    """The persistent kernel on packed plans (and on the planner's own choice), every program
+    running its items in turn."""
+    from mla_var3.kernel.decode_plan import plan_decode
+
+    x, q, cache, table, seqlens = _paged(lengths, s, 9216, seed=3)
+    plan = plan_decode(seqlens, 128 * s, capacity=table.shape[1] * 64, sms=sms, packed=packed)
+    o, lse = flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, scale=x.scale, causal=True, plan=plan)
+    ro, rl = ref.flash_mla_paged(x.qc, x.qpe, cache, table, seqlens, x.scale, True)
+    assert_close(o, ro, BF, name="out")
+    assert_close(lse, rl, tol=1e-4, name="lse")
+
+
 @pytest.mark.parametrize("view", ["col-major", "every-other-col"])
 def test_paged_table_strides(view):
     x, q, cache, table, seqlens = _paged([70, 300, 1, 2000], 2, 2048)

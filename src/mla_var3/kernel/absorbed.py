@@ -371,7 +371,7 @@ def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seq
     config.validate()
     if plan is None:
         if seqlens is not None and device.type != "meta":
-            plan = plan_decode(seqlens, rows, capacity=t, k=k)
+            plan = plan_decode(seqlens, rows, capacity=t, k=k, packed=False)   # one program per item here
         else:
             plan = uniform_plan(b, rows, t, k=k, device=device, num_splits=config.num_splits)
     else:

@@ -36,6 +36,17 @@ Measured against exhaustive search in a list-scheduling simulation of the H200 (
 random, uniform and skewed batches, b = 1..256, s = 1..32, t up to 32k): 1.5 % above the best
 single cut on average, 5 % at the 90th percentile.
 
+**Packed plans** (``plan_decode(..., packed=True)``): one item per program leaves SMs idle on
+ragged batches — a sequence cannot share a program with another, so the items never fill the
+SMs evenly (measured on an H200: 144 programs of 11–21 blocks for 132 SMs at b = 32, s = 1).
+A packed plan instead gives each of ``slots`` programs (per row tile) a contiguous range of the
+batch's blocks laid end to end, as FlashMLA's scheduler does: sequence ``b`` costs ``n_b +
+PACK_OVERHEAD`` units (its blocks and the prologue of a new sequence), program ``p`` takes units
+``[p * W, (p + 1) * W)`` with ``W = ceil(total / slots)``, a boundary that falls inside a
+sequence's overhead units moves to the sequence's start (so every piece holds a block), and each
+(program, sequence) piece is an item. ``starts [programs + 1]`` says which items each program
+runs (``starts[p] .. starts[p + 1]``, in order); a sequence in several pieces is split as above.
+
 Example
 -------
 >>> plan = plan_decode(seqlens, rows=128 * 1, capacity=table.shape[1] * 64)   # doctest: +SKIP
@@ -54,7 +65,8 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["MAX_ITEM_BLOCKS", "PLAN_BLOCK", "DecodePlan", "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
+__all__ = ["MAX_ITEM_BLOCKS", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "packed_capacity", "packed_reference",
+           "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -73,6 +85,14 @@ COMBINE_FIXED = 384
 COMBINE_BYTES_PER_BLOCK_TIME = 6.0e6
 _NUM_CANDIDATES = 32
 _SIZE_CLASSES = 8
+_BIG = 9223372036854775807
+#: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks
+PACK_OVERHEAD = 2
+#: the planner packs when the packed plan's estimate is at most this percentage of the item plan's:
+#: the estimate prices a packed program as W + 1.5 blocks per wave, which under-prices a program of many
+#: short pieces; fitted on 14 batches measured on an H200 (packed won at estimate ratios of
+#: 0.79-0.85, tied at 0.82-0.88, lost at 0.93 and above)
+PACKED_WHEN_BELOW = 86
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,8 @@ class DecodePlan:
     max_blocks : the longest sequence (in blocks) the plan's buffers were sized for.
     max_slots : partial outputs the plan may use (``[max_slots, rows, K]`` fp32 + LSE).
     may_split : False when the host knows no sequence is split (no combine needed).
+    starts : [programs + 1] int32 on the device for a packed plan (program ``p`` runs items
+        ``starts[p] .. starts[p + 1]`` in order), None for one program per item.
     """
 
     items: torch.Tensor
@@ -96,10 +118,16 @@ class DecodePlan:
     max_blocks: int
     max_slots: int
     may_split: bool = True
+    starts: torch.Tensor | None = None
 
     @property
     def max_items(self) -> int:
         return self.items.shape[0]
+
+    @property
+    def programs(self) -> int:
+        """Programs per row tile the kernel launches: one per item, or a packed plan's count."""
+        return self.items.shape[0] if self.starts is None else self.starts.shape[0] - 1
 
     def check_for(self, batch: int, rows: int, max_blocks: int, device: torch.device) -> None:
         """Raise ValueError unless the plan was built for ``batch`` sequences of ``rows`` rows,
@@ -125,6 +153,18 @@ def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int) -> tuple[int
     slots = max(1, sms // tiles)
     pieces = max(1, cdiv(max_blocks, MAX_ITEM_BLOCKS))
     return slots, batch * pieces + 2 * slots, 2 * slots + (batch * pieces if pieces > 1 else 0)
+
+
+def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int) -> tuple[int, int, int, int]:
+    """``(slots, programs, max_items, max_slots)`` of a packed plan: ``slots`` programs run at
+    once (one per SM and row tile) and share the batch's blocks; more programs only when a share
+    would exceed ``MAX_ITEM_BLOCKS`` (the kernel keeps an item's pages in shared memory). Each
+    program boundary cuts at most one sequence, so items number at most ``programs + batch`` and
+    split items at most ``2 * programs``."""
+    tiles = max(1, cdiv(rows, ROW_TILE))
+    slots = max(1, sms // tiles)
+    programs = max(slots, cdiv(batch * (max_blocks + PACK_OVERHEAD), MAX_ITEM_BLOCKS))
+    return slots, programs, programs + batch, 2 * programs
 
 
 def _combine_units(rows: int, k: int) -> int:
@@ -203,7 +243,81 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
                 lo = j * base + min(j, rem)
                 items.append((b, lo, lo + base + (1 if j < rem else 0), first + j if c > 1 else -1))
     items += [(-1, -1, -1, -1)] * (max_items - len(items))
-    return {"items": items, "seqs": seqs, "item_blocks": c_len, "max_slots": max_slots, "slots_used": next_slot}
+    return {"items": items, "seqs": seqs, "item_blocks": c_len, "max_slots": max_slots, "slots_used": next_slot,
+            "estimate": best[0] if best else _BIG}
+
+
+def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
+    """The packed plan of :func:`plan_decode` (``packed=True``), computed in Python from host
+    lengths (the test oracle of the device planner; see the module docstring).
+
+    Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
+    "starts": [programs + 1 item indices], "width": W (units per program), "max_slots": ...,
+    "estimate": its time in 1/256 block-times (as the item plan's)}``.
+    """
+    batch = len(lengths)
+    slots, programs, max_items, max_slots = packed_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK))
+    blocks = [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
+    ov = PACK_OVERHEAD
+    width = min(max(cdiv(sum(blocks) + ov * batch, slots), ov + 1), MAX_ITEM_BLOCKS)
+    items: list[tuple[int, int, int, int]] = []
+    seqs: list[tuple[int, int]] = []
+    first_program: list[int] = []
+    pos, next_slot = 0, 0
+    for b, n in enumerate(blocks):
+        end = pos + n + ov
+        q = pos // width
+        # a boundary inside the sequence's overhead units (at most one: width > ov) moves to its start
+        p0 = q + ((q + 1) * width <= pos + (ov if n else ov - 1))
+        p1 = (end - 1) // width
+        count = p1 - p0 + 1
+        first = next_slot if count > 1 else -1
+        next_slot += count if count > 1 else 0
+        seqs.append((first, count))
+        first_program.append(p0)
+        for j in range(count):
+            p = p0 + j
+            lo = 0 if j == 0 else p * width - pos - ov
+            hi = n if p == p1 else (p + 1) * width - pos - ov
+            items.append((b, lo, hi, first + j if count > 1 else -1))
+        pos = end
+    starts = [sum(min(max(p - p0, 0), c) for p0, (_, c) in zip(first_program, seqs)) for p in range(programs + 1)]
+    items += [(-1, -1, -1, -1)] * (max_items - len(items))
+    return {"items": items, "seqs": seqs, "starts": starts, "width": width, "max_slots": max_slots,
+            "estimate": _packed_estimate(width, cdiv(cdiv(pos, width), slots), next_slot, _combine_units(rows, k))}
+
+
+def _packed_estimate(width: int, waves: int, n_split: int, comb: int) -> int:
+    """A packed plan's time in units: its widest program (times the waves when the programs
+    outnumber the slots: shares capped at ``MAX_ITEM_BLOCKS``) plus one piece's prologue, and
+    the combine when anything is split."""
+    return waves * width * _UNIT + ITEM_OVERHEAD + (COMBINE_FIXED + n_split * comb if n_split else 0)
+
+
+def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
+    """The plan :func:`plan_decode` builds by default: the packed plan when its estimate is at
+    most ``PACKED_WHEN_BELOW`` % of the item plan's, else the item plan run one item per
+    program (``starts[p] = min(p, items)``), in buffers sized for either.
+
+    Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
+    device planner writes."""
+    batch = len(lengths)
+    max_blocks = cdiv(capacity, PLAN_BLOCK)
+    _, max_items_i, max_slots_i = plan_capacity(batch, rows, sms, max_blocks)
+    _, programs_p, max_items_p, max_slots_p = packed_capacity(batch, rows, sms, max_blocks)
+    size, programs = max(max_items_i, max_items_p), max(max_items_i, programs_p)
+    ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
+    ref_p = packed_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
+    packed = batch > 0 and 100 * ref_p["estimate"] <= PACKED_WHEN_BELOW * ref_i["estimate"]
+    if packed:
+        items, seqs, starts = ref_p["items"], ref_p["seqs"], ref_p["starts"]
+        starts = starts + [starts[-1]] * (programs + 1 - len(starts))
+    else:
+        items, seqs = ref_i["items"], ref_i["seqs"]
+        live = sum(1 for it in items if it[0] >= 0)
+        starts = [min(p, live) for p in range(programs + 1)]
+    items = list(items) + [(-1, -1, -1, -1)] * (size - len(items))
+    return {"items": items, "seqs": seqs, "starts": starts, "packed": packed, "max_slots": max(max_slots_i, max_slots_p)}
 
 
 def _split_reference(batch: int, t: int, num_splits: int) -> dict:
@@ -270,13 +384,14 @@ def _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
+def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr):
-    """One program. Reads B lengths four times; writes MAX_ITEMS * 4 + B * 2 int32. Lengths are
-    clamped to [0, T] (T: the capacity)."""
+                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr):
+    """One program. Reads B lengths four times; writes MAX_ITEMS * 4 + B * 2 int32 (and, with
+    ``WRITE_EST``, its estimate and item count as two int64 at ``est_ptr``). Lengths are clamped
+    to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: total and longest sequence, in blocks
     total = tl.zeros([BLOCK_B], tl.int64)
@@ -316,6 +431,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
     c_len = tl.max(tl.where(est == best, cand, 0), 0)
     if best == big:
         c_len = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
+    if WRITE_EST:
+        tl.store(est_ptr, best)
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     ii = tl.arange(0, BLOCK_I)
@@ -340,6 +457,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
             tl.store(items_ptr + first_item * 4, b0 + offs, mask=sel)
             next_item += tl.sum(cnt, 0)
             next_slot += tl.sum(scnt, 0)
+    if WRITE_EST:
+        tl.store(est_ptr + 1, next_item.to(tl.int64))
     tl.debug_barrier()
     # ---- pass 4: every item finds its sequence (the last start at or before it) and its range
     carry = 0
@@ -374,8 +493,120 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, B, T, SLOTS, MAX_ITEMS, MAX_S
 _plan_launch = CachedLaunch(_plan_kernel)
 
 
+@triton.jit
+def _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr,
+                   OV: tl.constexpr):
+    """Sequences ``b0 + offs`` of a packed plan with units ``pos0`` before them: (in the batch,
+    blocks, first unit, first program, pieces), as :func:`packed_reference` computes them."""
+    ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+    cost = tl.where(ok, n + OV, 0)
+    pos = pos0 + tl.cumsum(cost, 0) - cost
+    q = pos // W
+    p0 = q + ((q + 1) * W <= pos + tl.where(n > 0, OV, OV - 1)).to(tl.int32)
+    p1 = (pos + cost - 1) // W
+    return ok, n, pos, p0, tl.where(ok, p1 - p0 + 1, 0)
+
+
+@triton.jit
+def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, SLOTS, PROGRAMS, MAX_ITEMS, COMB,
+                   HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, OV: tl.constexpr, MAX_C: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, AUTO: tl.constexpr, UNIT: tl.constexpr,
+                   OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, GAIN: tl.constexpr):
+    """One program: the packed plan (module docstring). Reads B lengths three times plus once per
+    ``BLOCK_P`` programs; writes MAX_ITEMS * 4 + B * 2 + PROGRAMS + 1 int32. With ``AUTO``, after
+    :func:`_plan_kernel` wrote the item plan and its estimate to ``est_ptr``: the packed plan
+    only when its estimate is at most ``GAIN`` % of the item plan's, else the item plan's
+    ``starts`` (one item per program)."""
+    offs = tl.arange(0, BLOCK_B)
+    # ---- pass 1: the units per program
+    total = tl.zeros([BLOCK_B], tl.int32)
+    for b0 in range(0, B, BLOCK_B):
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+        total += tl.where(ok, n + OV, 0)
+    tot = tl.sum(total, 0)
+    W = tl.minimum(tl.maximum((tot + SLOTS - 1) // SLOTS, OV + 1), MAX_C)
+    if AUTO:
+        pos0 = 0
+        n_split = 0
+        for b0 in range(0, B, BLOCK_B):
+            ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+            n_split += tl.sum(tl.where(cnt > 1, cnt, 0), 0)
+            pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
+        waves = ((tot + W - 1) // W + SLOTS - 1) // SLOTS
+        est = (waves * W).to(tl.int64) * UNIT + OVH + tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
+        use = est.to(tl.float64) * 100 <= tl.load(est_ptr).to(tl.float64) * GAIN
+    else:
+        use = True
+    if use:
+        _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, MAX_ITEMS, W, HAS_SEQLENS, BLOCK,
+                      OV, BLOCK_B, BLOCK_P)
+    else:
+        n_items = tl.load(est_ptr + 1).to(tl.int32)
+        pp = tl.arange(0, BLOCK_P)
+        for i0 in range(0, MAX_ITEMS, BLOCK_P):
+            dead = (i0 + pp >= n_items) & (i0 + pp < MAX_ITEMS)
+            for c in tl.static_range(4):
+                tl.store(items_ptr + (i0 + pp) * 4 + c, tl.full([BLOCK_P], -1, tl.int32), mask=dead)
+        for q0 in range(0, PROGRAMS + 1, BLOCK_P):
+            tl.store(starts_ptr + q0 + pp, tl.minimum(q0 + pp, n_items), mask=q0 + pp <= PROGRAMS)
+
+
+@triton.jit
+def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, MAX_ITEMS, W,
+                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, OV: tl.constexpr, BLOCK_B: tl.constexpr,
+                  BLOCK_P: tl.constexpr):
+    """The packed plan's items, sequences and program starts for ``W`` units per program."""
+    offs = tl.arange(0, BLOCK_B)
+    ii = tl.arange(0, BLOCK_P)
+    for i0 in range(0, MAX_ITEMS, BLOCK_P):
+        tl.store(items_ptr + (i0 + ii) * 4, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
+        tl.store(items_ptr + (i0 + ii) * 4 + 1, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
+        tl.store(items_ptr + (i0 + ii) * 4 + 2, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
+        tl.store(items_ptr + (i0 + ii) * 4 + 3, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
+    tl.debug_barrier()
+    # ---- pass 2: each sequence's pieces, items in sequence order (= program order)
+    pos0 = 0
+    next_item = 0
+    next_slot = 0
+    for b0 in range(0, B, BLOCK_B):
+        ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+        p1 = p0 + cnt - 1
+        first_item = next_item + tl.cumsum(cnt, 0) - cnt
+        scnt = tl.where(cnt > 1, cnt, 0)
+        first_slot = next_slot + tl.cumsum(scnt, 0) - scnt
+        tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(cnt > 1, first_slot, -1), mask=ok)
+        tl.store(seqs_ptr + (b0 + offs) * 2 + 1, cnt, mask=ok)
+        for j in range(0, tl.max(cnt, 0)):
+            live = ok & (j < cnt)
+            p = p0 + j
+            lo = tl.where(j == 0, 0, p * W - pos - OV)
+            hi = tl.where(p == p1, n, (p + 1) * W - pos - OV)
+            idx = (first_item + j) * 4
+            tl.store(items_ptr + idx, b0 + offs, mask=live)
+            tl.store(items_ptr + idx + 1, lo, mask=live)
+            tl.store(items_ptr + idx + 2, hi, mask=live)
+            tl.store(items_ptr + idx + 3, tl.where(cnt > 1, first_slot + j, -1), mask=live)
+        pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
+        next_item += tl.sum(cnt, 0)
+        next_slot += tl.sum(scnt, 0)
+    # ---- pass 3: program p starts at the items of the programs before it
+    pp = tl.arange(0, BLOCK_P)
+    for q0 in range(0, PROGRAMS + 1, BLOCK_P):
+        acc = tl.zeros([BLOCK_P], tl.int32)
+        pos0 = 0
+        for b0 in range(0, B, BLOCK_B):
+            ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+            before = tl.minimum(tl.maximum((q0 + pp)[:, None] - p0[None, :], 0), cnt[None, :])
+            acc += tl.sum(before, 1)
+            pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
+        tl.store(starts_ptr + q0 + pp, acc, mask=q0 + pp <= PROGRAMS)
+
+
+_packed_launch = CachedLaunch(_packed_kernel)
+
+
 def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
-                sms: int | None = None) -> DecodePlan:
+                sms: int | None = None, packed: bool | None = None) -> DecodePlan:
     """Build the decode plan on ``seqlens``' device, without a host synchronisation.
 
     Parameters
@@ -387,6 +618,10 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         paged cache, ``T`` of a dense one): sizes the plan's buffers; longer lengths are clamped
     k : int             the latent width (prices the combine's partial outputs)
     sms : int, optional SMs to fill (default: the device's)
+    packed : bool, optional  True: a packed plan (each program runs a range of the batch's
+        blocks; see the module docstring); False: one program per item; None (default): the
+        packed plan when its estimate is at most ``PACKED_WHEN_BELOW`` % of the item plan's, else
+        the item plan run one item per program (two planning launches, no host synchronisation)
 
     Returns a :class:`DecodePlan`: one launch of a single program; its tensors are fresh
     allocations (inside a CUDA graph, the graph's pool), so a captured plan is rebuilt on replay.
@@ -407,27 +642,49 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         raise ValueError(f"rows (h * s) must be >= 1, got {rows}")
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0 keys, got {capacity}")
-    return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device)
+    return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device, packed=packed)
 
 
 def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device: torch.device,
-               sms: int | None = None) -> DecodePlan:
+               sms: int | None = None, packed: bool | None = None) -> DecodePlan:
     """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor, the address of
     one (an int: a replayed call holds no tensor), or None."""
     sms = sms if sms is not None else _device_sms(device)
     max_blocks = cdiv(capacity, PLAN_BLOCK)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
-    items = torch.empty((max_items, 4), dtype=torch.int32, device=device)
+    slots_p, programs_p, max_items_p, max_slots_p = packed_capacity(batch, rows, sms, max_blocks)
+    if packed is None:      # either plan: buffers for both
+        size, programs, slots_all = max(max_items, max_items_p), max(max_items, programs_p), max(max_slots, max_slots_p)
+    elif packed:
+        size, programs, slots_all = max_items_p, programs_p, max_slots_p
+    else:
+        size, programs, slots_all = max_items, None, max_slots
+    items = torch.empty((size, 4), dtype=torch.int32, device=device)
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
-    if batch:
-        dummy = seqlens if seqlens is not None else seqs
-        ints = (batch, capacity, slots, max_items, max_slots, _combine_units(rows, k))
-        align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
-        _plan_launch((seqlens is not None, ints, align), (1, 1, 1), (dummy, items, seqs, *ints),
+    starts = None if programs is None else torch.empty((programs + 1,), dtype=torch.int32, device=device)
+    if not batch:
+        items.fill_(-1)
+        if starts is not None:
+            starts.zero_()
+        return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts)
+    dummy = seqlens if seqlens is not None else seqs
+    align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
+    block = 128 if interpreting() else 256
+    comb = _combine_units(rows, k)
+    est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
+    if not packed:
+        ints = (batch, capacity, slots, max_items, max_slots, comb)
+        _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
                      dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS,
                           MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
-                          COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=128 if interpreting() else 256,
-                          BLOCK_I=128 if interpreting() else 256), num_warps=4)
-    else:
-        items.fill_(-1)
-    return DecodePlan(items, seqs, batch, rows, max_blocks, max_slots)
+                          COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=block, BLOCK_I=block,
+                          WRITE_EST=packed is None), num_warps=4)
+    if packed is None or packed:
+        ints = (batch, capacity, slots_p, programs, size, comb)
+        _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
+                       (dummy, items, seqs, starts, est, *ints),
+                       dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD,
+                            MAX_C=MAX_ITEM_BLOCKS, BLOCK_B=block, BLOCK_P=block, AUTO=packed is None, UNIT=_UNIT,
+                            OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, GAIN=PACKED_WHEN_BELOW), num_warps=4)
+    return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts)
+

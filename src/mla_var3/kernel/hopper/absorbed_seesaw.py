@@ -11,7 +11,14 @@ Design
 * **Work.** A program owns ``BLOCK_M = 64`` rows of one sequence and one work item of a decode
   plan (:mod:`mla_var3.kernel.decode_plan`): key blocks ``[blk_lo, blk_hi)``, written to the
   output when the item covers the sequence, else as fp32 partials to its slot for
-  :func:`mla_var3.kernel.combine.combine_planned`. Rows are ``head * S + token`` (the native
+  :func:`mla_var3.kernel.combine.combine_planned`. With a plan that has program ``starts``
+  (``PERSISTENT``: a packed plan, or the planner's item plan run one item per program) a
+  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's epilogue both
+  warpgroups release the buffers (``seg_bar``) and a third partition, a loader warp, issues the
+  next item's prologue (its pages, query tile and first two key blocks), so the compute
+  warpgroups carry no query descriptors or block table across their pair loops (issued from
+  WG0 instead, they spilled 384 B and ran 0.55–0.65x). Registers then: WG0 256, WG1 224, the
+  loader's warpgroup 24 (the program is padded to 12 warps). Rows are ``head * S + token`` (the native
   layout) or ``token * H + head`` (FlashMLA's ``[b, s, h, 576]``), as the queries lie, so neither
   the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
@@ -95,6 +102,10 @@ NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one
 #: decode plan cuts longer sequences): 1,024 x 64 = 65,536 keys, 4 KiB
 MAX_ITEM_PAGES = gl.constexpr(MAX_ITEM_BLOCKS) if GLUON_AVAILABLE else MAX_ITEM_BLOCKS
 _WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
+#: a packed plan's kernel adds a loader warp: the program is padded to 12 warps, and 256 (WG0) +
+#: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
+_PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
+_LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 
 
 if GLUON_AVAILABLE:
@@ -122,7 +133,7 @@ if GLUON_AVAILABLE:
         prologue copied into shared memory; 0 for a dense cache."""
         if PAGED:
             v = pages_smem.index(gl.minimum(j, pages_smem.shape[0] - 1)).load(
-                gl.BlockedLayout([1], [32], [4], [0]))
+                gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
             return gl.max(v, 0)
         else:
             return 0
@@ -171,14 +182,68 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _seesaw_wg(ROLE: gl.constexpr,
-                   q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
-                   z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
-                   b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
-                   stride_lb, stride_lh, stride_ls,
-                   causal, PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
-        """One warpgroup of the seesaw (``ROLE`` 0: even blocks, output columns ``0 .. K/2``;
-        ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE)."""
+    def _item(items_ptr, seqlens_ptr, item, T, MAX_BLOCKS, HAS_SEQLENS: gl.constexpr):
+        """Plan item ``item``: ``(b, blk_lo, n_iter, slot, L, n_blk)`` (its sequence, first block,
+        blocks, partial slot or -1; the sequence's keys, clamped to T, and blocks)."""
+        b = gl.load(items_ptr + item * 4)
+        blk_lo = gl.load(items_ptr + item * 4 + 1)
+        n_iter = gl.load(items_ptr + item * 4 + 2) - blk_lo
+        slot = gl.load(items_ptr + item * 4 + 3)
+        if HAS_SEQLENS:
+            L = gl.minimum(gl.load(seqlens_ptr + gl.maximum(b, 0)), T)
+        else:
+            L = T
+        n_blk = gl.minimum(gl.cdiv(L, 64), MAX_BLOCKS)
+        return b, blk_lo, n_iter, slot, L, n_blk
+
+    @gluon.jit
+    def _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
+                    table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L,
+                    PAGED: gl.constexpr):
+        """An item's prologue: its pages from the block table into shared memory
+        (paged caches: the refills then need one shared-memory read and no table address
+        arithmetic), then TMA for its query tile (``q_bar``), block 0 into X and block 1 (block 0
+        again when there is no block 1) into Y."""
+        K: gl.constexpr = z_smem.shape[3]
+        NZ: gl.constexpr = K // 64
+        NP: gl.constexpr = pages_row.shape[1]
+        one_d: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        if PAGED:
+            W: gl.constexpr = gl.num_warps()
+            pl: gl.constexpr = gl.BlockedLayout([NP // (32 * W)], [32], [W], [0])
+            jj = gl.arange(0, NP, layout=pl)
+            blk = blk_lo + jj
+            pg = gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
+                         mask=(jj < n_iter) & (blk < n_blk), other=0)
+            pages_row.index(0).store(pg)
+            gl.thread_barrier()
+        pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], one_d)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(q_desc, [b, row0, c * (K // 2)], q_bar,
+                                            q_smem.slice(c * (K // 2), K // 2, dim=2))
+        tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
+        has0 = n_iter > 0
+        blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
+        x0, x1 = _coords(b, blk_lo, _page_at(pages_smem, 0, PAGED), n_blk, L, PAGED)
+        y0, y1 = _coords(b, blk_y, _page_at(pages_smem, blk_y - blk_lo, PAGED), n_blk, L, PAGED)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
+        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
+
+    @gluon.jit
+    def _seesaw_segment(ROLE: gl.constexpr,
+                        q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
+                        z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
+                        b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
+                        stride_lb, stride_lh, stride_ls, causal, cx, cy, kq,
+                        PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
+        """One warpgroup of the seesaw on one item (``ROLE`` 0: even blocks, output columns
+        ``0 .. K/2``; ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE).
+        ``cx``, ``cy``: loads of X and Y by the program's earlier items (the phases of their
+        barriers and of the pair exchange), ``kq``: the phase of the item's ``q_bar`` and final
+        row-sum exchange."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         K: gl.constexpr = z_smem.shape[3]
@@ -220,15 +285,16 @@ if GLUON_AVAILABLE:
         acc = gl.zeros([BM, KH], gl.float32, o_layout)
         s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
 
-        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
         for i in range(n_pairs):
-            ph = i & 1
+            ph = (cx + i) & 1                     # the pair exchange's phase (one per pair, as X's loads)
+            ph_own = (cx + i) & 1 if ROLE == 0 else (cy + i) & 1
             j = 2 * i + ROLE
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph, has_own | (i == 0), s_zero, NZ)
+            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
                 sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
             else:
@@ -322,7 +388,7 @@ if GLUON_AVAILABLE:
             mbarrier.arrive(bar_e, count=1)
             l_fin = l_o
         else:
-            mbarrier.wait(bar_e, 0)
+            mbarrier.wait(bar_e, kq)
             l_fin = xrow.index(2).load(o_rows)
         out = acc * (1.0 / gl.where(l_fin > 0, l_fin, 1.0))[:, None]
         # every MMA reading Q is done (WG0's last scores precede mA): WG1 stages its half there;
@@ -348,22 +414,101 @@ if GLUON_AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                    lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
-                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
-        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                   lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                   qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, PAGED, HEAD_MAJOR)
+    def _seesaw_wg(ROLE: gl.constexpr, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
+                   q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem,
+                   items_ptr, seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
+                   T, MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                   PAGED, HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
+        """One warpgroup's work: the program's item, or (``PERSISTENT``, a packed plan) its items
+        ``it0 .. it1`` in turn; after each item's epilogue both warpgroups release the buffers
+        (``seg_bar``, two arrivals) and the loader warp (:func:`_seesaw_loader`) issues the next
+        item's prologue."""
+        if PERSISTENT:
+            cx = 0
+            cy = 0
+            for it in range(it0, it1):
+                k = it - it0
+                if k > 0:
+                    b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
+                _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
+                                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+                                n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, cx, cy,
+                                k & 1, PAGED, HEAD_MAJOR)
+                gl.thread_barrier()          # every thread's output store has been read (store_wait)
+                mbarrier.arrive(seg_bar, count=1)
+                cx += (n_iter + 1) // 2
+                cy += gl.maximum(n_iter // 2, gl.minimum(n_iter, 1))
+        else:
+            _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
+                            o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+                            n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, 0, 0, 0,
+                            PAGED, HEAD_MAJOR)
 
     @gluon.jit
-    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                    lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
-                    PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
-        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                   lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                   qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, PAGED, HEAD_MAJOR)
+    def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                       kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                       table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                       qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                       HAS_SEQLENS):
+        """A packed plan's loader (one warp): once both warpgroups have released the buffers after
+        an item (``seg_bar``), the next item's prologue (the first one is the program's, before
+        the partitions start). The compute warpgroups thus hold no query descriptors or block
+        table across their pair loops."""
+        for it in range(it0 + 1, it1):
+            b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
+            mbarrier.wait(seg_bar, (it - it0 - 1) & 1)
+            _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
+                        table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED)
+
+    # the partitions' entry points: warp_specialize hands its arguments over as values, so a flag
+    # must be a literal in the call below to stay a compile-time constant (ROLE, PERSISTENT)
+    @gluon.jit
+    def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                    HAS_SEQLENS):
+        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                   HAS_SEQLENS, False)
+
+    @gluon.jit
+    def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                    HAS_SEQLENS):
+        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                   HAS_SEQLENS, False)
+
+    @gluon.jit
+    def _seesaw_wg0_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
+                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+                           seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                           MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                           PAGED, HEAD_MAJOR, HAS_SEQLENS):
+        _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                   HAS_SEQLENS, True)
+
+    @gluon.jit
+    def _seesaw_wg1_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
+                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+                           seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                           MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
+                           PAGED, HEAD_MAJOR, HAS_SEQLENS):
+        _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
+                   HAS_SEQLENS, True)
 
     @gluon.jit
     def _flash_mla_seesaw(
@@ -371,33 +516,33 @@ if GLUON_AVAILABLE:
         z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
         o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
         op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
-        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr,
+        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr,
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
-        HEAD_MAJOR: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr,
     ):
         """One program: the 64 rows ``program_id(0)`` of plan item ``program_id(1)`` =
-        ``(b, blk_lo, blk_hi, slot)`` (:mod:`mla_var3.kernel.decode_plan`); the default partition
-        is WG0, the worker WG1 (see the module docstring). Rows are ``head * S + token``
-        (``HEAD_MAJOR``) or ``token * H + head``, as in the query and output tensors."""
+        ``(b, blk_lo, blk_hi, slot)`` (:mod:`mla_var3.kernel.decode_plan`), or with ``PERSISTENT``
+        (a packed plan) of items ``starts[p] .. starts[p + 1]`` for ``p = program_id(1)``, in turn;
+        the default partition is WG0, the worker WG1 (see the module docstring). Rows are
+        ``head * S + token`` (``HEAD_MAJOR``) or ``token * H + head``, as in the query and output
+        tensors."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
-        NZ: gl.constexpr = K // 64
         dtype: gl.constexpr = q_desc.dtype
-        item = gl.program_id(1)
-        b = gl.load(items_ptr + item * 4)
+        if PERSISTENT:
+            it0 = gl.load(starts_ptr + gl.program_id(1))
+            it1 = gl.load(starts_ptr + gl.program_id(1) + 1)
+        else:
+            it0 = gl.program_id(1)
+            it1 = it0 + 1
+        if it0 >= it1:
+            return
+        b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it0, T, MAX_BLOCKS, HAS_SEQLENS)
         if b < 0:
             return
-        blk_lo = gl.load(items_ptr + item * 4 + 1)
-        n_iter = gl.load(items_ptr + item * 4 + 2) - blk_lo
-        slot = gl.load(items_ptr + item * 4 + 3)
         row0 = gl.program_id(0) * BM
-        if HAS_SEQLENS:
-            L = gl.minimum(gl.load(seqlens_ptr + b), T)
-        else:
-            L = T
-        n_blk = gl.minimum(gl.cdiv(L, BN), MAX_BLOCKS)
 
         zl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BN, K], dtype)
         q_smem = gl.allocate_shared_memory(dtype, [1, BM, K], zl)
@@ -407,46 +552,31 @@ if GLUON_AVAILABLE:
         ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+        seg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [4, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        # the item's pages (paged caches): read from the block table once, here, so the refills in
-        # the loop need one shared-memory read and no table address arithmetic
-        NP: gl.constexpr = MAX_ITEM_PAGES if PAGED else 128
-        one_d: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        pages_row = gl.allocate_shared_memory(gl.int32, [1, NP], one_d)
-        if PAGED:
-            pl: gl.constexpr = gl.BlockedLayout([NP // 128], [32], [4], [0])
-            jj = gl.arange(0, NP, layout=pl)
-            blk = blk_lo + jj
-            pg = gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
-                         mask=(jj < n_iter) & (blk < n_blk), other=0)
-            pages_row.index(0).store(pg)
-            gl.thread_barrier()
-        pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], one_d)   # element j: pages_smem.index(j)
+        # the item's pages (paged caches), [1, NP]; element j is the page of the item's block j
+        NP: gl.constexpr = MAX_ITEM_PAGES if PAGED or PERSISTENT else 128
+        pages_row = gl.allocate_shared_memory(gl.int32, [1, NP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(seg_bar, count=2)
         for i0 in gl.static_range(6):
             mbarrier.init(ready.index(i0), count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
+        _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
+                    table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED)
+        pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
-        # Q, then block 0 into X and block 1 (block 0 again when there is no block 1) into Y
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(q_desc, [b, row0, c * (K // 2)], q_bar,
-                                            q_smem.slice(c * (K // 2), K // 2, dim=2))
-        tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
-        has0 = n_iter > 0
-        blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
-        x0, x1 = _coords(b, blk_lo, _page_at(pages_smem, 0, PAGED), n_blk, L, PAGED)
-        y0, y1 = _coords(b, blk_y, _page_at(pages_smem, blk_y - blk_lo, PAGED), n_blk, L, PAGED)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
-
-        args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc, o_desc, op_desc,
-                lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                qk_scale_log2, stride_lb, stride_lh, stride_ls, gl.to_tensor(CAUSAL).to(gl.int32), PAGED, HEAD_MAJOR)
-        gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args)], [4], [_WORKER_REGS])
+        args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc, kr_desc,
+                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr, it0, it1,
+                b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
+                stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32),
+                PAGED, HEAD_MAJOR, HAS_SEQLENS)
+        if PERSISTENT:
+            gl.warp_specialize([(_seesaw_wg0_packed, args), (_seesaw_wg1_packed, args), (_seesaw_loader, args)],
+                               [4, 1], [_PACKED_WORKER_REGS, _LOADER_REGS])
+        else:
+            gl.warp_specialize([(_seesaw_wg0, args), (_seesaw_wg1, args)], [4], [_WORKER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,10 +743,11 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     seq_arg = seqlens if seqlens is not None else plan.items
     table = block_table if paged else plan.items
     tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
-    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
+    persistent = plan.starts is not None
+    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, persistent, tail[:5] + tail[6:],
            table.data_ptr() % 16, seq_arg.data_ptr() % 16)
     constexprs = dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
-                      HEAD_MAJOR=head_major)
+                      HEAD_MAJOR=head_major, PERSISTENT=persistent)
     cached = _launch.ready(key)
     if paged:
         cs = cache.stride()
@@ -630,10 +761,10 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     def launch_args(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
                     descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
         """The kernel's grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
-        return (cdiv(rows, BLOCK_M), pl.max_items, 1), (
+        return (cdiv(rows, BLOCK_M), pl.programs, 1), (
             *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
             _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-            l_out, lp, seq, tab, pl.items, *tail)
+            l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items, *tail)
 
     def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
         """Launch the kernel for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
@@ -731,7 +862,8 @@ class _Repeat:
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
-                     has_seqlens: bool = False, head_major: bool = True, capability: int = 90):
+                     has_seqlens: bool = False, head_major: bool = True, persistent: bool = False,
+                     capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _gluon.require_gluon()
@@ -748,12 +880,13 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
         "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
         "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
+        "starts_ptr": "*i32",
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "PAGED": "constexpr", "HAS_SEQLENS": "constexpr",
-        "HEAD_MAJOR": "constexpr",
+        "HEAD_MAJOR": "constexpr", "PERSISTENT": "constexpr",
     }
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
-                  "HEAD_MAJOR": head_major}
+                  "HEAD_MAJOR": head_major, "PERSISTENT": persistent}
     src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
