@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel.combine import combine_planned
 from mla_var3.kernel.decode_plan import (
-    MAX_ITEM_BLOCKS, PACK_OVERHEAD, PLAN_BLOCK, auto_reference, packed_reference, plan_capacity, plan_decode,
-    plan_reference, uniform_plan,
+    MAX_ITEM_BLOCKS, PACK_OVERHEAD, PLAN_BLOCK, auto_reference, packed_reference, packing_may_pay, plan_capacity,
+    plan_decode, plan_reference, uniform_plan,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -54,7 +54,7 @@ def _check_contract(items, seqs, lengths, capacity, max_slots):
        extra=st.integers(0, 3000))
 def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
     capacity = max(lengths) + extra
-    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), rows, capacity=capacity)
+    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), rows, capacity=capacity, packed=False)
     ref = plan_reference(lengths, rows, capacity=capacity)
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
@@ -87,6 +87,10 @@ def test_packed_and_chosen_plans_match_reference_and_contract(lengths, rows, ext
         ref = auto_reference(lengths, rows, capacity=capacity, sms=sms)
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
+    if ref["starts"] is None:       # the default does not consider packing this batch
+        assert packed is None and plan.starts is None
+        _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan.max_slots)
+        return
     assert plan.starts.tolist() == ref["starts"] and plan.programs == len(ref["starts"]) - 1
     _check_packed(ref, lengths, capacity, plan.max_slots)
 
@@ -110,6 +114,9 @@ def test_the_planner_packs_ragged_batches_and_not_balanced_ones():
     ragged = torch.randint(512, 4097, (32,), generator=g).tolist()
     assert auto_reference(ragged, 128, capacity=4096)["packed"]
     assert not auto_reference([4096] * 32, 128, capacity=4096)["packed"]
+    # 256 (sequence, row tile) pairs on 132 SMs: the item plan, in the item kernel
+    assert auto_reference(torch.randint(512, 4097, (128,), generator=g).tolist(), 128, capacity=4096)["starts"] is None
+    assert packing_may_pay(64, 128, 132) and not packing_may_pay(128, 128, 132) and not packing_may_pay(64, 256, 132)
 
 
 def test_long_sequences_are_cut_at_the_item_limit():
