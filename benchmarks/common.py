@@ -8,6 +8,7 @@ first on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -111,6 +112,16 @@ def write_json(path, data) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
+
+
+def baseline_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a script that runs beside official FlashMLA: ``--out`` (the JSON
+    record) and ``--flash-mla`` (the folder holding the ``flash_mla`` package); the script adds
+    its own options. ``doc``: the script's docstring (its first line describes the command)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    return ap
 
 
 def import_flash_mla(folder: str | None):

@@ -26,13 +26,12 @@ s = 64 (small b and t). Timing: ``time_fn`` (CUDA-graph replays, L2 flushed). In
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from common import (D, H, K, P, Budget, check_hybrid_partition, environment, import_flash_mla, randn as seeded_randn,
-                    timed, write_json)
+from common import (D, H, K, P, Budget, baseline_parser, check_hybrid_partition, environment, import_flash_mla,
+                    randn as seeded_randn, timed, write_json)
 
 T = 4096
 GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
@@ -41,9 +40,7 @@ CHECKS = [(2, 32, 1024, 512, 8), (2, 64, 1200, 700, 12), (2, 16, 1024, 300, 20)]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap = baseline_parser(__doc__)
     ap.add_argument("--s", default="32,16,64", help="query tokens per sequence, comma-separated")
     ap.add_argument("--b", type=int, default=32, help="sequences (default 32)")
     ap.add_argument("--budget", type=float, default=200.0)

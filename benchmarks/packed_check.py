@@ -15,13 +15,12 @@ FlashMLA's call on the same inputs. A table last; everything to ``--out`` as JSO
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
 import torch
 
-from common import environment, import_flash_mla, write_json
+from common import baseline_parser, environment, import_flash_mla, write_json
 from serving_check import K, RAGGED, make_paged, reference, rel
 
 UNIFORM = [(32, 1), (32, 2), (64, 1), (64, 2), (32, 4), (64, 4), (32, 16), (64, 32)]
@@ -31,9 +30,7 @@ CHECKS = [([0, 70, 5000, 1, 64, 65, 129, 3000], 2, 4), ([4096] * 3, 1, 5), ([1] 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap = baseline_parser(__doc__)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)

@@ -14,12 +14,11 @@ time on the same inputs is the yardstick. A table last; everything to ``--out`` 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from common import environment, import_flash_mla, timed, write_json
+from common import baseline_parser, environment, import_flash_mla, timed, write_json
 from serving_check import K, RAGGED, make_paged, reference, rel
 
 #: the item length C as a multiple of the estimate's choice (1: the shipped planner)
@@ -46,9 +45,7 @@ def plan_for(lengths: list[int], rows: int, capacity: int, scale: float, device)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap = baseline_parser(__doc__)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)

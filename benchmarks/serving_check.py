@@ -39,7 +39,7 @@ import traceback
 
 import torch
 
-from common import import_flash_mla
+from common import baseline_parser, import_flash_mla
 
 H, K, P, PAGE = 128, 512, 64, 64
 UNIFORM = [(b, s) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)]
@@ -368,9 +368,7 @@ def table(r: Runner) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap = baseline_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-timing", action="store_true")

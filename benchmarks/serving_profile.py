@@ -15,13 +15,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 
 import torch
 
-from common import import_flash_mla
+from common import baseline_parser, import_flash_mla
 from serving_check import K, RAGGED, environment, make_paged
 
 POINTS = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096)] + [
@@ -59,9 +58,7 @@ def plan_stats(meta) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    ap = baseline_parser(__doc__)
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
