@@ -303,6 +303,22 @@ def packing_may_pay(batch: int, rows: int, sms: int) -> bool:
     return 2 * batch * max(1, cdiv(rows, ROW_TILE)) <= 3 * sms
 
 
+def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool | None):
+    """``(packed, items, programs, max_slots)``: the plan kind :func:`plan_decode` builds for
+    ``packed`` (None becomes False unless :func:`packing_may_pay`) and its buffers' sizes —
+    for either plan when the GPU chooses (``packed`` None); ``programs`` None for one program
+    per item."""
+    if packed is None and not packing_may_pay(batch, rows, sms):
+        packed = False
+    _, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
+    _, programs_p, max_items_p, max_slots_p = packed_capacity(batch, rows, sms, max_blocks)
+    if packed is None:
+        return None, max(max_items, max_items_p), max(max_items, programs_p), max(max_slots, max_slots_p)
+    if packed:
+        return True, max_items_p, programs_p, max_slots_p
+    return False, max_items, None, max_slots
+
+
 def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
     ``starts`` None) unless :func:`packing_may_pay`; then the packed plan when its estimate is
@@ -312,15 +328,11 @@ def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
     device planner writes."""
     batch = len(lengths)
-    if not packing_may_pay(batch, rows, sms):
-        ref = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
-        return {"items": ref["items"], "seqs": ref["seqs"], "starts": None, "packed": False,
-                "max_slots": ref["max_slots"]}
-    max_blocks = cdiv(capacity, PLAN_BLOCK)
-    _, max_items_i, max_slots_i = plan_capacity(batch, rows, sms, max_blocks)
-    _, programs_p, max_items_p, max_slots_p = packed_capacity(batch, rows, sms, max_blocks)
-    size, programs = max(max_items_i, max_items_p), max(max_items_i, programs_p)
     ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
+    choice, size, programs, max_slots = _plan_buffers(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), None)
+    if choice is False:
+        return {"items": ref_i["items"], "seqs": ref_i["seqs"], "starts": None, "packed": False,
+                "max_slots": max_slots}
     ref_p = packed_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
     packed = batch > 0 and 100 * ref_p["estimate"] <= PACKED_WHEN_BELOW * ref_i["estimate"]
     if packed:
@@ -331,7 +343,7 @@ def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
         live = sum(1 for it in items if it[0] >= 0)
         starts = [min(p, live) for p in range(programs + 1)]
     items = list(items) + [(-1, -1, -1, -1)] * (size - len(items))
-    return {"items": items, "seqs": seqs, "starts": starts, "packed": packed, "max_slots": max(max_slots_i, max_slots_p)}
+    return {"items": items, "seqs": seqs, "starts": starts, "packed": packed, "max_slots": max_slots}
 
 
 def _split_reference(batch: int, t: int, num_splits: int) -> dict:
@@ -511,14 +523,25 @@ _plan_launch = CachedLaunch(_plan_kernel)
 def _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr,
                    OV: tl.constexpr):
     """Sequences ``b0 + offs`` of a packed plan with units ``pos0`` before them: (in the batch,
-    blocks, first unit, first program, pieces), as :func:`packed_reference` computes them."""
+    blocks, first unit, first program, pieces, the units before the next chunk), as
+    :func:`packed_reference` computes them."""
     ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
     cost = tl.where(ok, n + OV, 0)
     pos = pos0 + tl.cumsum(cost, 0) - cost
     q = pos // W
     p0 = q + ((q + 1) * W <= pos + tl.where(n > 0, OV, OV - 1)).to(tl.int32)
     p1 = (pos + cost - 1) // W
-    return ok, n, pos, p0, tl.where(ok, p1 - p0 + 1, 0)
+    return ok, n, pos, p0, tl.where(ok, p1 - p0 + 1, 0), pos0 + tl.sum(cost, 0)
+
+
+@triton.jit
+def _kill_items(items_ptr, first, MAX_ITEMS, BLOCK: tl.constexpr):
+    """Items ``first .. MAX_ITEMS`` become ``(-1, -1, -1, -1)`` (no work)."""
+    ii = tl.arange(0, BLOCK)
+    for i0 in range(0, MAX_ITEMS, BLOCK):
+        dead = (i0 + ii >= first) & (i0 + ii < MAX_ITEMS)
+        for c in tl.static_range(4):
+            tl.store(items_ptr + (i0 + ii) * 4 + c, tl.full([BLOCK], -1, tl.int32), mask=dead)
 
 
 @triton.jit
@@ -543,9 +566,8 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
         pos0 = 0
         n_split = 0
         for b0 in range(0, B, BLOCK_B):
-            ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+            ok, n, pos, p0, cnt, pos0 = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
             n_split += tl.sum(tl.where(cnt > 1, cnt, 0), 0)
-            pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
         waves = ((tot + W - 1) // W + SLOTS - 1) // SLOTS
         est = (waves * W).to(tl.int64) * UNIT + OVH + tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
         use = est.to(tl.float64) * 100 <= tl.load(est_ptr).to(tl.float64) * GAIN
@@ -556,11 +578,8 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
                       OV, BLOCK_B, BLOCK_P)
     else:
         n_items = tl.load(est_ptr + 1).to(tl.int32)
+        _kill_items(items_ptr, n_items, MAX_ITEMS, BLOCK_P)
         pp = tl.arange(0, BLOCK_P)
-        for i0 in range(0, MAX_ITEMS, BLOCK_P):
-            dead = (i0 + pp >= n_items) & (i0 + pp < MAX_ITEMS)
-            for c in tl.static_range(4):
-                tl.store(items_ptr + (i0 + pp) * 4 + c, tl.full([BLOCK_P], -1, tl.int32), mask=dead)
         for q0 in range(0, PROGRAMS + 1, BLOCK_P):
             tl.store(starts_ptr + q0 + pp, tl.minimum(q0 + pp, n_items), mask=q0 + pp <= PROGRAMS)
 
@@ -571,19 +590,14 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
                   BLOCK_P: tl.constexpr):
     """The packed plan's items, sequences and program starts for ``W`` units per program."""
     offs = tl.arange(0, BLOCK_B)
-    ii = tl.arange(0, BLOCK_P)
-    for i0 in range(0, MAX_ITEMS, BLOCK_P):
-        tl.store(items_ptr + (i0 + ii) * 4, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
-        tl.store(items_ptr + (i0 + ii) * 4 + 1, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
-        tl.store(items_ptr + (i0 + ii) * 4 + 2, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
-        tl.store(items_ptr + (i0 + ii) * 4 + 3, tl.full([BLOCK_P], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
+    _kill_items(items_ptr, 0, MAX_ITEMS, BLOCK_P)
     tl.debug_barrier()
     # ---- pass 2: each sequence's pieces, items in sequence order (= program order)
     pos0 = 0
     next_item = 0
     next_slot = 0
     for b0 in range(0, B, BLOCK_B):
-        ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+        ok, n, pos, p0, cnt, pos_next = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
         p1 = p0 + cnt - 1
         first_item = next_item + tl.cumsum(cnt, 0) - cnt
         scnt = tl.where(cnt > 1, cnt, 0)
@@ -600,7 +614,7 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
             tl.store(items_ptr + idx + 1, lo, mask=live)
             tl.store(items_ptr + idx + 2, hi, mask=live)
             tl.store(items_ptr + idx + 3, tl.where(cnt > 1, first_slot + j, -1), mask=live)
-        pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
+        pos0 = pos_next
         next_item += tl.sum(cnt, 0)
         next_slot += tl.sum(scnt, 0)
     # ---- pass 3: program p starts at the items of the programs before it
@@ -609,10 +623,9 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
         acc = tl.zeros([BLOCK_P], tl.int32)
         pos0 = 0
         for b0 in range(0, B, BLOCK_B):
-            ok, n, pos, p0, cnt = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+            ok, n, pos, p0, cnt, pos0 = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
             before = tl.minimum(tl.maximum((q0 + pp)[:, None] - p0[None, :], 0), cnt[None, :])
             acc += tl.sum(before, 1)
-            pos0 += tl.sum(tl.where(ok, n + OV, 0), 0)
         tl.store(starts_ptr + q0 + pp, acc, mask=q0 + pp <= PROGRAMS)
 
 
@@ -667,15 +680,8 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     sms = sms if sms is not None else _device_sms(device)
     max_blocks = cdiv(capacity, PLAN_BLOCK)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
-    slots_p, programs_p, max_items_p, max_slots_p = packed_capacity(batch, rows, sms, max_blocks)
-    if packed is None and not packing_may_pay(batch, rows, sms):
-        packed = False
-    if packed is None:      # either plan: buffers for both
-        size, programs, slots_all = max(max_items, max_items_p), max(max_items, programs_p), max(max_slots, max_slots_p)
-    elif packed:
-        size, programs, slots_all = max_items_p, programs_p, max_slots_p
-    else:
-        size, programs, slots_all = max_items, None, max_slots
+    slots_p = packed_capacity(batch, rows, sms, max_blocks)[0]
+    packed, size, programs, slots_all = _plan_buffers(batch, rows, sms, max_blocks, packed)
     items = torch.empty((size, 4), dtype=torch.int32, device=device)
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
     starts = None if programs is None else torch.empty((programs + 1,), dtype=torch.int32, device=device)
