@@ -238,7 +238,7 @@ if GLUON_AVAILABLE:
                         z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
                         b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
                         stride_lb, stride_lh, stride_ls, causal, cx, cy, kq,
-                        PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr):
+                        PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):
         """One warpgroup of the seesaw on one item (``ROLE`` 0: even blocks, output columns
         ``0 .. K/2``; ``ROLE`` 1: odd blocks, columns ``K/2 .. K``, the row sum and the LSE).
         ``cx``, ``cy``: loads of X and Y by the program's earlier items (the phases of their
@@ -295,18 +295,28 @@ if GLUON_AVAILABLE:
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
             raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
+            # scores in log2 units: the item kernel folds the scale into exp2's argument (one FFMA
+            # per score; the row max is scaled once per row), the persistent kernel scales first
+            # (folded, its WG0 reloads 6 more spilled values per pair: measured 2-3 % slower there)
+            if PERSISTENT:
+                sc_in = raw * qk_scale_log2
+                fold = 1.0
+            else:
+                sc_in = raw
+                fold = qk_scale_log2
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
-                sc = raw * qk_scale_log2          # every row sees every key of the block: no mask
+                sc = sc_in                        # every row sees every key of the block: no mask
             else:
                 # column c holds key first + c; a shifted tail block's leading rows are not its own
                 first = (blk_lo + j) * BN - _tail_shift(blk_lo + j, n_blk, L)
                 keys = first + cols
                 visible = (keys[None, :] <= limit[:, None]) & (keys[None, :] >= (blk_lo + j) * BN) & has_own
-                sc = gl.where(visible, raw * qk_scale_log2, float("-inf"))
+                sc = gl.where(visible, sc_in, float("-inf"))
+            row_max = gl.max(sc, axis=1) * fold   # (the scale is positive: the max commutes with it)
             if ROLE == 0:
-                m_a = gl.maximum(m_i, gl.max(sc, axis=1))
+                m_a = gl.maximum(m_i, row_max)
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
-                p_f = gl.exp2(sc - m_a_safe[:, None])
+                p_f = gl.exp2(sc * fold - m_a_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
                 xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
@@ -336,9 +346,9 @@ if GLUON_AVAILABLE:
             else:
                 mbarrier.wait(bar_a, ph)
                 m_a = xrow.index(0).load(s_rows)
-                m_b = gl.maximum(m_a, gl.max(sc, axis=1))
+                m_b = gl.maximum(m_a, row_max)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                p_f = gl.exp2(sc - m_b_safe[:, None])
+                p_f = gl.exp2(sc * fold - m_b_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
                 beta_s = gl.exp2(m_a - m_b_safe)
@@ -433,7 +443,7 @@ if GLUON_AVAILABLE:
                 _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
                                 o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                                 n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, cx, cy,
-                                k & 1, PAGED, HEAD_MAJOR)
+                                k & 1, PAGED, HEAD_MAJOR, True)
                 gl.thread_barrier()          # every thread's output store has been read (store_wait)
                 mbarrier.arrive(seg_bar, count=1)
                 cx += (n_iter + 1) // 2
@@ -442,7 +452,7 @@ if GLUON_AVAILABLE:
             _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
                             o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                             n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, 0, 0, 0,
-                            PAGED, HEAD_MAJOR)
+                            PAGED, HEAD_MAJOR, False)
 
     @gluon.jit
     def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
@@ -531,6 +541,10 @@ if GLUON_AVAILABLE:
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         dtype: gl.constexpr = q_desc.dtype
+        # the combine that merges split items is a programmatic dependent launch: it may start
+        # (and wait for this grid) once every program has begun, not once the last has ended
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
         if PERSISTENT:
             it0 = gl.load(starts_ptr + gl.program_id(1))
             it1 = gl.load(starts_ptr + gl.program_id(1) + 1)
