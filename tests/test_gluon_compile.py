@@ -180,6 +180,8 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     assert counts == {"64x64x16": 2 * (512 + 64) // 16, "64x256x16": 2 * 2 * 64 // 16}, counts
     # warp specialisation: the worker gives registers back, the default partition takes them
     assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
+    # every program lets the combine (a programmatic dependent launch) start early, once
+    assert r["ptx"].count("griddepcontrol.launch_dependents") == 1 and "PREEXIT" in sass
     mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
     persistent = SEESAW_VARIANTS[idx].get("persistent", False)
     assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT[persistent], f"spills: {mem} B per thread"
@@ -250,3 +252,36 @@ def test_operand_descriptors_view_queries_head_major(key_box):
     assert [(list(d.shape), list(d.block_shape)) for d in descs] == [
         ([2, 12, 512], [1, 64, key_box]), ([2, 12, 64], [1, 64, 64]),
         ([2, 100, 512], [1, 64, key_box]), ([2, 100, 64], [1, 64, 64])]
+
+
+_COMBINE_SCRIPT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mla_var3.kernel.combine import _combine_planned_kernel
+sig = {"o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqs_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
+sig.update({n: "i32" for n in ("ROWS", "S", "H", "V", "stride_ob", "stride_oh", "stride_os", "stride_ov",
+                               "stride_lb", "stride_lh", "stride_ls")})
+const = dict(HEAD_MAJOR=True, BLOCK_R=16, BLOCK_V=128, PDL=True)
+sig.update({n: "constexpr" for n in const})
+c = triton.compile(ASTSource(fn=_combine_planned_kernel, signature=sig, constexprs=const),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})
+print(json.dumps(dict(ptx=c.asm["ptx"], pdl=c.metadata.launch_pdl)))
+"""
+
+
+def test_planned_combine_is_a_dependent_launch_that_waits_first(tmp_path):
+    """The split-KV combine after the seesaw kernel is compiled for a programmatic dependent
+    launch, and its programs wait (``griddepcontrol.wait``) before they read any partial: its
+    launch overlaps the seesaw kernel's last programs, never its writes."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _COMBINE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["pdl"] is True
+    body = r["ptx"][r["ptx"].index("griddepcontrol.wait"):] if "griddepcontrol.wait" in r["ptx"] else ""
+    assert body, "the combine does not wait for the kernel before it"
+    before = r["ptx"][: r["ptx"].index("griddepcontrol.wait")]
+    assert "ld.global" not in before, "the combine reads global memory before its griddepcontrol.wait"

@@ -42,12 +42,16 @@ class CachedLaunch:
     """Launch ``fn`` (a ``@triton.jit`` or ``@gluon.jit`` function whose constexpr parameters
     come last) with positional runtime arguments and keyword constexprs.
 
+    ``launch_pdl``: compile and launch it as a programmatic dependent launch (on a GPU; the
+    kernel must wait with ``griddepcontrol.wait`` before it reads what the kernel before it wrote).
+
     >>> launch = CachedLaunch(my_kernel)                                    # doctest: +SKIP
     >>> launch(key, grid, (x, y, n), dict(BLOCK=128), num_warps=4)          # doctest: +SKIP
     """
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, *, launch_pdl: bool = False) -> None:
         self.fn = fn
+        self.options = {"launch_pdl": True} if launch_pdl else {}
         self._const_names: list[str] | None = None
         self._compiled: dict[Hashable, tuple] = {}
         self._encoded: dict[int, tuple] = {}
@@ -63,13 +67,16 @@ class CachedLaunch:
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                  *, num_warps: int) -> None:
-        if interpreting() or _hooked():
+        if interpreting():
             self.fn[grid](*args, **constexprs, num_warps=num_warps)
+            return
+        if _hooked():
+            self.fn[grid](*args, **constexprs, num_warps=num_warps, **self.options)
             return
         device = driver.active.get_current_device()
         hit = self._compiled.get((device, key))
         if hit is None:
-            compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps)
+            compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, **self.options)
             const_vals = tuple(constexprs[n] for n in self._constexpr_names())
             self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
             return

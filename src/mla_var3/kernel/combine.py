@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from mla_var3.kernel._common import check_device, interpreting, next_pow2
 from mla_var3.kernel._launch import CachedLaunch
@@ -158,15 +159,19 @@ def _combine_planned_kernel(
     ROWS, S, H, V,
     stride_ob, stride_oh, stride_os, stride_ov,
     stride_lb, stride_lh, stride_ls,
-    HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (B, row blocks, value blocks). Sequence b's partials sit in slots
+    """Grid (B, row blocks, value blocks). With ``PDL`` (on a GPU) it is launched as a
+    programmatic dependent launch and waits here for the kernel that wrote the partials, so its
+    launch and start overlap that kernel's last programs. Sequence b's partials sit in slots
     ``seqs[b, 0] .. + seqs[b, 1]`` of ``o_part [slots, ROWS, V]`` / ``lse_part [slots, ROWS]``
     (contiguous, rows in the kernel's order); a sequence of one item was written directly and is
     skipped.
 
     Reads n * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ LSE).
     """
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     first = tl.load(seqs_ptr + b * 2)
     n = tl.load(seqs_ptr + b * 2 + 1)
@@ -205,7 +210,7 @@ def _combine_planned_kernel(
             tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
 
 
-_combine_launch = CachedLaunch(_combine_planned_kernel)
+_combine_launch = CachedLaunch(_combine_planned_kernel, launch_pdl=True)
 
 
 def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
@@ -241,7 +246,7 @@ def _planned_launch(o_part, lse_part, seqs, out, lse, head_major):
     key = (out.dtype, bool(head_major), ints, out.data_ptr() % 16, lse.data_ptr() % 16, o_part.data_ptr() % 16,
            lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
     return key, grid, (o_part, lse_part, seqs, out, lse, *ints), dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r,
-                                                                       BLOCK_V=block_v)
+                                                                       BLOCK_V=block_v, PDL=not interpreting())
 
 
 def bind_combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
