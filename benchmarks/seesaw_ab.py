@@ -1,0 +1,260 @@
+"""A/B of the seesaw kernel's compile-time schedule constants, side by side with official FlashMLA.
+
+Each variant is a fresh copy of a seesaw module (``--base`` for the reference copy, the
+package's ``mla_var3.kernel.hopper.absorbed_seesaw`` for the others) whose module constants are
+set before its first compile (``name:CONST=VALUE,...``, e.g. ``fold:_SCHED_FOLD=1``), so every
+variant runs in one process on the same inputs, with the same decode plan:
+
+1. **Smoke**: each variant's smallest dense and paged calls in a child process with a time limit
+   (a wrong mbarrier phase hangs the GPU instead of failing); it also fills Triton's cache.
+2. **Correctness** of every variant at every point against the fp32 reference
+   (:mod:`mla_var3.reference`), dense and paged (pages in random order, lengths ragged).
+3. **Timing**: CUDA-graph time (``mla_var3.runtime.timing.time_fn``, L2 flushed) of every
+   variant and of official FlashMLA at each point, in rounds (variants interleaved), and the
+   median over rounds.
+
+    python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
+        --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import subprocess
+import sys
+import traceback
+
+import torch
+
+from common import baseline_parser, environment, import_flash_mla, write_json
+
+H, K, P, PAGE = 128, 512, 64, 64
+DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
+PAGED = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
+         ("ragged", 32, 1, 4096), ("ragged", 64, 2, 8192), ("ragged", 128, 1, 4096), ("ragged", 16, 2, 32768)]
+
+
+def load_variant(name: str, path: str, consts: dict):
+    """A fresh module from ``path`` named ``seesaw_<name>`` with ``consts`` set as Gluon constexprs."""
+    from triton.experimental.gluon import language as gl
+
+    spec = importlib.util.spec_from_file_location(f"seesaw_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    for key, value in consts.items():
+        if not hasattr(mod, key):
+            raise ValueError(f"variant {name}: {path} has no constant {key}")
+        setattr(mod, key, gl.constexpr(value))
+    return mod
+
+
+def use_combine(mod, path: str) -> None:
+    """Make the seesaw module ``mod`` merge its split items with the combine of module file ``path``
+    (a base commit's copy), loaded fresh."""
+    spec = importlib.util.spec_from_file_location(f"combine_{mod.__name__}", path)
+    comb = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = comb
+    spec.loader.exec_module(comb)
+    mod.combine_planned, mod.bind_combine_planned = comb.combine_planned, comb.bind_combine_planned
+
+
+def parse_variants(specs: list[str], base: str | None) -> list[tuple[str, str, dict]]:
+    """``[(name, module file, constants)]``: the base copy first (when given), then each spec."""
+    import mla_var3.kernel.hopper.absorbed_seesaw as pkg
+
+    out = [("base", base, {})] if base else []
+    for spec in specs:
+        name, _, rest = spec.partition(":")
+        consts = {}
+        for item in filter(None, rest.split(",")):
+            key, _, value = item.partition("=")
+            consts[key] = int(value)
+        out.append((name, pkg.__file__, consts))
+    return out
+
+
+def dense_inputs(b, s, t, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *shape, std=1.0: (torch.randn(*shape, generator=g, device="cuda") * std).to(torch.bfloat16)
+    return r(b, H, s, K, std=0.5), r(b, H, s, P, std=0.5), r(b, t, K), r(b, t, P)
+
+
+def paged_inputs(lengths, s, capacity, seed):
+    """q [b, s, H, K+P], cache [pages, 64, 1, K+P] (pages in random order, NaN in unused rows),
+    table [b, max_blocks] int32 (-1 past each sequence), seqlens [b] int32."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, max_blocks = len(lengths), math.ceil(capacity / PAGE)
+    used = [math.ceil(n / PAGE) for n in lengths]
+    n_pages = sum(used) + 1
+    cache = torch.randn(n_pages, PAGE, 1, K + P, generator=g).to(torch.bfloat16)
+    perm = torch.randperm(n_pages, generator=g)
+    table = torch.full((b, max_blocks), -1, dtype=torch.int32)
+    nxt = 0
+    for i, (n, u) in enumerate(zip(lengths, used)):
+        pages = perm[nxt: nxt + u]
+        nxt += u
+        table[i, :u] = pages.to(torch.int32)
+        tail = u * PAGE - n
+        if tail:
+            cache[pages[-1], PAGE - tail:] = float("nan")
+    q = (torch.randn(b, s, H, K + P, generator=g) * 0.5).to(torch.bfloat16)
+    return q.cuda(), cache.cuda(), table.cuda(), torch.tensor(lengths, dtype=torch.int32).cuda()
+
+
+def points(quick: bool):
+    """``[(label, kind, b, s, t, lengths)]`` with seeded ragged lengths."""
+    g = torch.Generator().manual_seed(5)
+    out = [(f"dense b{b} s{s}", "dense", b, s, 4096, None) for b, s in (DENSE[:2] if quick else DENSE)]
+    for kind, b, s, t in (PAGED[:2] if quick else PAGED):
+        lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+        out.append((f"paged {kind} b{b} s{s} t{t}", "paged", b, s, t, lengths))
+    return out
+
+
+def build_calls(mods: dict, point, fm):
+    """Per variant a call ``() -> (o_latent, lse)`` on this point's inputs, the FlashMLA call (or
+    None), and the fp32 reference ``(o_latent [b, h, s, K], lse [b, h, s])``."""
+    from mla_var3 import reference as R
+    from mla_var3.kernel.decode_plan import plan_decode
+
+    label, kind, b, s, t, lengths = point
+    scale = (K + P) ** -0.5
+    calls, fm_call = {}, None
+    if kind == "dense":
+        qc, qpe, z, kpe = dense_inputs(b, s, t, seed=b * 100 + s)
+        for name, mod in mods.items():
+            calls[name] = (lambda m: lambda: m.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=True,
+                                                                seqlens=None, plan=None))(mod)
+        ref = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, True)
+        return calls, fm_call, ref
+    q, cache, table, seqlens = paged_inputs(lengths, s, t, seed=b * 100 + s)
+    qt = q.transpose(1, 2)
+    qc, qpe = qt[..., :K], qt[..., K:]
+    plan = plan_decode(seqlens, s * H, capacity=table.shape[1] * PAGE, k=K)
+    for name, mod in mods.items():
+        calls[name] = (lambda m: lambda: m.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True,
+                                                            seqlens=seqlens, plan=plan, block_table=table))(mod)
+    if fm is not None:
+        meta, _ = fm.get_mla_metadata()
+        fm_call = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, None, softmax_scale=scale,
+                                                    causal=True)
+    ref = R.flash_mla_paged(qc.float(), qpe.float(), cache.float(), table, seqlens, scale, True)
+    return calls, fm_call, ref
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    fin = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), fin):
+        return float("inf")
+    return float((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30))
+
+
+def load_all(variants, base_combine: str | None) -> dict:
+    mods = {name: load_variant(name, path, consts) for name, path, consts in variants}
+    if base_combine and "base" in mods:
+        use_combine(mods["base"], base_combine)
+    return mods
+
+
+def smoke(variants, base_combine) -> None:
+    """Child process: every variant's smallest dense and paged calls, synchronised."""
+    mods = load_all(variants, base_combine)
+    small = [("dense b2 s2", "dense", 2, 2, 200, None), ("paged b3 s2", "paged", 3, 2, 256, [100, 65, 1]),
+             ("paged b1 s1", "paged", 1, 1, 4096, [4096])]
+    for point in small:
+        calls, _, ref = build_calls(mods, point, None)
+        for name, fn in calls.items():
+            o, lse = fn()
+            torch.cuda.synchronize()
+            print(f"smoke {name} {point[0]}: out {rel(o, ref[0]):.2e} lse {rel(lse, ref[1]):.2e}", flush=True)
+
+
+def main() -> None:
+    ap = baseline_parser(__doc__)
+    ap.add_argument("--base", default=None, help="a seesaw module file to run as variant 'base' (e.g. a commit's copy)")
+    ap.add_argument("--base-combine", default=None, help="the combine module file the base copy uses")
+    ap.add_argument("--eager", action="store_true", help="also time plain (eager) calls between CUDA events")
+    ap.add_argument("--variant", action="append", default=[], help="name:CONST=VALUE,... (module constants)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
+    args = ap.parse_args()
+    variants = parse_variants(args.variant, args.base)
+    if args.smoke:
+        smoke(variants, args.base_combine)
+        return
+    child = [sys.executable, __file__, "--smoke", "--out", "-"] + (["--base", args.base] if args.base else [])
+    child += ["--base-combine", args.base_combine] if args.base_combine else []
+    for v in args.variant:
+        child += ["--variant", v]
+    proc = subprocess.run(child, capture_output=True, text=True, timeout=400)
+    print(proc.stdout[-3000:], proc.stderr[-3000:], flush=True)
+    if proc.returncode != 0:
+        sys.exit("smoke run failed")
+    from mla_var3.runtime.timing import time_fn
+
+    fm = import_flash_mla(args.flash_mla)
+    mods = load_all(variants, args.base_combine)
+    record = {"env": environment(), "variants": {n: c for n, _, c in variants}, "flashmla": fm is not None,
+              "checks": [], "times": []}
+    for point in points(args.quick):
+        label = point[0]
+        try:
+            calls, fm_call, ref = build_calls(mods, point, fm)
+            for name, fn in calls.items():
+                o, lse = fn()
+                torch.cuda.synchronize()
+                eo, el = rel(o, ref[0]), rel(lse, ref[1])
+                ok = eo <= 1e-2 and el <= 1e-3
+                record["checks"].append(dict(point=label, variant=name, rel_out=eo, rel_lse=el, ok=ok))
+                print(f"{'ok  ' if ok else 'FAIL'} {label} {name}: out {eo:.2e} lse {el:.2e}", flush=True)
+            del ref
+            row = {"point": label, "us": {}}
+            timed = dict(calls, **({"flashmla": fm_call} if fm_call else {}))
+            samples: dict[str, list[float]] = {n: [] for n in timed}
+            eager: dict[str, list[float]] = {n: [] for n in timed}
+            for _ in range(args.rounds):
+                for name, fn in timed.items():
+                    samples[name].append(time_fn(fn, use_graph=True, max_seconds=0.25).median_us)
+                    if args.eager:
+                        eager[name].append(time_fn(fn, use_graph=False, max_seconds=0.25).median_us)
+            row["us"] = {n: statistics.median(v) for n, v in samples.items()}
+            row["samples"] = samples
+            if args.eager:
+                row["eager_us"] = {n: statistics.median(v) for n, v in eager.items()}
+                row["eager_samples"] = eager
+            record["times"].append(row)
+            print(label, "graph", " ".join(f"{n} {v:.1f}" for n, v in row["us"].items()),
+                  "eager", " ".join(f"{n} {v:.1f}" for n, v in row.get("eager_us", {}).items()), flush=True)
+        except Exception:
+            traceback.print_exc()
+            record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
+    write_json(args.out, record)
+    names = list(mods)
+    for kind in ("us", "eager_us"):
+        if not any(kind in row for row in record["times"]):
+            continue
+        print(f"\n{'CUDA-graph' if kind == 'us' else 'eager'} us (FlashMLA / ours)")
+        print("| point | FlashMLA | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for row in record["times"]:
+            us = row[kind]
+            f = us.get("flashmla")
+            cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.3f})" if f else "") for n in names]
+            print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
+    bad = [c for c in record["checks"] if not c.get("ok")]
+    print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
+
+
+def argparse_suppress():
+    import argparse
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
