@@ -15,7 +15,7 @@ from mla_var3.analysis import kernel_laws as KL
 from mla_var3.analysis.calibration import (
     Calibration, CalibrationFileError, load_calibration, parse_calibration, predict, save_calibration,
 )
-from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_records
+from mla_var3.analysis.calibration_fit import Point, compare, fit, point_gpu_s, points_from_records
 from mla_var3.analysis.devices import load_devices
 from mla_var3.shapes import MLADims, Problem, get_preset
 
@@ -91,13 +91,18 @@ def test_fit_reproduces_its_source_points(design, backend):
 
 def test_refit_reproduces_the_shipped_parameters():
     """Fitting the stored points again from the priors (plus the derived host times and the held
-    parameters the build script starts from) gives the shipped values: the fit is deterministic and
-    the file is its output."""
+    parameters the build script starts from) gives the shipped model: every stored point's
+    prediction within 1e-5, every parameter within 1 %. (The fit is deterministic on one machine,
+    but two of the portable hybrid's parameters lie in a flat valley of the least-squares surface:
+    on another machine the floating-point rounding of the iterations moved ``latent_program_us`` by
+    0.7 % with every prediction within 2e-7.)"""
     given = {k: p for k, p in H200.parameters.items() if not p.fitted and not p.source.startswith("prior")}
     base = dataclasses.replace(H200, parameters=given, fit={}, points=())
     again = fit(_points(H200), base=base, hold={k for k, p in given.items() if p.group == "gpu"})
+    for pt in _points(H200):
+        assert point_gpu_s(again, pt)[0] == pytest.approx(point_gpu_s(H200, pt)[0], rel=1e-5), pt
     for name, p in H200.parameters.items():
-        assert again.parameters[name].value == pytest.approx(p.value, rel=1e-4, abs=1e-6), name
+        assert again.parameters[name].value == pytest.approx(p.value, rel=1e-2, abs=1e-6), name
 
 
 def test_save_and_parse_round_trip(tmp_path):
