@@ -15,9 +15,11 @@
 4. **Timing** (``mla_var3.runtime.timing``; L2 flushed before each repetition): per point the
    eager time (CUDA events around plain calls: host work included), the CUDA-graph time and the
    host time per call (300 calls without a synchronisation), for official FlashMLA, the compat
-   call, and (uniform rows) the dense ``flash_mla``. Uniform rows: b in {32, 64} x s in {1, 2, 4,
-   8, 16, 32}, t = 4096, causal for s > 1; ragged paged rows: lengths uniform in [t_max / 8,
-   t_max], pages in random order.
+   call, and (uniform rows) the dense ``flash_mla``, after ``--cool`` idle seconds, the calls
+   interleaved over ``--rounds`` rounds (medians; a call timed right after heavy work runs up to
+   10 % slow while the GPU's clock recovers). Uniform rows: b in {32, 64} x s in {1, 2, 4, 8, 16,
+   32}, t = 4096, causal for s > 1; ragged paged rows: lengths uniform in [t_max / 8, t_max],
+   pages in random order.
 
 The record (device, versions, commit, every check and time) goes to ``--out`` as JSON; a short
 table is printed last. Official FlashMLA is imported from ``--flash-mla`` (a folder holding the
@@ -32,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -270,7 +273,7 @@ def graphs(r: Runner) -> None:
     r.check("graph dense replay == eager", (o_g, l_g), flash_mla(*x, scale=scale), tol=1e-6)
 
 
-def timing(r: Runner, quick: bool) -> None:
+def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.runtime.timing import host_time_us, time_fn
@@ -287,20 +290,32 @@ def timing(r: Runner, quick: bool) -> None:
         q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=b * 100 + s, poison=False)
         row = {"kind": kind, "b": b, "s": s, "t_max": cap, "mean_len": sum(lengths) / len(lengths)}
         causal = s > 1
+        fns = {}
         if r.fm is not None:
             meta_f, _ = r.fm.get_mla_metadata()
-            fm_fn = lambda: r.fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta_f, None, softmax_scale=scale,
-                                                        causal=causal)
-            row["flashmla"] = measure(fm_fn)
+            fns["flashmla"] = lambda: r.fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta_f, None,
+                                                                  softmax_scale=scale, causal=causal)
         meta, _ = get_mla_metadata()
-        ours = lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
-        row["compat"] = measure(ours)
+        fns["compat"] = lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
         if dense_too:
             qt = q.transpose(1, 2).contiguous()
             qc, qpe = qt[..., :K].contiguous(), qt[..., K:].contiguous()
             z = torch.randn(b, cap, K, device="cuda").to(torch.bfloat16)
             kpe = torch.randn(b, cap, P, device="cuda").to(torch.bfloat16)
-            row["dense"] = measure(lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal))
+            fns["dense"] = lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal)
+        # the GPU's power state after the last point's heavy calls slows the first call timed
+        # after it (measured: 154 against 140 us at b = 64, s = 1 right after 20 s of b = 32,
+        # s = 32, back within a second): an idle pause first, then the calls interleaved in rounds
+        torch.cuda.synchronize()
+        time.sleep(cool)
+        runs: dict[str, list[dict]] = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                runs[name].append(measure(fn))
+        for name, ms in runs.items():
+            row[name] = {key: (statistics.median(m[key] for m in ms) if key != "graph_method" else ms[0][key])
+                         for key in ms[0]}
+            row[name]["rounds"] = ms
         r.times.append(row)
         msg = " ".join(f"{k}: eager {v['eager_us']:.1f} graph {v['graph_us']:.1f} host {v['host_us']:.1f}"
                        for k, v in row.items() if isinstance(v, dict))
@@ -372,6 +387,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds per point, the calls interleaved")
+    ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point's timing")
     args = ap.parse_args()
     if args.smoke:
         smoke()
@@ -392,7 +409,7 @@ def main() -> None:
             r.checks.append({"name": step.__name__, "ok": False, "error": traceback.format_exc()[-800:]})
     if not args.skip_timing:
         try:
-            timing(r, args.quick)
+            timing(r, args.quick, args.rounds, args.cool)
         except Exception:
             traceback.print_exc()
     record.update(checks=r.checks, times=r.times)
