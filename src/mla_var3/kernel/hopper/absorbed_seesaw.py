@@ -59,7 +59,14 @@ Design
   stored there cannot reach the output.
 * **Epilogue.** WG1 computes the LSE (from the fp32 row sums of both warpgroups' ``p``; +inf for
   an empty sequence, as FlashMLA) and publishes ``l``; each warpgroup normalises its half and
-  stores it by TMA (WG1 through Q's buffer, WG0 through X's).
+  stores it by TMA (WG1 through Q's buffer, WG0 through X's). Split items are merged by
+  :func:`mla_var3.kernel.combine.combine_planned`, a programmatic dependent launch: every program
+  signals ``griddepcontrol.launch_dependents`` as it starts, so the combine is launched while the
+  last programs run and waits for the grid before it reads a partial.
+* **Scale.** Scores are taken to log2 units by ``qk_scale_log2``; the item kernel folds it into
+  ``exp2``'s argument (one FFMA per score, the row max scaled once per row), the persistent kernel
+  multiplies first (folded, its WG0 pair loop reloads 6 more spilled values and ran 2-3 % slower;
+  ``docs/kernels/flash-mla.md`` §8).
 
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
 (4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
