@@ -33,6 +33,16 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {exc}"[:limit]
 
 
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b|| / ||b||`` over ``b``'s finite elements, or inf when ``a`` and ``b`` are not
+    finite at the same places (an output NaN where the reference is finite, or the reverse)."""
+    a, b = a.float(), b.float()
+    fin = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), fin):
+        return float("inf")
+    return float((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30))
+
+
 def randn(device, dtype: torch.dtype, seed: int = 0) -> Callable[..., torch.Tensor]:
     """``f(*shape, std=1.0)``: seeded N(0, std²) values drawn on ``device``, stored in ``dtype``."""
     gen = torch.Generator(device=device).manual_seed(seed)

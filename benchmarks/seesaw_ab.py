@@ -29,7 +29,7 @@ import traceback
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, write_json
+from common import baseline_parser, environment, import_flash_mla, rel, write_json
 
 H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
@@ -144,14 +144,6 @@ def build_calls(mods: dict, point, fm):
                                                     causal=True)
     ref = R.flash_mla_paged(qc.float(), qpe.float(), cache.float(), table, seqlens, scale, True)
     return calls, fm_call, ref
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    return float((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30))
 
 
 def load_all(variants, base_combine: str | None) -> dict:

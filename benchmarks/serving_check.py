@@ -42,7 +42,7 @@ import traceback
 
 import torch
 
-from common import baseline_parser, import_flash_mla
+from common import baseline_parser, import_flash_mla, rel
 
 H, K, P, PAGE = 128, 512, 64, 64
 UNIFORM = [(b, s) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)]
@@ -90,14 +90,6 @@ def reference(q, cache, table, seqlens, *, causal: bool, scale: float):
     qt = q.transpose(1, 2)
     o, lse = ref_paged(qt[..., :K], qt[..., K:], cache, table, seqlens, scale, causal)
     return o.transpose(1, 2), lse
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    return float((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30))
 
 
 def environment() -> dict:

@@ -1,0 +1,39 @@
+"""The A/B script's variants (``benchmarks/seesaw_ab.py``): a variant is a fresh copy of the seesaw
+module with its constants set before any compile, so variants never share a compiled kernel or
+a launch cache, and a constant the module does not have is refused (a misspelt constant would
+otherwise time the default twice)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+seesaw = pytest.importorskip("mla_var3.kernel.hopper.absorbed_seesaw")
+if not seesaw.GLUON_AVAILABLE:
+    pytest.skip("triton.experimental.gluon unavailable", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import seesaw_ab  # noqa: E402
+
+
+def test_variants_parse_into_module_constants():
+    v = seesaw_ab.parse_variants(["a:_WORKER_REGS=224", "plain:"], base="/some/base.py")
+    assert v[0] == ("base", "/some/base.py", {})
+    assert v[1] == ("a", seesaw.__file__, {"_WORKER_REGS": 224})
+    assert v[2] == ("plain", seesaw.__file__, {})
+
+
+def test_a_variant_is_a_fresh_module_with_its_constants():
+    a = seesaw_ab.load_variant("t1", seesaw.__file__, {"_WORKER_REGS": 224})
+    b = seesaw_ab.load_variant("t2", seesaw.__file__, {})
+    assert a is not b and a is not seesaw
+    assert a._WORKER_REGS.value == 224 and b._WORKER_REGS.value == seesaw._WORKER_REGS.value == 232
+    assert a._launch is not b._launch and a._launch is not seesaw._launch   # no shared compiled kernels
+    assert a._flash_mla_seesaw is not seesaw._flash_mla_seesaw
+
+
+def test_an_unknown_constant_is_refused():
+    with pytest.raises(ValueError, match="no constant _NOT_THERE"):
+        seesaw_ab.load_variant("t3", seesaw.__file__, {"_NOT_THERE": 1})
