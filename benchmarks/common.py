@@ -33,6 +33,13 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {exc}"[:limit]
 
 
+def require_cuda() -> None:
+    """Exit with status 2 and a one-line message when there is no CUDA GPU (the GPU scripts' guard)."""
+    if not torch.cuda.is_available():
+        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """``||a - b|| / ||b||`` over ``b``'s finite elements, or inf when ``a`` and ``b`` are not
     finite at the same places (an output NaN where the reference is finite, or the reverse)."""

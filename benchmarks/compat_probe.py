@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, write_json
+from common import baseline_parser, environment, import_flash_mla, require_cuda, write_json
 
 K, P, PAGE = 512, 64, 64
 
@@ -58,6 +58,7 @@ def main() -> None:
                     help="then run b = 32, s = 32 compat calls this many seconds and time every call again, "
                          "at once and after 10 s idle (SM clock and power read before each)")
     args = ap.parse_args()
+    require_cuda()
     import seesaw_ab
     import serving_check
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata

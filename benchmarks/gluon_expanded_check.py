@@ -25,7 +25,7 @@ import traceback
 import torch
 
 from common import (D, H, P, Budget, environment, error_text, expanded_flops as flops, expanded_inputs, sdpa_call,
-                    write_json)
+                    write_json, require_cuda)
 
 VARIANTS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
             dict(block_n=64, stages=4)]
@@ -50,9 +50,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=240.0, help="seconds; timing stops once exceeded")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
-        return 2
+    require_cuda()
     budget = Budget(args.budget)
     from mla_var3 import reference as R
     from mla_var3.kernel.expanded import default_config, flash_attention

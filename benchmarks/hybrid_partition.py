@@ -31,7 +31,7 @@ import sys
 import torch
 
 from common import (D, H, K, P, Budget, baseline_parser, check_hybrid_partition, environment, import_flash_mla,
-                    randn as seeded_randn, timed, write_json)
+                    randn as seeded_randn, timed, write_json, require_cuda)
 
 T = 4096
 GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
@@ -48,9 +48,7 @@ def main() -> int:
     ap.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88)")
     ap.add_argument("--no-parts", action="store_true", help="time the hybrid only, not its parts alone")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
-        return 2
+    require_cuda()
     budget = Budget(args.budget)
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.expanded import flash_attention

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, write_json
+from common import baseline_parser, environment, import_flash_mla, require_cuda, write_json
 from serving_check import K, RAGGED, make_paged, reference, rel
 
 UNIFORM = [(32, 1), (32, 2), (64, 1), (64, 2), (32, 4), (64, 4), (32, 16), (64, 32)]
@@ -32,9 +32,7 @@ CHECKS = [([0, 70, 5000, 1, 64, 65, 129, 3000], 2, 4), ([4096] * 3, 1, 5), ([1] 
 def main() -> int:
     ap = baseline_parser(__doc__)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
-        return 2
+    require_cuda()
     from mla_var3 import flash_mla_paged
     from mla_var3.kernel.decode_plan import plan_decode
     from mla_var3.runtime.timing import time_fn

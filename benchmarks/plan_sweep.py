@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, timed, write_json
+from common import baseline_parser, environment, import_flash_mla, require_cuda, timed, write_json
 from serving_check import K, RAGGED, make_paged, reference, rel
 
 #: the item length C as a multiple of the estimate's choice (1: the shipped planner)
@@ -47,9 +47,7 @@ def plan_for(lengths: list[int], rows: int, capacity: int, scale: float, device)
 def main() -> int:
     ap = baseline_parser(__doc__)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
-        return 2
+    require_cuda()
     from mla_var3 import flash_mla_paged
 
     fm = import_flash_mla(args.flash_mla)

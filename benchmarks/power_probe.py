@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, write_json
+from common import baseline_parser, environment, import_flash_mla, require_cuda, write_json
 
 K, P = 512, 64
 POINTS = [(32, 16, 4096), (64, 1, 4096), (32, 4, 4096)]
@@ -49,6 +49,7 @@ def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--seconds", type=float, default=4.0)
     args = ap.parse_args()
+    require_cuda()
     import serving_check
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
 

@@ -29,7 +29,7 @@ import traceback
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, rel, write_json
+from common import baseline_parser, environment, import_flash_mla, rel, require_cuda, write_json
 
 H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
+    require_cuda()
     variants = parse_variants(args.variant, args.base)
     if args.smoke:
         smoke(variants, args.base_combine)

@@ -25,7 +25,7 @@ import traceback
 import torch
 
 from common import (D, H, P, Budget, check_hybrid_partition, environment, error_text, randn as seeded_randn, timed,
-                    write_json)
+                    write_json, require_cuda)
 
 CHECKS = [  # (b, h, s, n, causal, programs, block_n, stages)
     (2, 8, 16, 1344, True, 3, 128, 1), (2, 8, 1, 130, True, 5, 128, 1), (1, 8, 5, 77, True, 2, 128, 1),
@@ -45,9 +45,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=240.0)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA (sm_90) GPU", file=sys.stderr)
-        return 2
+    require_cuda()
     budget = Budget(args.budget)
     from mla_var3 import reference as R
     from mla_var3.kernel.absorbed import flash_mla
