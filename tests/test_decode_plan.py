@@ -108,15 +108,35 @@ def test_packed_plan_cuts_at_program_shares():
 
 
 def test_the_planner_packs_ragged_batches_and_not_balanced_ones():
-    """Measured on an H200: packing won on ragged b = 32, s = 1 (t <= 4096) and lost on uniform
-    b = 32, s = 1 (the item plan fills the SMs in one wave there)."""
+    """Measured on an H200: packing won on ragged b = 64, s = 1 (t <= 8192) and b = 16, s = 2
+    (t <= 32768) and lost on uniform b = 32, s = 1 (the item plan fills the SMs in one wave
+    there); on ragged b = 32, s = 1 (t <= 4096) the one-wave cut (the shortest items that fit
+    the SMs at once) beat packing (70.5 against 71.5 us, ``serving/paths-de2176b.json``)."""
     g = torch.Generator().manual_seed(5)
     ragged = torch.randint(512, 4097, (32,), generator=g).tolist()
-    assert auto_reference(ragged, 128, capacity=4096)["packed"]
+    chosen = auto_reference(ragged, 128, capacity=4096)
+    live = [it for it in chosen["items"] if it[0] >= 0]
+    assert not chosen["packed"] and len(live) <= 66
+    assert auto_reference(torch.randint(1024, 8193, (64,), generator=g).tolist(), 128, capacity=8192)["packed"]
+    assert auto_reference(torch.randint(4096, 32769, (16,), generator=g).tolist(), 256, capacity=32768)["packed"]
     assert not auto_reference([4096] * 32, 128, capacity=4096)["packed"]
     # 256 (sequence, row tile) pairs on 132 SMs: the item plan, in the item kernel
     assert auto_reference(torch.randint(512, 4097, (128,), generator=g).tolist(), 128, capacity=4096)["starts"] is None
     assert packing_may_pay(64, 128, 132) and not packing_may_pay(128, 128, 132) and not packing_may_pay(64, 256, 132)
+
+
+def test_the_one_wave_cut_is_a_candidate():
+    """Eight long ragged sequences (measured on an H200, ``serving/paths-de2176b.json``: 93.7 us
+    at the best grid candidate, 90.8 at the one-wave cut): the planner takes the shortest item
+    length whose items fit the 66 slots, which no candidate of the grid hit, so no slot idles
+    for rounding and no item waits for a second wave."""
+    g = torch.Generator().manual_seed(5 + 8 * 100 + 1)
+    lengths = torch.randint(4096, 32769, (8,), generator=g).tolist()
+    ref = plan_reference(lengths, 128, capacity=32768)
+    blocks = [cdiv(n, PLAN_BLOCK) for n in lengths]
+    c = ref["item_blocks"]
+    items = sum(max(1, cdiv(n, c)) for n in blocks)
+    assert items <= 66 < sum(max(1, cdiv(n, c - 1)) for n in blocks)
 
 
 def test_long_sequences_are_cut_at_the_item_limit():
@@ -178,6 +198,34 @@ def test_combine_planned_merges_split_items():
     out2 = torch.zeros(2, h, s, v, device=DEVICE)
     combine_planned(o_part, lse_part, seqs, out2, lse, head_major=False)
     assert torch.allclose(out2[0].double(), ref_o.view(s, h, v).transpose(0, 1), atol=1e-5)
+
+
+def test_combine_planned_merges_many_split_sequences():
+    """Ten of twelve sequences split (2-4 slots each, the slots in batch order, two unsplit
+    sequences between them), 64 rows each: every split sequence gets its float64 log-sum-exp
+    mean and the unsplit sequences are left as they were."""
+    g = torch.Generator().manual_seed(1)
+    h, s, v = 4, 16, 32
+    rows = h * s
+    counts = [2, 3, 1, 4, 2, 2, 1, 3, 2, 4, 2, 3]
+    seqs, first = [], 0
+    for n in counts:
+        seqs.append([first if n > 1 else -1, n])
+        first += n if n > 1 else 0
+    o_part = torch.randn(first, rows, v, generator=g).to(DEVICE)
+    lse_part = (torch.randn(first, rows, generator=g) * 3).to(DEVICE)
+    out = torch.full((len(counts), h, s, v), 7.0, device=DEVICE)
+    lse = torch.full((len(counts), h, s), 7.0, device=DEVICE)
+    combine_planned(o_part, lse_part, torch.tensor(seqs, dtype=torch.int32, device=DEVICE), out, lse)
+    for b, (f, n) in enumerate(seqs):
+        if n == 1:
+            assert (out[b] == 7).all() and (lse[b] == 7).all()
+            continue
+        w = torch.softmax(lse_part[f:f + n].double(), dim=0)
+        ref_o = (w[..., None] * o_part[f:f + n].double()).sum(0).view(h, s, v)
+        ref_l = torch.logsumexp(lse_part[f:f + n].double(), dim=0).view(h, s)
+        assert torch.allclose(out[b].double(), ref_o, atol=1e-5), b
+        assert torch.allclose(lse[b].double(), ref_l, atol=1e-5), b
 
 
 def test_reference_with_a_forced_item_length_covers_every_sequence():
