@@ -1,0 +1,197 @@
+"""What a compat call pays over the dense item kernel: the same plan through each kernel and launch shape.
+
+On an H200 the compat call ran uniform b = 32, s = 2 at 146 µs in CUDA graphs and the dense
+``flash_mla`` call on the same shape at 132 µs, interleaved in one process
+(``serving/serving-cb218ae.json``). The two differ in four ways: the compat call plans on the GPU
+and, for batches of at most 1.5x the SMs in (sequence, row tile) pairs, runs the persistent kernel
+(an item plan one item per program, with a loader warp); it launches the plan's full program
+capacity (most programs exit at once); it launches the combine whatever the plan; and it reads a
+paged cache. This times, per point and in one process, official FlashMLA and:
+
+* ``compat``: ``flash_mla_with_kvcache`` with its metadata (the plan built once);
+* ``persist``: ``seesaw_attention`` on the paged cache with the compat call's plan (the same launch);
+* ``trim``: that plan with its program list cut to the programs that have work (no empty programs);
+* ``items``: that plan's items one program each in the item kernel (no loader warp);
+* ``items-nc``: as ``items`` without the combine when no item is split;
+* ``dense``: the cache's contents copied to dense ``[B, T, K]`` / ``[B, T, P]`` tensors, the same
+  query views, the host's uniform plan (uniform points only);
+* ``cstar`` / ``cstar-persist``: ragged points, the item plan whose item length is the smallest that
+  fits the batch in one wave (``plan_reference(item_blocks=C*)``) in the item kernel and, trimmed,
+  in the persistent kernel.
+
+Every variant is checked against the fp32 reference, then CUDA-graph and eager time are taken in
+interleaved rounds (L2 flushed); a table last.
+
+    python benchmarks/plan_paths.py --out paths.json [--flash-mla DIR] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+
+import torch
+
+from common import baseline_parser, environment, import_flash_mla, rel, require_cuda, write_json
+
+H, K, P, PAGE = 128, 512, 64, 64
+POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
+          ("ragged", 8, 1, 32768), ("ragged", 32, 1, 4096), ("ragged", 1, 1, 4096)]
+
+
+def host_plan(plan, **changes):
+    """A copy of ``plan`` (a DecodePlan) with fields replaced."""
+    import dataclasses
+    return dataclasses.replace(plan, **changes)
+
+
+def one_wave_item_blocks(blocks: list[int], slots: int) -> int | None:
+    """The smallest item length C (blocks) whose items ``sum max(1, ceil(n / C))`` fit ``slots``."""
+    from mla_var3.kernel.decode_plan import MIN_ITEM_BLOCKS, cdiv
+    for c in range(MIN_ITEM_BLOCKS, max(blocks) + 1):
+        if sum(max(1, cdiv(n, c)) for n in blocks) <= slots:
+            return c
+    return None
+
+
+def reference_plan(lengths, rows, capacity, item_blocks, dev):
+    """(DecodePlan with one program per item, live items) from the planner's Python reference."""
+    from mla_var3.kernel import decode_plan as dp
+    ref = dp.plan_reference(lengths, rows, capacity=capacity, k=K, item_blocks=item_blocks,
+                            sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(dev)
+    seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(len(lengths), 2).to(dev)
+    live = sum(1 for it in ref["items"] if it[0] >= 0)
+    plan = dp.DecodePlan(items, seqs, len(lengths), rows, dp.cdiv(capacity, PAGE),
+                         max(ref["max_slots"], ref["slots_used"]), any(n > 1 for _, n in ref["seqs"]))
+    return plan, live
+
+
+def build(point, fm):
+    """``(calls {name: fn}, reference (out [b, s, H, K], lse [b, H, s]), notes)`` for one point."""
+    import serving_check
+    from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+    from mla_var3.kernel.decode_plan import cdiv
+    from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_attention
+
+    kind, b, s, t = point
+    g = torch.Generator().manual_seed(5 + b * 100 + s)
+    lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+    q, cache, table, seqlens = serving_check.make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=True)
+    scale, causal, rows = (K + P) ** -0.5, s > 1, H * s
+    qt = q.transpose(1, 2)
+    qc, qpe = qt[..., :K], qt[..., K:]
+    meta, _ = get_mla_metadata()
+    calls = {"compat": lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)}
+    calls["compat"]()                       # builds the plan into meta
+    torch.cuda.synchronize()
+    plan = meta.plan
+    notes = {"lengths": lengths, "packed_kernel": plan.starts is not None}
+
+    def paged(pl):
+        return lambda: seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=causal, seqlens=seqlens, plan=pl,
+                                        block_table=table)
+
+    calls["persist"] = paged(plan)
+    items_h = plan.items.cpu().tolist()
+    live = sum(1 for it in items_h if it[0] >= 0)
+    split = any(it[3] >= 0 for it in items_h)
+    notes.update(items=live, split=split, programs=plan.programs)
+    if plan.starts is not None:
+        starts_h = plan.starts.cpu().tolist()
+        used = max((p + 1 for p in range(len(starts_h) - 1) if starts_h[p + 1] > starts_h[p]), default=1)
+        notes.update(packed=starts_h[:live + 1] != list(range(live + 1)), programs_used=used)
+        calls["trim"] = paged(host_plan(plan, starts=plan.starts[:used + 1].clone()))
+        if not notes["packed"]:
+            calls["items"] = paged(host_plan(plan, starts=None))
+            if not split:
+                calls["items-nc"] = paged(host_plan(plan, starts=None, may_split=False))
+    if kind == "uniform":
+        nb = cdiv(t, PAGE)
+        dense = cache[table[:, :nb].long()].reshape(b, nb * PAGE, K + P)[:, :t]
+        z, kpe = dense[..., :K].contiguous(), dense[..., K:].contiguous()
+        calls["dense"] = lambda: seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=None,
+                                                  plan=None)
+    else:
+        tiles = cdiv(rows, 64)
+        slots = torch.cuda.get_device_properties(0).multi_processor_count // tiles
+        c_star = one_wave_item_blocks([cdiv(n, PAGE) for n in lengths], slots)
+        notes["c_star"] = c_star
+        if c_star is not None:
+            cplan, clive = reference_plan(lengths, rows, t, c_star, q.device)
+            notes["c_star_items"] = clive
+            calls["cstar"] = paged(cplan)
+            calls["cstar-persist"] = paged(host_plan(cplan, starts=torch.arange(clive + 1, dtype=torch.int32,
+                                                                                device=q.device)))
+    if fm is not None:
+        fmeta, _ = fm.get_mla_metadata()
+        calls["flashmla"] = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, fmeta, None,
+                                                              softmax_scale=scale, causal=causal)
+    want = serving_check.reference(q, cache, table, seqlens, causal=causal, scale=scale)
+    return calls, want, notes
+
+
+def as_flashmla(name, o, lse):
+    """Outputs in FlashMLA's layout: out [b, s, H, K], lse [b, H, s]."""
+    if name in ("compat", "flashmla"):
+        return o, lse
+    return o.transpose(1, 2), lse
+
+
+def main() -> None:
+    ap = baseline_parser(__doc__)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point")
+    args = ap.parse_args()
+    require_cuda()
+    from mla_var3.runtime.timing import time_fn
+
+    fm = import_flash_mla(args.flash_mla)
+    record = {"env": environment(flashmla=fm is not None), "checks": [], "rows": []}
+    for point in POINTS:
+        label = "{} b{} s{} t{}".format(*point)
+        try:
+            calls, want, notes = build(point, fm)
+            for name, fn in calls.items():
+                o, lse = as_flashmla(name, *fn())
+                torch.cuda.synchronize()
+                eo, el = rel(o, want[0]), rel(lse, want[1])
+                ok = eo <= 1e-2 and el <= 1e-3
+                record["checks"].append(dict(point=label, variant=name, rel_out=eo, rel_lse=el, ok=ok))
+                print(f"{'ok  ' if ok else 'FAIL'} {label} {name}: out {eo:.2e} lse {el:.2e}", flush=True)
+            torch.cuda.synchronize()
+            time.sleep(args.cool)
+            graph: dict[str, list[float]] = {n: [] for n in calls}
+            eager: dict[str, list[float]] = {n: [] for n in calls}
+            for _ in range(args.rounds):
+                for name, fn in calls.items():
+                    graph[name].append(time_fn(fn, use_graph=True, max_seconds=0.25).median_us)
+                    eager[name].append(time_fn(fn, use_graph=False, max_seconds=0.25).median_us)
+            row = dict(point=label, notes={k: v for k, v in notes.items() if k != "lengths"},
+                       lengths=notes["lengths"], graph_us={n: statistics.median(v) for n, v in graph.items()},
+                       eager_us={n: statistics.median(v) for n, v in eager.items()}, graph_samples=graph,
+                       eager_samples=eager)
+            record["rows"].append(row)
+            print(label, row["notes"], "graph", " ".join(f"{n} {v:.1f}" for n, v in row["graph_us"].items()),
+                  "eager", " ".join(f"{n} {v:.1f}" for n, v in row["eager_us"].items()), flush=True)
+        except Exception:
+            traceback.print_exc()
+            record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
+    write_json(args.out, record)
+    names = ["compat", "persist", "trim", "items", "items-nc", "dense", "cstar", "cstar-persist"]
+    for key in ("graph_us", "eager_us"):
+        print(f"\n{key[:-3]} µs (FlashMLA ÷ variant)")
+        print("| point | FlashMLA | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for row in record["rows"]:
+            us = row[key]
+            f = us.get("flashmla")
+            cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.2f})" if f else "") if n in us else "-" for n in names]
+            print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
+    bad = [c for c in record["checks"] if not c.get("ok")]
+    print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
+
+
+if __name__ == "__main__":
+    main()
