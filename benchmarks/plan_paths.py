@@ -20,7 +20,9 @@ paged cache. This times, per point and in one process, official FlashMLA and:
   in the persistent kernel.
 
 Every variant is checked against the fp32 reference, then CUDA-graph and eager time are taken in
-interleaved rounds (L2 flushed); a table last.
+rounds, every variant in every repetition with the order rotated (``time_interleaved``; L2
+flushed); a table last. (The record ``serving/paths-de2176b.json`` was taken with the variants
+one after the other within each round.)
 
     python benchmarks/plan_paths.py --out paths.json [--flash-mla DIR] [--rounds 2]
 """
@@ -145,7 +147,7 @@ def main() -> None:
     ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point")
     args = ap.parse_args()
     require_cuda()
-    from mla_var3.runtime.timing import time_fn
+    from mla_var3.runtime.timing import time_interleaved
 
     fm = import_flash_mla(args.flash_mla)
     record = {"env": environment(flashmla=fm is not None), "checks": [], "rows": []}
@@ -164,10 +166,12 @@ def main() -> None:
             time.sleep(args.cool)
             graph: dict[str, list[float]] = {n: [] for n in calls}
             eager: dict[str, list[float]] = {n: [] for n in calls}
-            for _ in range(args.rounds):
-                for name, fn in calls.items():
-                    graph[name].append(time_fn(fn, use_graph=True, max_seconds=0.25).median_us)
-                    eager[name].append(time_fn(fn, use_graph=False, max_seconds=0.25).median_us)
+            for _ in range(args.rounds):   # every variant in every repetition, the order rotated
+                g = time_interleaved(calls, use_graph=True, max_seconds=0.25 * len(calls))
+                e = time_interleaved(calls, use_graph=False, max_seconds=0.25 * len(calls))
+                for name in calls:
+                    graph[name].append(g[name].median_us)
+                    eager[name].append(e[name].median_us)
             row = dict(point=label, notes={k: v for k, v in notes.items() if k != "lengths"},
                        lengths=notes["lengths"], graph_us={n: statistics.median(v) for n, v in graph.items()},
                        eager_us={n: statistics.median(v) for n, v in eager.items()}, graph_samples=graph,

@@ -9,9 +9,9 @@ variant runs in one process on the same inputs, with the same decode plan:
    (a wrong mbarrier phase hangs the GPU instead of failing); it also fills Triton's cache.
 2. **Correctness** of every variant at every point against the fp32 reference
    (:mod:`mla_var3.reference`), dense and paged (pages in random order, lengths ragged).
-3. **Timing**: CUDA-graph time (``mla_var3.runtime.timing.time_fn``, L2 flushed) of every
-   variant and of official FlashMLA at each point, in rounds (variants interleaved), and the
-   median over rounds.
+3. **Timing**: CUDA-graph time (``mla_var3.runtime.timing.time_interleaved``, L2 flushed) of
+   every variant and of official FlashMLA at each point, all of them in every repetition (the
+   order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
@@ -189,7 +189,7 @@ def main() -> None:
     print(proc.stdout[-3000:], proc.stderr[-3000:], flush=True)
     if proc.returncode != 0:
         sys.exit("smoke run failed")
-    from mla_var3.runtime.timing import time_fn
+    from mla_var3.runtime.timing import time_interleaved
 
     fm = import_flash_mla(args.flash_mla)
     mods = load_all(variants, args.base_combine)
@@ -211,11 +211,13 @@ def main() -> None:
             timed = dict(calls, **({"flashmla": fm_call} if fm_call else {}))
             samples: dict[str, list[float]] = {n: [] for n in timed}
             eager: dict[str, list[float]] = {n: [] for n in timed}
-            for _ in range(args.rounds):
-                for name, fn in timed.items():
-                    samples[name].append(time_fn(fn, use_graph=True, max_seconds=0.25).median_us)
-                    if args.eager:
-                        eager[name].append(time_fn(fn, use_graph=False, max_seconds=0.25).median_us)
+            for _ in range(args.rounds):   # every variant in every repetition, the order rotated
+                g = time_interleaved(timed, use_graph=True, max_seconds=0.25 * len(timed))
+                e = time_interleaved(timed, use_graph=False, max_seconds=0.25 * len(timed)) if args.eager else None
+                for name in timed:
+                    samples[name].append(g[name].median_us)
+                    if e is not None:
+                        eager[name].append(e[name].median_us)
             row["us"] = {n: statistics.median(v) for n, v in samples.items()}
             row["samples"] = samples
             if args.eager:

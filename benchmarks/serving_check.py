@@ -16,8 +16,10 @@
    eager time (CUDA events around plain calls: host work included), the CUDA-graph time and the
    host time per call (300 calls without a synchronisation), for official FlashMLA, the compat
    call, and (uniform rows) the dense ``flash_mla``, after ``--cool`` idle seconds, the calls
-   interleaved over ``--rounds`` rounds (medians; a call timed right after heavy work runs up to
-   10 % slow while the GPU's clock recovers). Uniform rows: b in {32, 64} x s in {1, 2, 4, 8, 16,
+   interleaved in every repetition (``time_interleaved``: a call timed right after heavy work
+   runs up to 10 % slow while the GPU's clock recovers, so none is always timed after the
+   others), over ``--rounds`` rounds; FlashMLA ÷ ours is the median over repetitions of the two
+   calls' times in the same repetition, then over rounds. Uniform rows: b in {32, 64} x s in {1, 2, 4, 8, 16,
    32}, t = 4096, causal for s > 1; ragged paged rows: lengths uniform in [t_max / 8, t_max],
    pages in random order.
 
@@ -268,15 +270,23 @@ def graphs(r: Runner) -> None:
 def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
-    from mla_var3.runtime.timing import host_time_us, time_fn
+    from mla_var3.runtime.timing import host_time_us, time_interleaved
 
     scale = (K + P) ** -0.5
 
-    def measure(fn) -> dict:
-        eager = time_fn(fn, use_graph=False, max_seconds=0.5)
-        graph = time_fn(fn, use_graph=True, max_seconds=0.5)
-        return {"eager_us": eager.median_us, "graph_us": graph.median_us, "graph_method": graph.method,
-                "host_us": host_time_us(fn, calls=300)}
+    def measure(fns: dict) -> dict:
+        """One round: every call's eager and CUDA-graph time in the same repetitions (the order
+        rotated each repetition), FlashMLA ÷ each call per repetition (medians), host times."""
+        eager = time_interleaved(fns, use_graph=False, max_seconds=0.5 * len(fns))
+        graph = time_interleaved(fns, use_graph=True, max_seconds=0.5 * len(fns))
+        out = {}
+        for name in fns:
+            out[name] = {"eager_us": eager[name].median_us, "graph_us": graph[name].median_us,
+                         "graph_method": graph[name].method, "host_us": host_time_us(fns[name], calls=300)}
+            if "flashmla" in fns and name != "flashmla":
+                out[name]["fm_ratio_eager"] = eager.ratio("flashmla", name)
+                out[name]["fm_ratio_graph"] = graph.ratio("flashmla", name)
+        return out
 
     def point(kind, b, s, lengths, cap, dense_too):
         q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=b * 100 + s, poison=False)
@@ -297,13 +307,14 @@ def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
             fns["dense"] = lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal)
         # the GPU's power state after the last point's heavy calls slows the first call timed
         # after it (measured: 154 against 140 us at b = 64, s = 1 right after 20 s of b = 32,
-        # s = 32, back within a second): an idle pause first, then the calls interleaved in rounds
+        # s = 32, back within a second): an idle pause first, then the calls interleaved in every
+        # repetition of every round
         torch.cuda.synchronize()
         time.sleep(cool)
         runs: dict[str, list[dict]] = {name: [] for name in fns}
         for _ in range(rounds):
-            for name, fn in fns.items():
-                runs[name].append(measure(fn))
+            for name, m in measure(fns).items():
+                runs[name].append(m)
         for name, ms in runs.items():
             row[name] = {key: (statistics.median(m[key] for m in ms) if key != "graph_method" else ms[0][key])
                          for key in ms[0]}
@@ -367,8 +378,8 @@ def table(r: Runner) -> None:
     for row in r.times:
         f, c, d = row.get("flashmla"), row["compat"], row.get("dense")
         fmt = lambda m: f"{m['eager_us']:.1f} / {m['graph_us']:.1f} / {m['host_us']:.1f}" if m else "-"
-        re_ = f"{f['eager_us'] / c['eager_us']:.2f}" if f else "-"
-        rg = f"{f['graph_us'] / c['graph_us']:.2f}" if f else "-"
+        re_ = f"{c['fm_ratio_eager']:.2f}" if f else "-"
+        rg = f"{c['fm_ratio_graph']:.2f}" if f else "-"
         print(f"| {row['kind']} | {row['b']} | {row['s']} | {row['t_max']} | {fmt(f)} | {fmt(c)} | {re_} | {rg} | {fmt(d)} |")
     bad = [c["name"] for c in r.checks if c.get("ok") is False]
     print(f"\nchecks: {sum(1 for c in r.checks if c.get('ok'))} ok, {len(bad)} failed {bad}")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mla_var3.runtime.timing import Timing, percentile, summarize, time_fn
+from mla_var3.runtime.timing import Interleaved, Timing, percentile, summarize, time_fn, time_interleaved
 
 
 def test_percentile_matches_linear_interpolation():
@@ -72,3 +72,55 @@ def test_setup_runs_before_every_call_outside_the_timed_window():
     assert seen and all(n == 1 for n in seen)            # every call found the state restored
     if not t.gpu:
         assert len(seen) == 2 + 5 and t.median_us < 4000   # the 5 ms setup is not timed
+
+
+def test_interleaved_rotates_the_order_every_repetition():
+    """Each repetition times every callable once, the order rotated by one per repetition, so
+    no callable is always timed first (after an idle pause) or last (after the others' load)."""
+    log = []
+    fns = {n: (lambda n=n: log.append(n)) for n in "abc"}
+    r = time_interleaved(fns, warmup=2, reps=7, min_reps=7, max_seconds=10.0, device="cpu")
+    timed = log[2 * 3:]                       # after the warm-up calls (every callable, in order)
+    assert log[:6] == list("abcabc")
+    assert [timed[3 * i: 3 * i + 3] for i in range(7)] == [list("abc"), list("bca"), list("cab"), list("abc"),
+                                                           list("bca"), list("cab"), list("abc")]
+    assert set(r.timings) == set("abc") and all(len(v) == 7 for v in r.samples_us.values())
+    assert r["a"].reps == 7 and not r["a"].gpu
+
+
+def test_interleaved_ratio_is_the_median_of_same_repetition_ratios():
+    """Two callables whose times drift together (a clock falling over the run) keep a steady
+    ratio per repetition; the ratio of the medians would not."""
+    a = [100.0, 110.0, 150.0, 200.0, 210.0]
+    b = [50.0, 55.0, 75.0, 100.0, 105.0]
+    t = {n: summarize(v, method="perf-counter", gpu=False, l2="-") for n, v in (("a", a), ("b", b))}
+    r = Interleaved(t, {"a": a, "b": b})
+    assert r.ratio("a", "b") == 2.0 and r.ratio("b", "a") == 0.5
+    skewed = Interleaved(t, {"a": a, "b": [50.0, 55.0, 75.0, 100.0, 1000.0]})
+    assert skewed.ratio("a", "b") == 2.0
+    with pytest.raises(ValueError, match="positive"):
+        Interleaved(t, {"a": a, "b": [0.0] * 5}).ratio("a", "b")
+
+
+def test_interleaved_refuses_an_empty_set():
+    with pytest.raises(ValueError, match="at least one"):
+        time_interleaved({})
+
+
+def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
+    """The GPU path is handed ``use_graph`` as given, and False with a ``setup`` (a graph
+    would replay without it); checked with the GPU path replaced, so it runs on the CPU too."""
+    import mla_var3.runtime.timing as T
+
+    seen = []
+
+    def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup):
+        seen.append(use_graph)
+        return {n: [1.0, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-"
+
+    monkeypatch.setattr(T, "_time_cuda", fake_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert T.time_fn(lambda: None).method == "cuda-graph"
+    assert T.time_fn(lambda: None, use_graph=False).method == "cuda-events"
+    assert T.time_fn(lambda: None, setup=lambda: None).method == "cuda-events"
+    assert seen == [True, False, False]

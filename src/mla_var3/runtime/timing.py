@@ -1,4 +1,5 @@
-"""The one timing primitive of the package: :func:`time_fn`.
+"""The one timing primitive of the package: :func:`time_interleaved` (one or several callables),
+and :func:`time_fn`, its view of a single callable.
 
 Every time the package reports (benchmarks, autotuning, ``python -m mla_var3.kernel``) comes
 from here, measured the same way:
@@ -17,6 +18,12 @@ from here, measured the same way:
   (estimated from the warm-up), with at least ``min_reps``.
 * **CPU** — without CUDA, ``time.perf_counter`` around plain calls (method ``"perf-counter"``,
   ``gpu=False``): it makes the CPU path and the tests run; it is not a GPU timing.
+* **Several callables** (:func:`time_interleaved`) — each repetition times every callable once,
+  in an order rotated from one repetition to the next, so all of them meet the same clock and
+  power state (on an H200, a call timed right after a second of another kernel's load ran up to
+  10 % slower than one timed after an idle pause; timed one after the other, the second pays
+  it). :meth:`Interleaved.ratio` is the median over repetitions of two callables' times in the
+  same repetition.
 
 Example
 -------
@@ -110,17 +117,28 @@ def _plan_reps(estimate_s: float, reps: int, min_reps: int, max_seconds: float) 
     return max(min_reps, min(reps, int(max_seconds / estimate_s)))
 
 
-def _time_cpu(fn: Callable[[], object], warmup: int, reps: int, min_reps: int, max_seconds: float,
-              setup: Callable[[], object]) -> Timing:
-    def once() -> float:
+def _order(names: list[str], rep: int) -> list[str]:
+    """The callables' order in repetition ``rep``: rotated by one each repetition."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+def _time_cpu(fns: dict, warmup: int, reps: int, min_reps: int, max_seconds: float,
+              setup: Callable[[], object]) -> dict[str, list[float]]:
+    names = list(fns)
+
+    def once(name: str) -> float:
         setup()
         start = time.perf_counter()
-        fn()
+        fns[name]()
         return time.perf_counter() - start
 
-    estimate = sum(once() for _ in range(max(1, warmup))) / max(1, warmup)
-    samples = [once() * 1e6 for _ in range(_plan_reps(estimate, reps, min_reps, max_seconds))]
-    return summarize(samples, method="perf-counter", gpu=False, l2="not flushed (CPU fallback)")
+    estimate = sum(once(n) for _ in range(max(1, warmup)) for n in names) / max(1, warmup)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(_plan_reps(estimate, reps, min_reps, max_seconds)):
+        for name in _order(names, rep):
+            samples[name].append(once(name) * 1e6)
+    return samples
 
 
 def flush_buffer(device) -> "torch.Tensor":  # noqa: F821
@@ -156,11 +174,13 @@ def _capture(fn: Callable[[], object], device):
         return None
 
 
-def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup) -> Timing:
+def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup):
+    """``(samples_us per name, method per name, l2)``."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     flush = flush_buffer(device) if flush_l2 else None
+    names = list(fns)
 
     def prepare() -> None:                       # outside the timed window
         setup()
@@ -168,36 +188,94 @@ def _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, dev
             flush.zero_()                         # write > 2x L2: the inputs are evicted
 
     for _ in range(max(1, warmup)):
-        setup()
-        fn()
+        for name in names:
+            setup()
+            fns[name]()
     torch.cuda.synchronize(device)
 
-    graph = _capture(fn, device) if use_graph else None
-    run = graph.replay if graph is not None else fn
-    method = "cuda-graph" if graph is not None else "cuda-events"
+    graphs = {n: _capture(fns[n], device) if use_graph else None for n in names}
+    runs = {n: graphs[n].replay if graphs[n] is not None else fns[n] for n in names}
+    methods = {n: "cuda-graph" if graphs[n] is not None else "cuda-events" for n in names}
 
-    # Estimate one repetition (flush included) to bound the loop in wall time.
+    # Estimate one repetition of every callable (flushes included) to bound the loop in wall time.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(3):
-        prepare()
-        run()
+        for name in names:
+            prepare()
+            runs[name]()
     end.record()
     torch.cuda.synchronize(device)
-    estimate_s = start.elapsed_time(end) / 3 / 1e3
-    n = _plan_reps(estimate_s, reps, min_reps, max_seconds)
+    n_reps = _plan_reps(start.elapsed_time(end) / 3 / 1e3, reps, min_reps, max_seconds)
 
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
-        prepare()
-        starts[i].record()
-        run()
-        ends[i].record()
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n_reps)] for n in names}
+    for rep in range(n_reps):
+        for name in _order(names, rep):
+            prepare()
+            events[name][rep][0].record()
+            runs[name]()
+            events[name][rep][1].record()
     torch.cuda.synchronize(device)
-    samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    samples = {n: [s.elapsed_time(e) * 1e3 for s, e in events[n]] for n in names}
     l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
-    return summarize(samples, method=method, gpu=True, l2=l2)
+    return samples, methods, l2
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """Several callables timed in the same repetitions (:func:`time_interleaved`).
+
+    Attributes
+    ----------
+    timings : dict[str, Timing]
+        Each callable's statistics over the repetitions.
+    samples_us : dict[str, list[float]]
+        Each callable's time in every repetition (index ``i``: repetition ``i``).
+    """
+
+    timings: dict[str, Timing]
+    samples_us: dict[str, list[float]]
+
+    def ratio(self, num: str, den: str) -> float:
+        """The median over repetitions of ``num``'s time ÷ ``den``'s in the same repetition."""
+        pairs = [a / b for a, b in zip(self.samples_us[num], self.samples_us[den]) if b > 0]
+        if not pairs:
+            raise ValueError(f"no repetition with a positive time for {den!r}")
+        return float(statistics.median(pairs))
+
+    def __getitem__(self, name: str) -> Timing:
+        return self.timings[name]
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
+                     max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None,
+                     setup: Callable[[], object] | None = None) -> Interleaved:
+    """Time every callable of ``fns`` (name -> ``fn()``, no arguments) in the same repetitions:
+    repetition ``i`` times each once, in the names' order rotated by ``i`` (see the module
+    docstring). The arguments are :func:`time_fn`'s; ``reps`` and ``max_seconds`` bound the
+    repetitions of the whole set (each callable is timed ``reps`` times at most), and each
+    callable is captured in its own CUDA graph where it can be (its :class:`Timing`'s
+    ``method`` says which)."""
+    if not fns:
+        raise ValueError("time_interleaved needs at least one callable")
+    if reps < 1 or min_reps < 1:
+        raise ValueError(f"reps and min_reps must be >= 1, got reps={reps}, min_reps={min_reps}")
+    if not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    min_reps = min(min_reps, reps)
+    import torch
+
+    graphs_ok = use_graph and setup is None        # a setup between calls rules a graph out
+    setup = setup or (lambda: None)
+    on_gpu = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    if not on_gpu:
+        samples = _time_cpu(fns, warmup, reps, min_reps, max_seconds, setup)
+        timings = {n: summarize(v, method="perf-counter", gpu=False, l2="not flushed (CPU fallback)")
+                   for n, v in samples.items()}
+        return Interleaved(timings, samples)
+    samples, methods, l2 = _time_cuda(fns, warmup, reps, min_reps, max_seconds, graphs_ok, flush_l2, device, setup)
+    return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2) for n, v in samples.items()}, samples)
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
@@ -230,18 +308,8 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
     Timing
         ``gpu=False`` marks the CPU ``perf_counter`` fallback.
     """
-    if reps < 1 or min_reps < 1:
-        raise ValueError(f"reps and min_reps must be >= 1, got reps={reps}, min_reps={min_reps}")
-    if not max_seconds > 0:
-        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
-    min_reps = min(min_reps, reps)
-    import torch
-
-    on_gpu = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
-    if not on_gpu:
-        return _time_cpu(fn, warmup, reps, min_reps, max_seconds, setup or (lambda: None))
-    return _time_cuda(fn, warmup, reps, min_reps, max_seconds, use_graph and setup is None, flush_l2, device,
-                      setup or (lambda: None))
+    return time_interleaved({"fn": fn}, warmup=warmup, reps=reps, min_reps=min_reps, max_seconds=max_seconds,
+                            use_graph=use_graph, flush_l2=flush_l2, device=device, setup=setup)["fn"]
 
 
 def host_time_us(fn: Callable[[], object], *, calls: int = 300, warmup: int = 10) -> float:
