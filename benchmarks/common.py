@@ -131,6 +131,20 @@ def write_json(path, data) -> None:
         json.dump(data, f, indent=1, default=str)
 
 
+def print_ratio_table(title: str, rows: list[dict], key: str, names: list[str], digits: int = 2) -> None:
+    """A markdown table of ``row["point"]`` and ``row[key][name]`` (µs) for each name, with
+    FlashMLA's time (``row[key]["flashmla"]``, when there) and FlashMLA ÷ each; ``-`` for a name
+    the row lacks."""
+    print(f"\n{title}")
+    print("| point | FlashMLA | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for row in rows:
+        us = row[key]
+        f = us.get("flashmla")
+        cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.{digits}f})" if f else "") if n in us else "-" for n in names]
+        print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
+
+
 def baseline_parser(doc: str) -> argparse.ArgumentParser:
     """The command line of a script that runs beside official FlashMLA: ``--out`` (the JSON
     record) and ``--flash-mla`` (the folder holding the ``flash_mla`` package); the script adds

@@ -32,50 +32,25 @@ from __future__ import annotations
 import statistics
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, rel, require_cuda, write_json
+from common import baseline_parser, environment, import_flash_mla, print_ratio_table, rel, require_cuda, write_json
 
 H, K, P, PAGE = 128, 512, 64, 64
 POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
           ("ragged", 8, 1, 32768), ("ragged", 32, 1, 4096), ("ragged", 1, 1, 4096)]
 
 
-def host_plan(plan, **changes):
-    """A copy of ``plan`` (a DecodePlan) with fields replaced."""
-    import dataclasses
-    return dataclasses.replace(plan, **changes)
-
-
-def one_wave_item_blocks(blocks: list[int], slots: int) -> int | None:
-    """The smallest item length C (blocks) whose items ``sum max(1, ceil(n / C))`` fit ``slots``."""
-    from mla_var3.kernel.decode_plan import MIN_ITEM_BLOCKS, cdiv
-    for c in range(MIN_ITEM_BLOCKS, max(blocks) + 1):
-        if sum(max(1, cdiv(n, c)) for n in blocks) <= slots:
-            return c
-    return None
-
-
-def reference_plan(lengths, rows, capacity, item_blocks, dev):
-    """(DecodePlan with one program per item, live items) from the planner's Python reference."""
-    from mla_var3.kernel import decode_plan as dp
-    ref = dp.plan_reference(lengths, rows, capacity=capacity, k=K, item_blocks=item_blocks,
-                            sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(dev)
-    seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(len(lengths), 2).to(dev)
-    live = sum(1 for it in ref["items"] if it[0] >= 0)
-    plan = dp.DecodePlan(items, seqs, len(lengths), rows, dp.cdiv(capacity, PAGE),
-                         max(ref["max_slots"], ref["slots_used"]), any(n > 1 for _, n in ref["seqs"]))
-    return plan, live
-
-
 def build(point, fm):
     """``(calls {name: fn}, reference (out [b, s, H, K], lse [b, H, s]), notes)`` for one point."""
     import serving_check
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
-    from mla_var3.kernel.decode_plan import cdiv
+    from mla_var3.kernel import decode_plan as dp
     from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_attention
+
+    cdiv = dp.cdiv
 
     kind, b, s, t = point
     g = torch.Generator().manual_seed(5 + b * 100 + s)
@@ -104,11 +79,11 @@ def build(point, fm):
         starts_h = plan.starts.cpu().tolist()
         used = max((p + 1 for p in range(len(starts_h) - 1) if starts_h[p + 1] > starts_h[p]), default=1)
         notes.update(packed=starts_h[:live + 1] != list(range(live + 1)), programs_used=used)
-        calls["trim"] = paged(host_plan(plan, starts=plan.starts[:used + 1].clone()))
+        calls["trim"] = paged(replace(plan, starts=plan.starts[:used + 1].clone()))
         if not notes["packed"]:
-            calls["items"] = paged(host_plan(plan, starts=None))
+            calls["items"] = paged(replace(plan, starts=None))
             if not split:
-                calls["items-nc"] = paged(host_plan(plan, starts=None, may_split=False))
+                calls["items-nc"] = paged(replace(plan, starts=None, may_split=False))
     if kind == "uniform":
         nb = cdiv(t, PAGE)
         dense = cache[table[:, :nb].long()].reshape(b, nb * PAGE, K + P)[:, :t]
@@ -116,15 +91,19 @@ def build(point, fm):
         calls["dense"] = lambda: seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=None,
                                                   plan=None)
     else:
-        tiles = cdiv(rows, 64)
-        slots = torch.cuda.get_device_properties(0).multi_processor_count // tiles
-        c_star = one_wave_item_blocks([cdiv(n, PAGE) for n in lengths], slots)
-        notes["c_star"] = c_star
-        if c_star is not None:
-            cplan, clive = reference_plan(lengths, rows, t, c_star, q.device)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        slots = sms // cdiv(rows, 64)
+        blocks = [cdiv(n, PAGE) for n in lengths]
+        c_star = dp.one_wave_cut(blocks, slots)
+        fits = sum(max(1, cdiv(n, c_star)) for n in blocks) <= slots
+        notes["c_star"] = c_star if fits else None
+        if fits:
+            ref = dp.plan_reference(lengths, rows, capacity=t, k=K, item_blocks=c_star, sms=sms)
+            cplan = dp.plan_tensors(ref, rows, t, q.device)
+            clive = sum(1 for it in ref["items"] if it[0] >= 0)
             notes["c_star_items"] = clive
             calls["cstar"] = paged(cplan)
-            calls["cstar-persist"] = paged(host_plan(cplan, starts=torch.arange(clive + 1, dtype=torch.int32,
+            calls["cstar-persist"] = paged(replace(cplan, starts=torch.arange(clive + 1, dtype=torch.int32,
                                                                                 device=q.device)))
     if fm is not None:
         fmeta, _ = fm.get_mla_metadata()
@@ -185,14 +164,7 @@ def main() -> None:
     write_json(args.out, record)
     names = ["compat", "persist", "trim", "items", "items-nc", "dense", "cstar", "cstar-persist"]
     for key in ("graph_us", "eager_us"):
-        print(f"\n{key[:-3]} µs (FlashMLA ÷ variant)")
-        print("| point | FlashMLA | " + " | ".join(names) + " |")
-        print("|---|---|" + "---|" * len(names))
-        for row in record["rows"]:
-            us = row[key]
-            f = us.get("flashmla")
-            cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.2f})" if f else "") if n in us else "-" for n in names]
-            print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
+        print_ratio_table(f"{key[:-3]} µs (FlashMLA ÷ variant)", record["rows"], key, names)
     bad = [c for c in record["checks"] if not c.get("ok")]
     print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
 

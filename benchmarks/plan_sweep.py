@@ -35,13 +35,9 @@ def plan_for(lengths: list[int], rows: int, capacity: int, scale: float, device)
     if scale != 1:
         c = min(max(round(ref["item_blocks"] * scale), dp.MIN_ITEM_BLOCKS), dp.MAX_ITEM_BLOCKS)
         ref = dp.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, item_blocks=c)
-    items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(device)
-    seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(len(lengths), 2).to(device)
     live = [it for it in ref["items"] if it[0] >= 0]
     stats = dict(item_blocks=ref["item_blocks"], items=len(live), split_items=sum(1 for it in live if it[3] >= 0))
-    plan = dp.DecodePlan(items, seqs, len(lengths), rows, dp.cdiv(capacity, dp.PLAN_BLOCK),
-                         max(ref["max_slots"], ref["slots_used"]), any(n > 1 for _, n in ref["seqs"]))
-    return plan, stats
+    return dp.plan_tensors(ref, rows, capacity, device), stats
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ import traceback
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, rel, require_cuda, write_json
+from common import baseline_parser, environment, import_flash_mla, print_ratio_table, rel, require_cuda, write_json
 
 H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
@@ -234,14 +234,8 @@ def main() -> None:
     for kind in ("us", "eager_us"):
         if not any(kind in row for row in record["times"]):
             continue
-        print(f"\n{'CUDA-graph' if kind == 'us' else 'eager'} us (FlashMLA / ours)")
-        print("| point | FlashMLA | " + " | ".join(names) + " |")
-        print("|---|---|" + "---|" * len(names))
-        for row in record["times"]:
-            us = row[kind]
-            f = us.get("flashmla")
-            cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.3f})" if f else "") for n in names]
-            print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
+        print_ratio_table(f"{'CUDA-graph' if kind == 'us' else 'eager'} us (FlashMLA / ours)", record["times"], kind,
+                          names, digits=3)
     bad = [c for c in record["checks"] if not c.get("ok")]
     print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
 

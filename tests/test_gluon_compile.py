@@ -278,12 +278,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mla_var3.kernel import decode_plan as dp
 out = {}
-for fn, consts in (
-    (dp._plan_kernel, dict(HAS_SEQLENS=True, BLOCK=64, MIN_C=2, MAX_C=1024, NC=32, NCLS=8, OVH=384, COMB_FIXED_C=384,
-                           UNIT=256, BLOCK_B=256, BLOCK_I=256, WRITE_EST=True)),
-    (dp._packed_kernel, dict(HAS_SEQLENS=True, BLOCK=64, OV=2, MAX_C=1024, BLOCK_B=256, BLOCK_P=256, AUTO=True,
-                             UNIT=256, OVH=384, COMB_FIXED_C=384, GAIN=86)),
-):
+for fn, consts in ((dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
+                   (dp._packed_kernel, dp.packed_constexprs(True, 256, True))):
     sig = {n: "constexpr" if n in consts else ("*i64" if n == "est_ptr" else "*i32") if n.endswith("_ptr") else "i32"
            for n in fn.arg_names}
     c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
@@ -296,7 +292,7 @@ print(json.dumps(out))
 def test_the_decode_planners_compile_for_sm90(tmp_path):
     """The interpreter runs the planners' tests on the CPU but does not type-check them as the
     compiler does (a loop-carried scalar re-bound to a tensor passes there and fails to
-    compile): both planners compile for sm_90."""
+    compile): both planners compile for sm_90 with the constants the GPU launch uses."""
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", _PLANNER_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -68,8 +68,9 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["MAX_ITEM_BLOCKS", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference", "packed_capacity",
-           "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode", "plan_reference", "uniform_plan"]
+__all__ = ["MAX_ITEM_BLOCKS", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference", "one_wave_cut",
+           "packed_capacity", "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode", "plan_reference",
+           "plan_tensors", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -184,9 +185,10 @@ def _items_at(blocks: list[int], c_len: int) -> int:
     return sum(max(1, cdiv(n, c_len)) for n in blocks)
 
 
-def _one_wave_cut(blocks: list[int], slots: int) -> int:
-    """The shortest item length whose items fit in one wave (``slots``), by bisection as the
-    device planner finds it; the longest sequence (within the limits) when none does."""
+def one_wave_cut(blocks: list[int], slots: int) -> int:
+    """The shortest item length (blocks) whose items of sequences of ``blocks`` blocks fit in one
+    wave (``slots``), by bisection as the device planner finds it; the longest sequence (within
+    the limits) when none does."""
     total, top = sum(blocks), max(blocks, default=0)
     hi = min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
     lo = min(max(cdiv(total, slots), MIN_ITEM_BLOCKS), hi)
@@ -206,7 +208,7 @@ def _candidates(blocks: list[int], slots: int) -> list[int]:
     cands = [cdiv(total, k * slots) for k in range(1, 9)]
     cands += [cdiv(top, j) for j in range(1, _NUM_CANDIDATES - 8)]   # j = 1: no split
     cands = [min(max(c, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS) for c in cands]
-    return cands + [_one_wave_cut(blocks, slots)]
+    return cands + [one_wave_cut(blocks, slots)]
 
 
 def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: int, max_slots: int):
@@ -391,10 +393,18 @@ def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, num_splits
         ref = plan_reference([t] * batch, rows, capacity=t, k=k, sms=sms)
     else:
         ref = _split_reference(batch, t, num_splits)
+    return plan_tensors(ref, rows, t, device)
+
+
+def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str) -> DecodePlan:
+    """A host plan (the ``items`` / ``seqs`` of :func:`plan_reference`, or of a uniform split) as
+    a one-program-per-item :class:`DecodePlan` on ``device``, its partial slots those the plan
+    uses (a forced item length may use more than the buffers' ``max_slots``)."""
+    batch = len(ref["seqs"])
     items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(device)
     seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(batch, 2).to(device)
-    return DecodePlan(items, seqs, batch, rows, cdiv(t, PLAN_BLOCK), ref["max_slots"],
-                      any(n > 1 for _, n in ref["seqs"]))
+    return DecodePlan(items, seqs, batch, rows, cdiv(capacity, PLAN_BLOCK),
+                      max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]))
 
 
 def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
@@ -681,6 +691,20 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
 _packed_launch = CachedLaunch(_packed_kernel)
 
 
+def plan_constexprs(has_seqlens: bool, block: int, write_est: bool) -> dict:
+    """The compile-time constants :func:`build_plan` launches ``_plan_kernel`` with."""
+    return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
+                NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT,
+                BLOCK_B=block, BLOCK_I=block, WRITE_EST=write_est)
+
+
+def packed_constexprs(has_seqlens: bool, block: int, auto: bool) -> dict:
+    """The compile-time constants :func:`build_plan` launches ``_packed_kernel`` with."""
+    return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD, MAX_C=MAX_ITEM_BLOCKS, BLOCK_B=block,
+                BLOCK_P=block, AUTO=auto, UNIT=_UNIT, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED,
+                GAIN=PACKED_WHEN_BELOW)
+
+
 def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
                 sms: int | None = None, packed: bool | None = None) -> DecodePlan:
     """Build the decode plan on ``seqlens``' device, without a host synchronisation.
@@ -747,16 +771,11 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     if not packed:
         ints = (batch, capacity, slots, max_items, max_slots, comb)
         _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
-                     dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS,
-                          MAX_C=MAX_ITEM_BLOCKS, NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD,
-                          COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, BLOCK_B=block, BLOCK_I=block,
-                          WRITE_EST=packed is None), num_warps=4)
+                     plan_constexprs(seqlens is not None, block, packed is None), num_warps=4)
     if packed is None or packed:
         ints = (batch, capacity, slots_p, programs, size, comb)
         _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
                        (dummy, items, seqs, starts, est, *ints),
-                       dict(HAS_SEQLENS=seqlens is not None, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD,
-                            MAX_C=MAX_ITEM_BLOCKS, BLOCK_B=block, BLOCK_P=block, AUTO=packed is None, UNIT=_UNIT,
-                            OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, GAIN=PACKED_WHEN_BELOW), num_warps=4)
+                       packed_constexprs(seqlens is not None, block, packed is None), num_warps=4)
     return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts)
 
