@@ -162,20 +162,21 @@ def _combine_planned_kernel(
     HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (B, row blocks, value blocks). With ``PDL`` (on a GPU) it is launched as a
-    programmatic dependent launch and waits here for the kernel that wrote the partials, so its
-    launch and start overlap that kernel's last programs. Sequence b's partials sit in slots
-    ``seqs[b, 0] .. + seqs[b, 1]`` of ``o_part [slots, ROWS, V]`` / ``lse_part [slots, ROWS]``
-    (contiguous, rows in the kernel's order); a sequence of one item was written directly and is
-    skipped.
+    programmatic dependent launch, so its launch and start overlap the last programs of the
+    kernel that writes the partials. Sequence b's partials sit in slots ``seqs[b, 0] .. +
+    seqs[b, 1]`` of ``o_part [slots, ROWS, V]`` / ``lse_part [slots, ROWS]`` (contiguous, rows in
+    the kernel's order); a sequence of one item was written directly and its programs exit at
+    once, before the wait (as FlashMLA's combine does): ``seqs`` was written by the planner,
+    which ended before that kernel began (an ordinary launch), so only the partials need it.
 
     Reads n * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ LSE).
     """
-    if PDL:
-        gdc_wait()
     b = tl.program_id(0)
     first = tl.load(seqs_ptr + b * 2)
     n = tl.load(seqs_ptr + b * 2 + 1)
     if n > 1:
+        if PDL:
+            gdc_wait()
         rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < ROWS
