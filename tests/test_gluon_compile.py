@@ -135,10 +135,11 @@ SEESAW_VARIANTS = [dict(dtype="bf16", causal=True), dict(dtype="fp16", causal=Fa
                    dict(dtype="bf16", causal=True, paged=True), dict(dtype="bf16", causal=True, paged=True,
                                                                      head_major=False, persistent=True)]
 #: measured with triton 3.6: the default partition (WG0) keeps ~20 scalars (TMA addresses) on
-#: the stack: 56 B dense, 120 B paged (the page list lives in shared memory; reading the block
-#: table in the loop took 168-248 B); a larger frame means the register budget changed. The
-#: packed kernel (a loop over items and a loader warp) spills 288 B, outside the pair loops.
-SEESAW_STACK_LIMIT = {False: 128, True: 320}
+#: the stack: 64-96 B dense, 152 B paged with the worker at 240 registers (120 B at 232; the
+#: page list lives in shared memory; reading the block table in the loop took 168-248 B); a
+#: larger frame means the register budget changed. The packed kernel (a loop over items and a
+#: loader warp) spills 288 B, outside the pair loops.
+SEESAW_STACK_LIMIT = {False: 160, True: 320}
 #: spilled values reloaded per pair in each warpgroup's pair loop: measured 3-8 dense, 5-18
 #: paged, 7-13 packed; the packed kernel's first build reloaded 50 (and ran 0.55-0.65x)
 PAIR_LOOP_RELOADS = 24

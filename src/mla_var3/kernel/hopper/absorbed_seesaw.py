@@ -108,7 +108,10 @@ NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one
 #: key blocks one work item may span on a paged cache (its pages sit in shared memory; the
 #: decode plan cuts longer sequences): 1,024 x 64 = 65,536 keys, 4 KiB
 MAX_ITEM_PAGES = gl.constexpr(MAX_ITEM_BLOCKS) if GLUON_AVAILABLE else MAX_ITEM_BLOCKS
-_WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232  # registers for the worker warpgroup (setmaxnreg)
+#: registers for the worker warpgroup (setmaxnreg; WG0 takes 256 whatever this is, and 256 + 240 fit
+#: the 8-warp program): measured on an H200 against 232 and 248 (``docs/kernels/flash-mla.md`` §8):
+#: 240 1.2-1.9 % faster on paged item-plan and dense s = 1 rows, 248 up to 3.5 % slower at s >= 2
+_WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: a packed plan's kernel adds a loader warp: the program is padded to 12 warps, and 256 (WG0) +
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
