@@ -211,3 +211,33 @@ def test_direct_launcher_found_with_and_without_descriptor_arguments():
     found = _launch._direct_launcher(_fake_compiled(wrapper, sig))
     assert found is not None and found[0] is raw and list(found[2]) == [0]
     assert _launch._direct_launcher(_fake_compiled(lambda *a: None, sig)) is None   # not the expected shape
+
+
+def test_the_replay_key_tells_apart_every_input_that_changes_the_call(monkeypatch):
+    """A repeated decode call is found by this key and then skips every check: any change of an
+    input's address, shape, strides or dtype, of the scale, the mask or the plan's identity must
+    give another key; checked mode and a missing required tensor give none."""
+    from mla_var3.kernel._common import CHECK_ENV
+    from mla_var3.kernel.absorbed import _replay_key
+
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    q = torch.zeros(2, 3, 4, 8, dtype=torch.bfloat16)
+    cache = torch.zeros(5, 4, 1, 8, dtype=torch.bfloat16)
+    table = torch.zeros(2, 6, dtype=torch.int32)
+    lens = torch.zeros(2, dtype=torch.int32)
+    plan, other_plan = object(), object()
+    key = lambda *ts, scale=0.5, causal=True, extra=(plan, 4): _replay_key("compat", ts, scale, causal, extra)
+    base = key(q, cache, table, lens)
+    assert base is not None and base == key(q, cache, table, lens)
+    variants = [key(q.clone(), cache, table, lens), key(q.view(2, 3, 8, 4), cache, table, lens),
+                key(q.transpose(1, 2), cache, table, lens), key(q.half(), cache, table, lens),
+                key(q, cache, table[:, :5], lens), key(q, cache, table, lens.clone()),
+                key(q, cache, table, lens, scale=0.25), key(q, cache, table, lens, causal=False),
+                key(q, cache, table, lens, extra=(other_plan, 4)), key(q, cache, table, lens, extra=(plan, 2))]
+    assert all(v is not None for v in variants)
+    assert len({base, *variants}) == len(variants) + 1
+    assert key(q, cache, None, lens) is None                      # a required tensor missing: no repeat
+    dense = _replay_key("dense", (q, q, cache, cache, None), 0.5, True, None)   # dense without lengths
+    assert dense is not None and dense != _replay_key("dense", (q, q, cache, cache, lens), 0.5, True, None)
+    monkeypatch.setenv(CHECK_ENV, "1")
+    assert key(q, cache, table, lens) is None                     # checked mode: every call is checked

@@ -845,43 +845,49 @@ class _Repeat:
 
     ``repeat()`` returns ``(o_latent [B, H, S, K], lse [B, H, S])`` like the call;
     ``repeat.token_major()`` gives ``o_latent`` as ``[B, S, H, K]`` (FlashMLA's order, a plain
-    tensor when the kernel wrote that order)."""
+    tensor when the kernel wrote that order, or when S = 1, where both orders are one layout)."""
 
-    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound")
+    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound", "tm_shape")
 
     def __init__(self, slow, binder, shape: tuple, head_major: bool, dtype: torch.dtype, dev: torch.device) -> None:
         self.slow, self.binder, self.head_major, self.dtype, self.dev = slow, binder, head_major, dtype, dev
         b, h, s, k = shape
         self.shape = shape if head_major else (b, s, h, k)     # the order the kernel writes
+        # S = 1: a contiguous [B, H, 1, K] is a contiguous [B, 1, H, K], so a token-major repeat
+        # allocates that shape directly (no transpose on the host)
+        self.tm_shape = (b, s, h, k) if head_major and s == 1 else None
         self.lse_shape, self.index, self.bound = (b, h, s), dev.index, None
 
-    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the output in the order the kernel writes it, lse)"""
+    def _run(self, shape: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(the output, lse, whether the output has ``shape``): on the bound launches an output
+        of ``shape`` (default: the order the kernel writes), else the kernel's order."""
         stream = current_stream(self.index)
         bound = self.bound
         if bound is not None and BOUND_REPEATS and bound[0] == stream and \
                 _WORKSPACES.get((self.index, stream)) is bound[1] and not torch.cuda.is_current_stream_capturing():
-            x = torch.empty(self.shape, dtype=self.dtype, device=self.dev)
+            x = torch.empty(shape or self.shape, dtype=self.dtype, device=self.dev)
             l_out = torch.empty(self.lse_shape, dtype=torch.float32, device=self.dev)
             x_ptr, l_ptr = x.data_ptr(), l_out.data_ptr()
             bound[2](stream, x_ptr, l_ptr)
             if bound[3] is not None:
                 bound[3](stream, x_ptr, l_ptr)
-            return x, l_out
+            return x, l_out, shape is not None
         o, l_out = self.slow()
         self.bound = None
         if not torch.cuda.is_current_stream_capturing():
             launches = self.binder(o, l_out)
             if launches is not None:
                 self.bound = (stream, _WORKSPACES.get((self.index, stream)), *launches)
-        return (o if self.head_major else o.transpose(1, 2)), l_out
+        return (o if self.head_major else o.transpose(1, 2)), l_out, False
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, l_out = self._run()
+        x, l_out, _ = self._run()
         return (x if self.head_major else x.transpose(1, 2)), l_out
 
     def token_major(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, l_out = self._run()
+        x, l_out, done = self._run(self.tm_shape)
+        if done:
+            return x, l_out
         return (x.transpose(1, 2) if self.head_major else x), l_out
 
 
