@@ -158,30 +158,33 @@ def test_repeat_binds_after_its_first_run_and_falls_back_when_the_context_change
 
 
 @pytest.mark.parametrize("head_major", [True, False])
-def test_repeat_returns_both_row_orders(monkeypatch, head_major):
+@pytest.mark.parametrize("s", [4, 1])
+def test_repeat_returns_both_row_orders(monkeypatch, head_major, s):
     """``repeat()`` gives [B, H, S, K] and ``token_major()`` [B, S, H, K], on the bound path and on
-    the ordinary one, whichever order the kernel writes (a token-major buffer is [B, S, H, K])."""
+    the ordinary one, whichever order the kernel writes (a token-major buffer is [B, S, H, K];
+    at S = 1 a token-major repeat allocates [B, 1, H, K] for the kernel's head-major rows)."""
     ss = pytest.importorskip("mla_var3.kernel.hopper.absorbed_seesaw")
     monkeypatch.setattr(ss, "current_stream", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(ss, "_WORKSPACES", {(None, 1): "ws"})
-    b, h, s, k = 2, 3, 4, 8
+    b, h, k = 2, 3, 8
     written = torch.arange(b * h * s * k, dtype=torch.float32).view(b, h, s, k)
 
     def slow():   # the ordinary repeat returns [B, H, S, K] views of the order the kernel writes
         x = written.clone() if head_major else written.transpose(1, 2).contiguous()
         return (x if head_major else x.transpose(1, 2)), torch.zeros(b, h, s)
 
-    def fill(stream, x_ptr, l_ptr):   # the bound kernel writes the buffer at x_ptr in its order
+    def fill(stream, x_ptr, l_ptr):   # the bound kernel writes the buffer at x_ptr in its row order
         src = written if head_major else written.transpose(1, 2).contiguous()
         for x in allocated:
             if x.data_ptr() == x_ptr:
-                x.copy_(src)
+                assert x.is_contiguous()
+                x.view(-1).copy_(src.reshape(-1))
 
     allocated: list = []
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: allocated.append(real_empty(*a, **kw)) or allocated[-1])
-    rep = ss._Repeat(slow, lambda o, l_out: (fill, None), (b, h, s, k), head_major, torch.float32, torch.device("cpu"))
+    rep = ss._Repeat(slow, lambda o, l_out: (fill,), (b, h, s, k), head_major, torch.float32, torch.device("cpu"))
     for _ in range(2):                 # ordinary, then bound
         o, lse = rep()
         assert o.shape == (b, h, s, k) and torch.equal(o, written) and lse.shape == (b, h, s)
