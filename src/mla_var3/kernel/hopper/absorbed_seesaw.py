@@ -21,8 +21,8 @@ Design
   loader's warpgroup 24 (the program is padded to 12 warps). A plan whose kind the GPU chose
   (``DecodePlan.packed``) is launched through both kernels (``GATED``), the packed one first and
   the item kernel as its programmatic dependent; each program reads the choice and exits at once
-  unless the plan is its kernel's kind (the item kernel's only after the packed kernel has
-  ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
+  unless the plan is its kernel's kind (one of the item kernel's only after the packed kernel
+  has ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
   without the loader warp's cost. Rows are ``head * S + token`` (the native
   layout) or ``token * H + head`` (FlashMLA's ``[b, s, h, 576]``), as the queries lie, so neither
   the queries nor the output are copied. Its two warpgroups (WG0,
@@ -554,9 +554,9 @@ if GLUON_AVAILABLE:
         ``head * S + token`` (``HEAD_MAJOR``) or ``token * H + head``, as in the query and output
         tensors. ``GATED``: the GPU chose the plan's kind (``packed_ptr[0]``, 1: packed) and both
         kernels are launched, the packed one first; a program of the other kind's kernel exits
-        at once — in the item kernel (launched second, a programmatic dependent launch) only once
-        the packed kernel has ended, so that the combine, which waits for this grid, waits for
-        that one too."""
+        at once — in the item kernel (launched second, a programmatic dependent launch) program
+        (0, 0) only once the packed kernel has ended, so that the combine, which waits for this
+        grid, waits for that one too."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         dtype: gl.constexpr = q_desc.dtype
@@ -571,8 +571,11 @@ if GLUON_AVAILABLE:
                     return
             else:
                 if packed != 0:
-                    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                              pack=1)
+                    # one waiting program keeps this grid from ending before the packed kernel
+                    # has; the others leave at once, in that kernel's tail
+                    if gl.program_id(0) + gl.program_id(1) == 0:
+                        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
+                                                  is_pure=False, pack=1)
                     return
         if PERSISTENT:
             it0 = gl.load(starts_ptr + gl.program_id(1))
