@@ -9,9 +9,7 @@ capacity (most programs exit at once); it launches the combine whatever the plan
 paged cache. This times, per point and in one process, official FlashMLA and:
 
 * ``compat``: ``flash_mla_with_kvcache`` with its metadata (the plan built once);
-* ``persist``: ``seesaw_attention`` on the paged cache with the compat call's plan in the persistent
-  kernel alone (the compat call's launch before the plan's kind was gated; since then a plan whose
-  kind the GPU chose runs through both kernels, each exiting unless the plan is its kind);
+* ``persist``: ``seesaw_attention`` on the paged cache with the compat call's plan (the same launch);
 * ``trim``: that plan with its program list cut to the programs that have work (no empty programs);
 * ``items``: that plan's items one program each in the item kernel (no loader warp);
 * ``items-nc``: as ``items`` without the combine when no item is split;
@@ -72,9 +70,7 @@ def build(point, fm):
         return lambda: seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=causal, seqlens=seqlens, plan=pl,
                                         block_table=table)
 
-    # the persistent kernel alone on the plan (the compat call runs both kernels on a plan whose kind
-    # the GPU chose: each exits unless the plan is its kind)
-    calls["persist"] = paged(replace(plan, packed=None))
+    calls["persist"] = paged(plan)
     items_h = plan.items.cpu().tolist()
     live = sum(1 for it in items_h if it[0] >= 0)
     split = any(it[3] >= 0 for it in items_h)
@@ -83,7 +79,7 @@ def build(point, fm):
         starts_h = plan.starts.cpu().tolist()
         used = max((p + 1 for p in range(len(starts_h) - 1) if starts_h[p + 1] > starts_h[p]), default=1)
         notes.update(packed=starts_h[:live + 1] != list(range(live + 1)), programs_used=used)
-        calls["trim"] = paged(replace(plan, starts=plan.starts[:used + 1].clone(), packed=None))
+        calls["trim"] = paged(replace(plan, starts=plan.starts[:used + 1].clone()))
         if not notes["packed"]:
             calls["items"] = paged(replace(plan, starts=None))
             if not split:
