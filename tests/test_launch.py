@@ -100,6 +100,29 @@ def test_bound_launch_encodes_each_output_address_once(direct):
     assert len(calls) == 6
 
 
+def test_bound_launch_keeps_one_argument_tuple_per_stream_and_addresses(direct):
+    """The launcher's arguments are built once per (stream, addresses), never reused for other
+    ones, and the kept tuples are bounded."""
+    launch, calls, _ = direct
+    bound = launch.bind("key", (1, 1, 1), _args(0x2000, 0x4000), (1, 3))
+    bound(0xABC, 0x2000, 0x4000)
+    bound(0xDEF, 0x2000, 0x4000)
+    bound(0xABC, 0x2000, 0x5000)
+    bound(0xABC, 0x2000, 0x4000)
+    first, other_stream, other_addr, again = calls
+    assert again == first and other_stream[3] == 0xDEF and other_stream[4:] == first[4:]
+    diff = [i for i, (x, y) in enumerate(zip(first, other_addr)) if x != y]
+    assert len(other_addr) == len(first) and len(diff) == 1
+    assert (first[diff[0]], other_addr[diff[0]]) == (0x4000, 0x5000)
+    assert len(bound.flat) == 3
+    for i in range(2 * BoundLaunch.MAX_ARG_TUPLES):
+        bound(0xABC, 0x2000, 0x10000 + 16 * i)
+    assert len(bound.flat) <= BoundLaunch.MAX_ARG_TUPLES
+    calls.clear()
+    bound(0xABC, 0x2000, 0x4000)               # rebuilt after the bound, the same arguments
+    assert calls == [first]
+
+
 def test_bind_refuses_what_is_not_on_the_direct_path(direct, monkeypatch):
     launch, _, _ = direct
     with pytest.raises(ValueError, match="compiled for this key"):
