@@ -38,6 +38,81 @@ def test_default_grid_plan():
         assert best in ns and 0 in ns and 4096 in ns and all(p.problem.s == 16 for p in sweep)
 
 
+def test_a_shape_s_designs_and_baselines_form_one_group():
+    """Every design and baseline at one (b, s, t) is one group, timed together (the hybrid's n
+    is part of its problem, not of the shape); the n sweep at one shape is one group too."""
+    dims = get_preset("deepseek-v3")
+    spec = B.BenchSpec(dims=dims, baselines=("torch_eager_absorbed", "flashmla_official"), ss=(1, 16), bs=(32,))
+    points = B.plan_points(spec, "h200")
+    groups = B.shape_groups(points)
+    assert sum(len(g) for g in groups) == len(points) and [p for g in groups for p in g] == points
+    assert [(g[0].problem.b, g[0].problem.s) for g in groups] == [(32, 1), (32, 16)]
+    for g in groups:
+        n_main = len(spec.designs) + len(spec.baselines)
+        assert [p.name for p in g[:n_main]] == [*spec.designs, *spec.baselines]
+        assert len({(p.problem.b, p.problem.s, p.problem.t) for p in g}) == 1
+    # the n sweep follows the main points of its shape (b = 32, s = 16 here) and joins their group
+    sweep = [p for p in groups[1] if p.extra.get("sweep")]
+    assert len(sweep) == len(groups[1]) - 5 and len({p.problem.n for p in sweep}) == len(sweep) > 1
+    # ragged points of other lengths never join a dense shape's group
+    ragged = B.BenchSpec(dims=dims, designs=("flash_mla",), baselines=("flashmla_official",), ss=(1,), bs=(4,),
+                         seqlens="random:10:4096")
+    kinds = [[bool(p.extra.get("lengths")) for p in g] for g in B.shape_groups(B.plan_points(ragged, "h200"))]
+    assert kinds == [[False, False], [True, True]]
+
+
+def _fake_prepared(name, fn):
+    rec = B.Record(name=name, kind=B.BASELINE, model="m", b=1, s=1, t=64, n=None, dtype="bf16")
+    return B._Prepared(B.Point(name, B.BASELINE, Problem(1, 1, 64)), rec, fn, 1e-4)
+
+
+def test_points_of_a_shape_are_timed_in_the_same_repetitions(monkeypatch):
+    """One interleaved timing for the whole shape; each point records the others, and with
+    official FlashMLA among them FlashMLA / it as the median of per-repetition ratios."""
+    from mla_var3.runtime import timing as T
+
+    seen = []
+
+    def fake(fns, *, use_graph=True, **kw):
+        seen.append((tuple(fns), use_graph))
+        base = {"0": [10.0, 20.0, 30.0], "1": [20.0, 20.0, 20.0]}   # "0": ours, "1": FlashMLA
+        samples = {k: base[k] for k in fns}
+        timings = {k: T.summarize(v, method="cuda-graph" if use_graph else "cuda-events", gpu=True, l2="x")
+                   for k, v in samples.items()}
+        return T.Interleaved(timings, samples)
+
+    monkeypatch.setattr(T, "time_interleaved", fake)
+    monkeypatch.setattr(T, "host_time_us", lambda fn, calls, warmup: 5.0)
+    spec = B.BenchSpec(dims=get_preset("deepseek-v3").replace(h=4), designs=(), warmup=1, reps=3, min_reps=1)
+    ours, fm = _fake_prepared("flash_mla", lambda: None), _fake_prepared(B.FLASHMLA, lambda: None)
+    _tiny_runner(spec)._time_together([ours, fm])
+    assert seen == [(("0", "1"), True), (("0", "1"), False)]       # one graph and one eager timing, both calls
+    assert ours.rec.time_us == 20.0 and fm.rec.time_us == 20.0
+    assert ours.rec.extra["flashmla_ratio"] == 1.0                  # median of 2.0, 1.0, 0.667 per repetition
+    assert ours.rec.extra["flashmla_ratio_eager"] == 1.0 and "flashmla_ratio" not in fm.rec.extra
+    assert ours.rec.extra["timed_with"] == [B.FLASHMLA] and fm.rec.extra["timed_with"] == ["flash_mla"]
+    assert ours.rec.extra["host_us"] == 5.0 and ours.rec.extra["graph_us"] == 20.0
+
+
+def test_a_shape_that_does_not_fit_together_is_timed_point_by_point(monkeypatch):
+    spec = B.BenchSpec(dims=get_preset("deepseek-v3").replace(h=4), designs=(), warmup=1, reps=2, min_reps=1)
+    runner = _tiny_runner(spec)
+    sizes = []
+
+    def together(live):
+        sizes.append(len(live))
+        if len(live) > 1:
+            raise torch.cuda.OutOfMemoryError("no room for both")
+        live[0].rec.time_us = 1.0
+
+    monkeypatch.setattr(runner, "_time_together", together)
+    preps = iter([_fake_prepared("a", lambda: None), _fake_prepared("b", lambda: None)])
+    monkeypatch.setattr(runner, "_prepare", lambda point: next(preps))
+    monkeypatch.setattr(runner, "_finish", lambda p: p.rec)
+    recs = runner.run_group([None, None])
+    assert sizes == [2, 1, 1] and all(r.time_us == 1.0 and "timed_alone" in r.extra for r in recs)
+
+
 def test_eager_absorbed_matches_reference():
     dims = get_preset("deepseek-v3").replace(h=4)
     pr = Problem(b=2, s=3, t=37)

@@ -67,6 +67,10 @@ def test_markdown_table(tmp_path):
     assert len(summary) == 1 and "**3.0**" in summary[0] and summary[0].endswith("torch_sdpa_expanded |")
     assert "skipped: flash_mla package not importable" in md
     assert "sdpa:cudnn_attention" in md
+    # a point timed beside official FlashMLA shows their paired ratio in its row
+    paired = rec("flash_mla", 64, 1, 140.0, extra={"flashmla_ratio": 0.9134})
+    row = next(l for l in R.markdown_table([paired]).splitlines() if l.startswith("| flash_mla | attention | 64 |"))
+    assert "| 0.91 |" in row
 
 
 def test_plots_written(tmp_path):

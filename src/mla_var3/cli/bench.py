@@ -142,8 +142,10 @@ def run(args) -> int:
 
 def add(sub) -> None:
     p = sub.add_parser("bench", help="time every design (and baselines) over a grid on this GPU",
-                       description="Times each design over the (b, s) grid on the current GPU; writes results.json, "
-                                   "results.md and PNG plots. Without a GPU it refuses unless --interpret is given.")
+                       description="Times each design over the (b, s) grid on the current GPU, a shape's designs and "
+                                   "baselines in the same repetitions (with official FlashMLA among them, each records "
+                                   "FlashMLA / it as the median of paired ratios); writes results.json, results.md and "
+                                   "PNG plots. Without a GPU it refuses unless --interpret is given.")
     p.add_argument("--designs", type=_designs_arg, default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
     C.add_model_args(p)
     p.add_argument("--device", default=None, help="device key for the datasheet ceilings (default: detected)")

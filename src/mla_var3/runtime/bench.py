@@ -1,12 +1,17 @@
 """The sweep runner behind ``mla-var3 bench``: every design (and baseline) over a grid of shapes.
 
-For each point it times the attention kernel with :func:`~mla_var3.runtime.timing.time_fn`,
+The points of one shape (every design and baseline at the same b, s, t and lengths) are timed
+together with :func:`~mla_var3.runtime.timing.time_interleaved` — every call in every
+repetition, the order rotated — so each meets the same clock and power state; with official
+FlashMLA among them, each other point also records FlashMLA ÷ it as the median of the
+per-repetition ratios (``extra["flashmla_ratio"]``, ``["flashmla_ratio_eager"]``). Each point
 fills a :class:`~mla_var3.runtime.records.Record` (achieved TFLOP/s and GB/s from the cost
-models, % of the roofline bound, the model's prediction ÷ measured) and rewrites
-``results.json`` after every point, so an interrupted run (Ctrl-C) keeps what it finished.
-At the end it writes ``results.md`` and the plots.
+models, % of the roofline bound, the model's prediction ÷ measured) and ``results.json`` is
+rewritten after every point, so an interrupted run (Ctrl-C) keeps what it finished. At the end
+it writes ``results.md`` and the plots.
 
-Budget: each point gets ``point_seconds`` of timing (repetitions are cut to fit); a point whose
+Budget: each point gets ``point_seconds`` of timing (a shape's points share their sum;
+repetitions are cut to fit); a point whose
 single call is so slow that ``min_reps`` calls would not fit in ``slow_point_seconds`` is
 skipped with a note; the whole sweep stops at ``max_seconds`` (the rest recorded as skipped).
 The default grid (3 designs + 2 torch baselines, b = 32 and 64, ten s values, t = 4096, plus
@@ -280,22 +285,23 @@ class Runner:
         return bl.call
 
     def run_point(self, point: Point) -> Record:
-        """Measure one point; never raises for a failure of the point itself."""
+        """Measure one point alone; never raises for a failure of the point itself."""
+        return self.run_group([point])[0]
+
+    def _prepare(self, point: Point) -> _Prepared:
+        """The point's record and callable, compiled and called twice (its single-call time);
+        ``fn`` is None when the point is skipped or failed (``rec.status`` says why)."""
         import torch
 
-        from mla_var3.analysis.cost import cost
-        from mla_var3.analysis.roofline import predict
         from mla_var3.runtime.baselines import COST_MODEL as BL_COST, BaselineUnavailable
-        from mla_var3.runtime.timing import host_time_us, time_fn
 
         pr, spec = point.problem, self.spec
         rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
                      dtype=spec.dtype, extra=dict(point.extra))
         ragged = point.extra.get("lengths") is not None
-        model_name = ("flash_mla" if ragged else KERNELS[point.name].cost_model) if point.kind == DESIGN \
+        rec.cost_model = ("flash_mla" if ragged else KERNELS[point.name].cost_model) if point.kind == DESIGN \
             else BL_COST[point.name]
-        rec.cost_model = model_name
-        design_for_prediction = point.name if point.kind == DESIGN else model_name
+        fn, one = None, 0.0
         try:
             fn = self._callable(point, rec)
             t0 = time.perf_counter()
@@ -310,35 +316,119 @@ class Runner:
                 rec.status = "skipped"
                 rec.note = (f"one call takes {one * 1e3:,.0f} ms: {spec.min_reps + spec.warmup} calls exceed the "
                             f"per-point budget of {spec.slow_point_seconds:g} s")
-            else:
-                timing = time_fn(fn, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps,
-                                 max_seconds=spec.point_seconds)
-                fill_timing(rec, timing)
-                if spec.eager:
-                    # what an eager caller sees: plain calls between events (host work included),
-                    # and the host time per call (calls issued without a synchronisation)
-                    eager = time_fn(fn, warmup=0, reps=spec.reps, min_reps=spec.min_reps,
-                                    max_seconds=spec.point_seconds, use_graph=False)
-                    calls = int(max(3, min(300, spec.point_seconds / max(one, 1e-7))))
-                    rec.extra.update(graph_us=timing.median_us if timing.method == "cuda-graph" else None,
-                                     eager_us=eager.median_us, host_us=host_time_us(fn, calls=calls, warmup=1),
-                                     host_calls=calls)
+                fn = None
         except BaselineUnavailable as exc:
-            rec.status, rec.note = "skipped", str(exc)
+            rec.status, rec.note, fn = "skipped", str(exc), None
         except torch.cuda.OutOfMemoryError:
-            rec.status, rec.note = "skipped", "out of GPU memory"
+            rec.status, rec.note, fn = "skipped", "out of GPU memory", None
         except ImportError as exc:
-            rec.status, rec.note = "skipped", f"not available: {exc}"
+            rec.status, rec.note, fn = "skipped", f"not available: {exc}", None
         except Exception as exc:                     # a failing kernel must not end the sweep
-            rec.status, rec.note = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            rec.status, rec.note, fn = "failed", _failure(exc), None
+        return _Prepared(point, rec, fn, one)
+
+    def _time_together(self, live: list[_Prepared]) -> None:
+        """Time ``live`` points' calls in the same repetitions (``time_interleaved``): CUDA-graph
+        (else event) time, eager time and host time per call; with official FlashMLA among them,
+        each other point's FlashMLA ÷ it as the median of per-repetition ratios."""
+        from mla_var3.runtime.timing import host_time_us, time_interleaved
+
+        spec = self.spec
+        fns = {str(i): p.fn for i, p in enumerate(live)}
+        budget = spec.point_seconds * len(fns)
+        graph = time_interleaved(fns, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps, max_seconds=budget)
+        eager = time_interleaved(fns, warmup=0, reps=spec.reps, min_reps=spec.min_reps, max_seconds=budget,
+                                 use_graph=False) if spec.eager else None
+        names = [p.point.name for p in live]
+        fm = str(names.index(FLASHMLA)) if FLASHMLA in names else None
+        for key, p in zip(fns, live):
+            rec = p.rec
+            fill_timing(rec, graph[key])
+            if len(live) > 1:
+                rec.extra["timed_with"] = [n for n in names if n != p.point.name]
+            if eager is not None:
+                # what an eager caller sees: plain calls between events (host work included),
+                # and the host time per call (calls issued without a synchronisation)
+                calls = int(max(3, min(300, spec.point_seconds / max(p.one, 1e-7))))
+                rec.extra.update(graph_us=graph[key].median_us if graph[key].method == "cuda-graph" else None,
+                                 eager_us=eager[key].median_us, host_us=host_time_us(p.fn, calls=calls, warmup=1),
+                                 host_calls=calls)
+            if fm is not None and key != fm and graph[key].gpu:
+                rec.extra["flashmla_ratio"] = graph.ratio(fm, key)
+                if eager is not None:
+                    rec.extra["flashmla_ratio_eager"] = eager.ratio(fm, key)
+
+    def run_group(self, points: list[Point]) -> list[Record]:
+        """Measure points of one shape (see :func:`shape_groups`) together: each prepared in
+        turn, then all timed in the same repetitions, so each meets the clock and power state the
+        others do (timed one after the other, a call after a second of another's load ran up to
+        10 % slower on an H200). When the calls cannot be alive together (out of GPU memory) or
+        their joint timing fails, each is timed alone. Never raises for a failure of a point."""
+        import torch
+
+        preps = [self._prepare(p) for p in points]
+        live = [p for p in preps if p.fn is not None]
+        try:
+            if live:
+                try:
+                    self._time_together(live)
+                except torch.cuda.OutOfMemoryError:
+                    if len(live) == 1:
+                        raise
+                    _free(self.device)
+                    for p in live:
+                        p.rec.extra["timed_alone"] = "out of GPU memory with the shape's other calls"
+                        self._time_alone(p)
+        except torch.cuda.OutOfMemoryError:
+            live[0].rec.status, live[0].rec.note = "skipped", "out of GPU memory"
+        except Exception as exc:
+            if len(live) == 1:
+                live[0].rec.status, live[0].rec.note = "failed", _failure(exc)
+            else:
+                for p in live:
+                    self._time_alone(p)
         finally:
-            fn = None
+            for p in preps:
+                p.fn = None
+            live = None
             _free(self.device)
+        if len(preps) > 1:   # a call that ran out of memory beside the shape's others: alone now
+            for i, p in enumerate(preps):
+                if p.rec.note == "out of GPU memory":
+                    alone = self._prepare(p.point)
+                    if alone.fn is not None:
+                        alone.rec.extra["timed_alone"] = "out of GPU memory beside the shape's other calls"
+                        self._time_alone(alone)
+                        alone.fn = None
+                        _free(self.device)
+                    preps[i] = alone
+        return [self._finish(p) for p in preps]
+
+    def _time_alone(self, p: _Prepared) -> None:
+        """Time one prepared point by itself, its failure recorded on it."""
+        import torch
+
+        try:
+            self._time_together([p])
+        except torch.cuda.OutOfMemoryError:
+            p.rec.status, p.rec.note = "skipped", "out of GPU memory"
+        except Exception as exc:
+            p.rec.status, p.rec.note = "failed", _failure(exc)
+
+    def _finish(self, p: _Prepared) -> Record:
+        """The record's cost, roofline, model prediction and calibrated prediction."""
+        from mla_var3.analysis.cost import cost
+        from mla_var3.analysis.roofline import predict
+
+        point, rec, spec = p.point, p.rec, self.spec
+        pr = point.problem
+        ragged = point.extra.get("lengths") is not None
         if ragged:  # the cost and roofline of the batch's mean length (the lengths are recorded)
             pr = Problem(b=pr.b, s=pr.s, t=max(pr.s, round(point.extra["mean_len"])), causal=pr.causal)
-        c = cost(model_name, spec.dims, pr)
+        c = cost(rec.cost_model, spec.dims, pr)
         try:
-            pred = predict(design_for_prediction, spec.dims, pr, self.dev, "measured").time_s
+            pred = predict(point.name if point.kind == DESIGN else rec.cost_model, spec.dims, pr, self.dev,
+                           "measured").time_s
         except ValueError:
             pred = None
         fill_roofline(rec, c, self.ceil, pred)
@@ -353,7 +443,8 @@ class Runner:
 
     def run(self, points: list[Point], on_record: Callable[[Record], None] | None = None,
             progress: bool = True) -> tuple[list[Record], bool]:
-        """Run ``points``; returns (records, interrupted). ``on_record`` is called after each point."""
+        """Run ``points``, each shape's together (:func:`shape_groups`); returns (records,
+        interrupted). ``on_record`` is called after each point."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         start = time.perf_counter()
@@ -362,24 +453,58 @@ class Runner:
         with Progress(*cols, disable=not progress, transient=False) as bar:
             task = bar.add_task("bench", total=len(points))
             try:
-                for point in points:
-                    pr = point.problem
-                    label = f"{point.name} b={pr.b} s={pr.s}" + (f" n={pr.n}" if pr.n is not None else "")
-                    bar.update(task, description=label)
+                for group in shape_groups(points):
+                    pr = group[0].problem
+                    names = ", ".join(p.name for p in group)
+                    bar.update(task, description=f"b={pr.b} s={pr.s}: {names}")
                     if time.perf_counter() - start > self.spec.max_seconds:
-                        rec = Record(name=point.name, kind=point.kind, model=self.spec.dims.name, b=pr.b, s=pr.s,
-                                     t=pr.t, n=pr.n, dtype=self.spec.dtype, status="skipped",
-                                     note=f"total budget of {self.spec.max_seconds:g} s exhausted",
-                                     extra=dict(point.extra))
+                        recs = [Record(name=p.name, kind=p.kind, model=self.spec.dims.name, b=p.problem.b,
+                                       s=p.problem.s, t=p.problem.t, n=p.problem.n, dtype=self.spec.dtype,
+                                       status="skipped", note=f"total budget of {self.spec.max_seconds:g} s exhausted",
+                                       extra=dict(p.extra)) for p in group]
                     else:
-                        rec = self.run_point(point)
-                    self.records.append(rec)
-                    if on_record:
-                        on_record(rec)
-                    bar.advance(task)
+                        recs = self.run_group(group)
+                    for rec in recs:
+                        self.records.append(rec)
+                        if on_record:
+                            on_record(rec)
+                        bar.advance(task)
             except KeyboardInterrupt:
                 interrupted = True
         return self.records, interrupted
+
+
+#: the baseline whose paired ratio every other point of its shape records
+FLASHMLA = "flashmla_official"
+
+
+@dataclass
+class _Prepared:
+    point: Point
+    rec: Record
+    fn: Callable[[], object] | None
+    one: float
+
+
+def _failure(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def shape_groups(points: list[Point]) -> list[list[Point]]:
+    """``points`` cut into runs of consecutive points of one shape — the same b, s, t, mask and
+    ragged lengths (a hybrid's n may differ): the designs and baselines :func:`plan_points`
+    lists together, timed in the same repetitions by :meth:`Runner.run`."""
+    groups: list[list[Point]] = []
+    key = None
+    for p in points:
+        lengths = p.extra.get("lengths")
+        k = (p.problem.b, p.problem.s, p.problem.t, p.problem.causal, tuple(lengths) if lengths else None)
+        if groups and k == key:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            key = k
+    return groups
 
 
 def interpret_spec(spec: BenchSpec) -> BenchSpec:
