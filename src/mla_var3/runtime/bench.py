@@ -320,7 +320,7 @@ class Runner:
         except BaselineUnavailable as exc:
             rec.status, rec.note, fn = "skipped", str(exc), None
         except torch.cuda.OutOfMemoryError:
-            rec.status, rec.note, fn = "skipped", "out of GPU memory", None
+            rec.status, rec.note, fn = "skipped", _OOM, None
         except ImportError as exc:
             rec.status, rec.note, fn = "skipped", f"not available: {exc}", None
         except Exception as exc:                     # a failing kernel must not end the sweep
@@ -362,46 +362,35 @@ class Runner:
         """Measure points of one shape (see :func:`shape_groups`) together: each prepared in
         turn, then all timed in the same repetitions, so each meets the clock and power state the
         others do (timed one after the other, a call after a second of another's load ran up to
-        10 % slower on an H200). When the calls cannot be alive together (out of GPU memory) or
-        their joint timing fails, each is timed alone. Never raises for a failure of a point."""
-        import torch
-
+        10 % slower on an H200). When their joint timing fails (out of GPU memory, say), each is
+        timed alone; a call that ran out of memory beside the others is prepared and timed again
+        once they are freed. Never raises for a failure of a point."""
         preps = [self._prepare(p) for p in points]
         live = [p for p in preps if p.fn is not None]
         try:
-            if live:
+            if len(live) > 1:
                 try:
                     self._time_together(live)
-                except torch.cuda.OutOfMemoryError:
-                    if len(live) == 1:
-                        raise
+                except Exception as exc:
                     _free(self.device)
                     for p in live:
-                        p.rec.extra["timed_alone"] = "out of GPU memory with the shape's other calls"
+                        p.rec.extra["timed_alone"] = f"timed with the shape's other calls: {_failure(exc)}"
                         self._time_alone(p)
-        except torch.cuda.OutOfMemoryError:
-            live[0].rec.status, live[0].rec.note = "skipped", "out of GPU memory"
-        except Exception as exc:
-            if len(live) == 1:
-                live[0].rec.status, live[0].rec.note = "failed", _failure(exc)
-            else:
-                for p in live:
-                    self._time_alone(p)
+            elif live:
+                self._time_alone(live[0])
         finally:
             for p in preps:
                 p.fn = None
-            live = None
             _free(self.device)
-        if len(preps) > 1:   # a call that ran out of memory beside the shape's others: alone now
+        if len(preps) > 1:
             for i, p in enumerate(preps):
-                if p.rec.note == "out of GPU memory":
-                    alone = self._prepare(p.point)
+                if p.rec.note == _OOM:
+                    preps[i] = alone = self._prepare(p.point)
                     if alone.fn is not None:
-                        alone.rec.extra["timed_alone"] = "out of GPU memory beside the shape's other calls"
+                        alone.rec.extra["timed_alone"] = f"{_OOM} beside the shape's other calls"
                         self._time_alone(alone)
                         alone.fn = None
                         _free(self.device)
-                    preps[i] = alone
         return [self._finish(p) for p in preps]
 
     def _time_alone(self, p: _Prepared) -> None:
@@ -411,7 +400,7 @@ class Runner:
         try:
             self._time_together([p])
         except torch.cuda.OutOfMemoryError:
-            p.rec.status, p.rec.note = "skipped", "out of GPU memory"
+            p.rec.status, p.rec.note = "skipped", _OOM
         except Exception as exc:
             p.rec.status, p.rec.note = "failed", _failure(exc)
 
@@ -476,6 +465,8 @@ class Runner:
 
 #: the baseline whose paired ratio every other point of its shape records
 FLASHMLA = "flashmla_official"
+#: the note of a point skipped for want of GPU memory
+_OOM = "out of GPU memory"
 
 
 @dataclass
