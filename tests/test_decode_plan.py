@@ -88,10 +88,17 @@ def test_packed_and_chosen_plans_match_reference_and_contract(lengths, rows, ext
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
     if ref["starts"] is None:       # the default does not consider packing this batch
-        assert packed is None and plan.starts is None
+        assert packed is None and plan.starts is None and plan.packed is None
         _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan.max_slots)
         return
     assert plan.starts.tolist() == ref["starts"] and plan.programs == len(ref["starts"]) - 1
+    if packed is None:   # the GPU's choice, which the sm_90 kernels read to gate themselves
+        assert plan.packed.tolist() == [int(ref["packed"])]
+        # a packed plan never needs more programs than the packed kernel's gated grid
+        assert not ref["packed"] or all(a == b for a, b in zip(ref["starts"][plan.packed_programs:],
+                                                                ref["starts"][plan.packed_programs + 1:]))
+    else:
+        assert plan.packed is None
     _check_packed(ref, lengths, capacity, plan.max_slots)
 
 

@@ -133,7 +133,10 @@ print(json.dumps(res))
 """
 SEESAW_VARIANTS = [dict(dtype="bf16", causal=True), dict(dtype="fp16", causal=False, has_seqlens=True, head_major=False),
                    dict(dtype="bf16", causal=True, paged=True), dict(dtype="bf16", causal=True, paged=True,
-                                                                     head_major=False, persistent=True)]
+                                                                     head_major=False, persistent=True),
+                   # a plan whose kind the GPU chose: both kernels, each gated on the choice
+                   dict(dtype="bf16", causal=True, paged=True, head_major=False, gated=True),
+                   dict(dtype="bf16", causal=True, paged=True, head_major=False, persistent=True, gated=True)]
 #: measured with triton 3.6: the default partition (WG0) keeps ~20 scalars (TMA addresses) on
 #: the stack: 64-96 B dense, 152 B paged with the worker at 240 registers (120 B at 232; the
 #: page list lives in shared memory; reading the block table in the loop took 168-248 B); a
@@ -183,8 +186,11 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
     # every program lets the combine (a programmatic dependent launch) start early, once
     assert r["ptx"].count("griddepcontrol.launch_dependents") == 1 and "PREEXIT" in sass
+    # only the gated packed kernel (launched after the gated item kernel) waits for the grid
+    # before it, and only where it exits without work
+    gated, persistent = (SEESAW_VARIANTS[idx].get(x, False) for x in ("gated", "persistent"))
+    assert r["ptx"].count("griddepcontrol.wait") == int(gated and persistent)
     mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
-    persistent = SEESAW_VARIANTS[idx].get("persistent", False)
     assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT[persistent], f"spills: {mem} B per thread"
     loops = _pair_loops(sass)
     assert len(loops) == 2, "expected one pair loop per warpgroup"

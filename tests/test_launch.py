@@ -207,7 +207,7 @@ def test_repeat_returns_both_row_orders(monkeypatch, head_major, s):
     allocated: list = []
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: allocated.append(real_empty(*a, **kw)) or allocated[-1])
-    rep = ss._Repeat(slow, lambda o, l_out: (fill, None), (b, h, s, k), head_major, torch.float32, torch.device("cpu"))
+    rep = ss._Repeat(slow, lambda o, l_out: (fill,), (b, h, s, k), head_major, torch.float32, torch.device("cpu"))
     for _ in range(2):                 # ordinary, then bound
         o, lse = rep()
         assert o.shape == (b, h, s, k) and torch.equal(o, written) and lse.shape == (b, h, s)

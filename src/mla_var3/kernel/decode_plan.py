@@ -113,6 +113,13 @@ class DecodePlan:
     may_split : False when the host knows no sequence is split (no combine needed).
     starts : [programs + 1] int32 on the device for a packed plan (program ``p`` runs items
         ``starts[p] .. starts[p + 1]`` in order), None for one program per item.
+    packed : [1] int64 on the device when the GPU chose between the packed and the item plan
+        (``plan_decode(..., packed=None)`` where :func:`packing_may_pay`): 1 when it packed, 0
+        when it kept the item plan; None when the kind was fixed on the host. The sm_90 kernel
+        runs such a plan with both of its kernels, each exiting at once unless the plan is its
+        kind (the host cannot read the choice without a synchronisation).
+    packed_programs : programs per row tile a packed plan uses (the packed kernel's grid when
+        ``packed`` is set; ``starts`` is longer, for the item plan run one item per program).
     """
 
     items: torch.Tensor
@@ -123,6 +130,8 @@ class DecodePlan:
     max_slots: int
     may_split: bool = True
     starts: torch.Tensor | None = None
+    packed: torch.Tensor | None = None
+    packed_programs: int = 0
 
     @property
     def max_items(self) -> int:
@@ -612,7 +621,7 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
     ``BLOCK_P`` programs; writes MAX_ITEMS * 4 + B * 2 + PROGRAMS + 1 int32. With ``AUTO``, after
     :func:`_plan_kernel` wrote the item plan and its estimate to ``est_ptr``: the packed plan
     only when its estimate is at most ``GAIN`` % of the item plan's, else the item plan's
-    ``starts`` (one item per program)."""
+    ``starts`` (one item per program); the choice (1: packed) goes to ``est_ptr[2]``."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: the units per program
     total = tl.zeros([BLOCK_B], tl.int32)
@@ -630,6 +639,7 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
         waves = ((tot + W - 1) // W + SLOTS - 1) // SLOTS
         est = (waves * W).to(tl.int64) * UNIT + OVH + tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
         use = est.to(tl.float64) * 100 <= tl.load(est_ptr).to(tl.float64) * GAIN
+        tl.store(est_ptr + 2, use.to(tl.int64))
     else:
         use = True
     if use:
@@ -753,7 +763,7 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     sms = sms if sms is not None else _device_sms(device)
     max_blocks = cdiv(capacity, PLAN_BLOCK)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks)
-    slots_p = packed_capacity(batch, rows, sms, max_blocks)[0]
+    slots_p, programs_p = packed_capacity(batch, rows, sms, max_blocks)[:2]
     packed, size, programs, slots_all = _plan_buffers(batch, rows, sms, max_blocks, packed)
     items = torch.empty((size, 4), dtype=torch.int32, device=device)
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
@@ -767,7 +777,7 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
     block = 128 if interpreting() else 256
     comb = _combine_units(rows, k)
-    est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
+    est = torch.empty((3,), dtype=torch.int64, device=device) if packed is None else items
     if not packed:
         ints = (batch, capacity, slots, max_items, max_slots, comb)
         _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
@@ -777,5 +787,6 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
         _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
                        (dummy, items, seqs, starts, est, *ints),
                        packed_constexprs(seqlens is not None, block, packed is None), num_warps=4)
-    return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts)
+    return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
+                      packed=est[2:] if packed is None else None, packed_programs=programs_p)
 

@@ -18,7 +18,12 @@ Design
   next item's prologue (its pages, query tile and first two key blocks), so the compute
   warpgroups carry no query descriptors or block table across their pair loops (issued from
   WG0 instead, they spilled 384 B and ran 0.55–0.65x). Registers then: WG0 256, WG1 224, the
-  loader's warpgroup 24 (the program is padded to 12 warps). Rows are ``head * S + token`` (the native
+  loader's warpgroup 24 (the program is padded to 12 warps). A plan whose kind the GPU chose
+  (``DecodePlan.packed``) is launched through both kernels (``GATED``), the item kernel first and
+  the packed one as its programmatic dependent; each program reads the choice and exits at once
+  unless the plan is its kernel's kind (one of the packed kernel's only after the item kernel
+  has ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
+  without the loader warp's cost, and an eager call's later launches are issued while it runs. Rows are ``head * S + token`` (the native
   layout) or ``token * H + head`` (FlashMLA's ``[b, s, h, 576]``), as the queries lie, so neither
   the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
@@ -536,18 +541,22 @@ if GLUON_AVAILABLE:
         z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
         o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
         op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
-        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr,
+        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
-        HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, GATED: gl.constexpr,
     ):
         """One program: the 64 rows ``program_id(0)`` of plan item ``program_id(1)`` =
         ``(b, blk_lo, blk_hi, slot)`` (:mod:`mla_var3.kernel.decode_plan`), or with ``PERSISTENT``
         (a packed plan) of items ``starts[p] .. starts[p + 1]`` for ``p = program_id(1)``, in turn;
         the default partition is WG0, the worker WG1 (see the module docstring). Rows are
         ``head * S + token`` (``HEAD_MAJOR``) or ``token * H + head``, as in the query and output
-        tensors."""
+        tensors. ``GATED``: the GPU chose the plan's kind (``packed_ptr[0]``, 1: packed) and both
+        kernels are launched, the item kernel first; a program of the other kind's kernel exits
+        at once — in the packed kernel (launched second, a programmatic dependent launch) program
+        (0, 0) only once the item kernel has ended, so that the combine, which waits for this
+        grid, waits for that one too."""
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         dtype: gl.constexpr = q_desc.dtype
@@ -555,6 +564,19 @@ if GLUON_AVAILABLE:
         # (and wait for this grid) once every program has begun, not once the last has ended
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)
+        if GATED:
+            packed = gl.load(packed_ptr)
+            if PERSISTENT:
+                if packed == 0:
+                    # one waiting program keeps this grid from ending before the item kernel
+                    # has; the others leave at once, in that kernel's tail
+                    if gl.program_id(0) + gl.program_id(1) == 0:
+                        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
+                                                  is_pure=False, pack=1)
+                    return
+            else:
+                if packed != 0:
+                    return
         if PERSISTENT:
             it0 = gl.load(starts_ptr + gl.program_id(1))
             it1 = gl.load(starts_ptr + gl.program_id(1) + 1)
@@ -608,6 +630,8 @@ if GLUON_AVAILABLE:
 
 if GLUON_AVAILABLE:
     _launch = CachedLaunch(_flash_mla_seesaw)
+    #: the packed kernel after the item kernel, for a plan whose kind the GPU chose
+    _launch_pdl = CachedLaunch(_flash_mla_seesaw, launch_pdl=True)
 
 
 def seesaw_applies(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, paged: bool = False) -> bool:
@@ -767,12 +791,17 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     seq_arg = seqlens if seqlens is not None else plan.items
     table = block_table if paged else plan.items
     tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
-    persistent = plan.starts is not None
-    key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, persistent, tail[:5] + tail[6:],
-           table.data_ptr() % 16, seq_arg.data_ptr() % 16)
-    constexprs = dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
-                      HEAD_MAJOR=head_major, PERSISTENT=persistent)
-    cached = _launch.ready(key)
+    # the kernels to launch, in order: (PERSISTENT, GATED); a plan whose kind the GPU chose runs
+    # through both, the item kernel first (see DecodePlan.packed and the kernel's GATED)
+    gated = plan.starts is not None and plan.packed is not None
+    kernels = ((False, True), (True, True)) if gated else ((plan.starts is not None, False),)
+    base_key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
+                table.data_ptr() % 16, seq_arg.data_ptr() % 16)
+    keys = [base_key + kind for kind in kernels]
+    launchers = [_launch_pdl if kind == (True, True) else _launch for kind in kernels]
+    constexprs = [dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
+                       HEAD_MAJOR=head_major, PERSISTENT=persistent, GATED=g) for persistent, g in kernels]
+    cached = all(launcher.ready(key) for launcher, key in zip(launchers, keys))
     if paged:
         cs = cache.stride()
         z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), cached)
@@ -782,32 +811,40 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
-    def launch_args(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
+    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
                     descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
-        """The kernel's grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
-        return (cdiv(rows, BLOCK_M), pl.programs, 1), (
+        """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
+        persistent, g = kind
+        programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
+        return (cdiv(rows, BLOCK_M), programs, 1), (
             *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
             _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-            l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items, *tail)
+            l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
+            pl.packed if g else pl.items, *tail)
 
     def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
-        """Launch the kernel for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
+        """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
-        grid, args = launch_args(pl, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
-        _launch(key, grid, args, constexprs, num_warps=4)
+        for kind, launcher, key, consts in zip(kernels, launchers, keys, constexprs):
+            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
+            launcher(key, grid, args, consts, num_warps=4)
         if pl.may_split:
             combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
 
     def bind(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab):
-        """The kernel's and the combine's launches for plan ``pl`` bound to the current workspace,
-        for outputs laid out as ``o`` / ``l_out`` (fresh ones a repeat has just written: both
-        launches compiled for them): ``(kernel, combine or None)``, or None off the direct path."""
+        """The kernels' and the combine's launches for plan ``pl`` bound to the current workspace,
+        for outputs laid out as ``o`` / ``l_out`` (fresh ones a repeat has just written: all
+        launches compiled for them): a tuple of bound launches in order, or None off the direct
+        path."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
         combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
-        if not _launch.ready(key) or (pl.may_split and combine is None):
+        if not all(launcher.ready(key) for launcher, key in zip(launchers, keys)) or (pl.may_split and combine is None):
             return None
-        grid, args = launch_args(pl, o, k, l_out, seq, tab, True, op, lp)
-        return _launch.bind(key, grid, args, (4, 6)), combine
+        bound = []
+        for kind, launcher, key in zip(kernels, launchers, keys):
+            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
+            bound.append(launcher.bind(key, grid, args, (4, 6)))
+        return tuple(bound) + ((combine,) if combine is not None else ())
 
     run(plan, o_run, o_stride, lse, seq_arg, table, cached)
     if o_run is not out:
@@ -839,7 +876,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
 
 class _Repeat:
     """The repeat of a seesaw call with a fixed plan (a decode step's later layers): fresh
-    outputs, then the kernel and the combine as two bound launches (no Python set-up), while the
+    outputs, then the kernels and the combine as bound launches (no Python set-up), while the
     current stream and its workspace are those they were bound with; otherwise (another stream,
     a grown workspace, a CUDA-graph capture) the ordinary repeat, which binds anew.
 
@@ -868,16 +905,15 @@ class _Repeat:
             x = torch.empty(shape or self.shape, dtype=self.dtype, device=self.dev)
             l_out = torch.empty(self.lse_shape, dtype=torch.float32, device=self.dev)
             x_ptr, l_ptr = x.data_ptr(), l_out.data_ptr()
-            bound[2](stream, x_ptr, l_ptr)
-            if bound[3] is not None:
-                bound[3](stream, x_ptr, l_ptr)
+            for launch in bound[2]:
+                launch(stream, x_ptr, l_ptr)
             return x, l_out, shape is not None
         o, l_out = self.slow()
         self.bound = None
         if not torch.cuda.is_current_stream_capturing():
             launches = self.binder(o, l_out)
             if launches is not None:
-                self.bound = (stream, _WORKSPACES.get((self.index, stream)), *launches)
+                self.bound = (stream, _WORKSPACES.get((self.index, stream)), launches)
         return (o if self.head_major else o.transpose(1, 2)), l_out, False
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -893,7 +929,7 @@ class _Repeat:
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,
                      has_seqlens: bool = False, head_major: bool = True, persistent: bool = False,
-                     capability: int = 90):
+                     gated: bool = False, capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _gluon.require_gluon()
@@ -910,13 +946,13 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
         "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
         "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
-        "starts_ptr": "*i32",
+        "starts_ptr": "*i32", "packed_ptr": "*i64",
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "PAGED": "constexpr", "HAS_SEQLENS": "constexpr",
-        "HEAD_MAJOR": "constexpr", "PERSISTENT": "constexpr",
+        "HEAD_MAJOR": "constexpr", "PERSISTENT": "constexpr", "GATED": "constexpr",
     }
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
-                  "HEAD_MAJOR": head_major, "PERSISTENT": persistent}
+                  "HEAD_MAJOR": head_major, "PERSISTENT": persistent, "GATED": gated}
     src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
