@@ -15,6 +15,10 @@ paged cache. This times, per point and in one process, official FlashMLA and:
 * ``trim``: that plan with its program list cut to the programs that have work (no empty programs);
 * ``items``: that plan's items one program each in the item kernel (no loader warp);
 * ``items-nc``: as ``items`` without the combine when no item is split;
+* ``packed``: ragged points where the default does not weigh packing (``--points wide``), the
+  packed plan forced (``plan_decode(packed=True)``, the persistent kernel alone);
+* ``c<C>`` (``--cuts C,...``): ragged points, the item plan cut at C blocks per item
+  (``plan_reference(item_blocks=C)``) in the item kernel;
 * ``itemplan``: where the GPU packed, the item plan it chose against (``plan_decode(packed=False)``)
   in the item kernel; the notes give the planner's estimate ratio (packed / item plan), which
   it compares with ``PACKED_WHEN_BELOW``;
@@ -49,10 +53,14 @@ POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1,
           # batches the GPU packs (estimate ratios 0.79-0.84 with these lengths)
           ("ragged", 64, 1, 8192), ("ragged", 16, 2, 32768), ("ragged", 48, 1, 8192), ("ragged", 32, 1, 16384),
           ("ragged", 24, 2, 8192)]
+#: ``--points wide``: batches with more (sequence, row tile) pairs than the default weighs packing
+#: for (estimate ratios 0.81-0.95 with these lengths), timed against the packed plan forced
+WIDE = [("ragged", 32, 4, 16384), ("ragged", 64, 2, 8192), ("ragged", 16, 4, 32768), ("ragged", 32, 4, 4096)]
 
 
-def build(point, fm):
-    """``(calls {name: fn}, reference (out [b, s, H, K], lse [b, H, s]), notes)`` for one point."""
+def build(point, fm, cuts=()):
+    """``(calls {name: fn}, reference (out [b, s, H, K], lse [b, H, s]), notes)`` for one point;
+    ``cuts``: item lengths (blocks) whose item plans to time too, on ragged points."""
     import serving_check
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.kernel import decode_plan as dp
@@ -97,6 +105,14 @@ def build(point, fm):
         else:
             # what the GPU chose against: the item plan, in the item kernel
             calls["itemplan"] = paged(dp.plan_decode(seqlens, rows, capacity=t, k=K, packed=False))
+    elif kind == "ragged":
+        # the default runs the item plan without weighing packing: the packed plan, forced
+        calls["packed"] = paged(dp.plan_decode(seqlens, rows, capacity=t, k=K, packed=True))
+    for c_len in cuts if kind == "ragged" else ():
+        # the item plan cut at c_len blocks (the estimate's choice overridden), in the item kernel
+        calls[f"c{c_len}"] = paged(dp.plan_tensors(dp.plan_reference(lengths, rows, capacity=t, k=K,
+                                                                     item_blocks=c_len), rows, t, q.device))
+    if kind == "ragged" or plan.starts is not None:
         est_i = dp.plan_reference(lengths, rows, capacity=t, k=K)["estimate"]
         notes["estimate_ratio"] = dp.packed_reference(lengths, rows, capacity=t, k=K)["estimate"] / est_i
     if kind == "uniform":
@@ -139,16 +155,22 @@ def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point")
+    ap.add_argument("--cuts", default="", help="comma list of item lengths (blocks): also time the item plan cut "
+                    "at each on the ragged points (variants c<length>)")
+    ap.add_argument("--points", choices=("default", "wide", "all"), default="default",
+                    help="the batches to time: the default list, WIDE (against a forced packed plan), or both")
     args = ap.parse_args()
     require_cuda()
     from mla_var3.runtime.timing import time_interleaved
 
     fm = import_flash_mla(args.flash_mla)
     record = {"env": environment(flashmla=fm is not None), "checks": [], "rows": []}
-    for point in POINTS:
+    cuts = [int(c) for c in args.cuts.split(",") if c]
+    points = {"default": POINTS, "wide": WIDE, "all": POINTS + WIDE}[args.points]
+    for point in points:
         label = "{} b{} s{} t{}".format(*point)
         try:
-            calls, want, notes = build(point, fm)
+            calls, want, notes = build(point, fm, cuts)
             for name, fn in calls.items():
                 o, lse = as_flashmla(name, *fn())
                 torch.cuda.synchronize()
@@ -177,7 +199,8 @@ def main() -> None:
             traceback.print_exc()
             record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
     write_json(args.out, record)
-    names = ["compat", "persist", "trim", "items", "items-nc", "itemplan", "dense", "cstar", "cstar-persist"]
+    names = ["compat", "persist", "trim", "items", "items-nc", "itemplan", "packed", "dense", "cstar", "cstar-persist",
+             *(f"c{c}" for c in cuts)]
     for key in ("graph_us", "eager_us"):
         print_ratio_table(f"{key[:-3]} µs (FlashMLA ÷ variant)", record["rows"], key, names)
     bad = [c for c in record["checks"] if not c.get("ok")]
