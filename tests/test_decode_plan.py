@@ -59,6 +59,19 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
     _check_contract(ref["items"], ref["seqs"], lengths, capacity, plan.max_slots)
+    _check_longest_first(ref["items"])
+
+
+def _check_longest_first(items):
+    """An item plan's items in order of their sequence's item length, coarsest to a sixteenth of
+    the longest item (the GPU starts programs in grid order: a long item started last ends last)."""
+    live = [it for it in items if it[0] >= 0]
+    size: dict[int, int] = {}
+    for b, lo, hi, _ in live:
+        size[b] = max(size.get(b, 0), hi - lo)
+    longest = max(size.values(), default=0)
+    classes = [min(15, 16 * size[b] // (longest + 1)) for b, *_ in live]
+    assert classes == sorted(classes, reverse=True), "a longer item after a shorter one"
 
 
 def _check_packed(ref, lengths, capacity, max_slots):
@@ -263,3 +276,14 @@ def test_uniform_plan_is_shared_by_the_lengths_of_one_block():
     ref = plan_reference([4096] * 3, 256, capacity=4096)
     assert a.items.tolist() == [list(it) for it in ref["items"]]
     assert uniform_plan(3, 256, 4097, sms=132).max_blocks == 65 != a.max_blocks
+
+
+def test_unsplit_sequences_run_longest_first_whatever_the_item_length():
+    """A cut that splits nothing (item length far above every sequence) still orders the
+    sequences by length: with classes relative to the item length they all fell in the lowest
+    class and ran in batch order (measured on an H200: the same items 10 % slower in that order)."""
+    lengths = [64 * n for n in (3, 40, 7, 90, 12, 64, 1, 75, 30, 55)]
+    ref = plan_reference(lengths, 128, capacity=max(lengths), item_blocks=1000)
+    order = [b for b, *_ in ref["items"] if b >= 0]
+    assert order == sorted(range(len(lengths)), key=lambda b: -lengths[b])
+    _check_longest_first(ref["items"])
