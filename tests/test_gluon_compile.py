@@ -121,10 +121,14 @@ def test_launcher_rejects_cpu_and_bad_shapes():
 
 _SEESAW_SCRIPT = r"""
 import json, sys
+from triton.experimental.gluon import language as gl
+from mla_var3.kernel.hopper import absorbed_seesaw
 from mla_var3.kernel.hopper.absorbed_seesaw import compile_for_sm90
 out = sys.argv[1]
 res = []
 for i, v in enumerate(json.loads(sys.argv[2])):
+    for name, value in v.pop("consts", {}).items():      # module constants (seesaw_ab's knobs)
+        setattr(absorbed_seesaw, name, gl.constexpr(value))
     c = compile_for_sm90(k=512, p=64, **v)
     path = f"{out}/s{i}.cubin"
     open(path, "wb").write(c.asm["cubin"])
@@ -197,6 +201,34 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     reloads = [loop.count("LDL") for loop in loops]
     assert max(reloads) <= PAIR_LOOP_RELOADS, f"spilled values reloaded per pair: {reloads}"
     assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
+
+
+@pytest.mark.parametrize("consts,stack,reloads", [
+    # the key buffers' views per pair: measured 40 B, 1-4 reloads (152 B and 20 without)
+    ({"_OPAQUE_VIEWS": True}, 64, 6),
+    # and WG0's next scores behind p1 . Y_L: measured 160 B, 22 reloads (424 B, 60 without the views)
+    ({"_OPAQUE_VIEWS": True, "_WG0_PREFETCH": True}, 192, PAIR_LOOP_RELOADS),
+], ids=["opaque-views", "opaque-views-wg0-prefetch"])
+def test_seesaw_knobs_compile_within_their_spill_budget(tmp_path, consts, stack, reloads):
+    """The seesaw module's A/B knobs (``benchmarks/seesaw_ab.py --variant name:CONST=1``) on the
+    paged item kernel in FlashMLA's row order: each compiles, keeps one pair loop per warpgroup
+    with its 44 MMAs, and spills within the budget measured for it."""
+    if not _CUOBJDUMP.exists():
+        pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    variant = dict(dtype="bf16", causal=True, paged=True, has_seqlens=True, head_major=False, consts=consts)
+    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([variant])],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
+    r = json.loads(proc.stdout.strip().splitlines()[-1])[0]
+    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
+                           check=True).stdout
+    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+    assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= stack, f"spills: {mem} B per thread"
+    loops = _pair_loops(sass)
+    assert len(loops) == 2, "expected one pair loop per warpgroup"
+    assert max(loop.count("LDL") for loop in loops) <= reloads, [loop.count("LDL") for loop in loops]
 
 
 def test_seesaw_applies_only_where_checked_on_a_gpu():

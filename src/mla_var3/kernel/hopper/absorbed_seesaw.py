@@ -120,6 +120,19 @@ _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: a packed plan's kernel adds a loader warp: the program is padded to 12 warps, and 256 (WG0) +
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
+#: build the key buffers' views inside the pair loop from an opaque zero (an inline-asm constant
+#: the compiler cannot fold), so the wgmma descriptors derived from them are computed per pair
+#: instead of hoisted out of the loop into registers: compiled for sm_90 (triton 3.6), the item
+#: kernel's stack goes 152 -> 40 B paged and 96 -> 40 B dense, WG0's pair loop reloads 1 spilled
+#: value instead of 20 / 10, for ~45 more instructions per pair and warpgroup. Off until measured
+#: on a GPU (``benchmarks/seesaw_ab.py --variant oz:_OPAQUE_VIEWS=1``)
+_OPAQUE_VIEWS = gl.constexpr(False) if GLUON_AVAILABLE else False
+#: WG0 issues the next pair's scores behind ``p1 . Y_L`` (FlashMLA's order: the first half before
+#: that product's wait, the rest after Y's refill) instead of after it, so the tensor cores get
+#: WG0's next work without a gap. With ``_OPAQUE_VIEWS`` it compiles to 152-160 B of stack (WG0's
+#: pair loop reloads 19-22 values; 400-424 B without: the v3 round's spills). Off until measured
+#: (``--variant pf:_OPAQUE_VIEWS=1,_WG0_PREFETCH=1``)
+_WG0_PREFETCH = gl.constexpr(False) if GLUON_AVAILABLE else False
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 
 
@@ -172,18 +185,28 @@ if GLUON_AVAILABLE:
             return b, blk * 64 - shift
 
     @gluon.jit
+    def _scores_part(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, tok,
+                     C0: gl.constexpr, C1: gl.constexpr, NZ: gl.constexpr):
+        """Score groups ``C0 .. C1`` (64 columns each; ``NZ``: the RoPE piece) of buffer ``buf``
+        onto ``tok`` (from zero at group 0), each half of Z (and the RoPE piece) waited for just
+        before its first group; issued, not waited for."""
+        for c in gl.static_range(C0, C1):
+            if c == NZ:
+                mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
+                tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
+            else:
+                if c % (NZ // 2) == 0:
+                    mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
+                tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
+                                    tok, use_acc=c > 0, is_async=True)
+        return tok
+
+    @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
                 NZ: gl.constexpr):
         """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), one wgmma group per 64
         columns; each half of Z (and the RoPE piece) is waited for just before its first group."""
-        tok = s_zero
-        for c in gl.static_range(NZ):
-            if c % (NZ // 2) == 0:
-                mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
-            tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
-                                tok, use_acc=c > 0, is_async=True)
-        mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
-        tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
+        tok = _scores_part(q_tile, qr_tile, z_tile, kr_tile, ready, buf, phase, wait_pred, s_zero, 0, NZ + 1, NZ)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
@@ -302,14 +325,27 @@ if GLUON_AVAILABLE:
 
         mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
+        s_next = s_zero
+        if _WG0_PREFETCH and ROLE == 0:
+            if n_pairs > 0:              # pair 0's scores here, each later pair's in the pair before
+                s_next = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, cx & 1, True, s_zero, NZ)
         for i in range(n_pairs):
+            if _OPAQUE_VIEWS:
+                z0 = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+                own_z = z_smem.index(OWN + z0).reshape([BN, K])
+                own_r = kr_smem.index(OWN + z0).reshape([BN, P])
+                oth_z = z_smem.index(OTHER + z0).reshape([BN, K])
+                oth_r = kr_smem.index(OTHER + z0).reshape([BN, P])
             ph = (cx + i) & 1                     # the pair exchange's phase (one per pair, as X's loads)
             ph_own = (cx + i) & 1 if ROLE == 0 else (cy + i) & 1
             j = 2 * i + ROLE
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
+            if _WG0_PREFETCH and ROLE == 0:
+                raw = s_next
+            else:
+                raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
             # scores in log2 units: the item kernel folds the scale into exp2's argument (one FFMA
             # per score; the row max is scaled once per row), the persistent kernel scales first
             # (folded, its WG0 reloads 6 more spilled values per pair: measured 2-3 % slower there)
@@ -351,12 +387,30 @@ if GLUON_AVAILABLE:
                 acc = acc * beta[:, None]
                 if has_y:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                    # Y_L and Y's RoPE piece (p1) are free: block 2i + 3
+                    # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
                     cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
                                        PAGED)
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                               2 * i + 3 < n_iter, 0, True, NZ)
+                    if _WG0_PREFETCH:
+                        if 2 * i + 2 < n_iter:
+                            # the next pair's scores: the first half behind this product, the rest
+                            # after Y's refill
+                            nxt = (cx + i + 1) & 1
+                            s_lo = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_zero, 0,
+                                                NZ // 2, NZ)
+                            acc = warpgroup_mma_wait(num_outstanding=NZ // 2, deps=(tok,))
+                            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                                       2 * i + 3 < n_iter, 0, True, NZ)
+                            s_hi = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_lo, NZ // 2,
+                                                NZ + 1, NZ)
+                            s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_hi,))
+                        else:
+                            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                                       2 * i + 3 < n_iter, 0, True, NZ)
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                                   2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
