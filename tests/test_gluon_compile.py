@@ -168,19 +168,26 @@ def _pair_loops(sass: str) -> list[str]:
     return ["\n".join(b) for b in bodies[:2]]
 
 
-@pytest.mark.parametrize("idx", range(len(SEESAW_VARIANTS)),
-                         ids=["-".join(f"{k}={v}" for k, v in v.items()) for v in SEESAW_VARIANTS])
-def test_seesaw_compiles_warp_specialised(tmp_path, idx):
+def _compile_seesaw(tmp_path, variant: dict) -> tuple[dict, str, dict]:
+    """Compile one seesaw variant for sm_90 in a child process: (its record, SASS, spill bytes
+    {"STACK", "LOCAL"})."""
     if not _CUOBJDUMP.exists():
         pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([SEESAW_VARIANTS[idx]])],
+    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([variant])],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
     r = json.loads(proc.stdout.strip().splitlines()[-1])[0]
     sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
     usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
                            check=True).stdout
+    return r, sass, {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+
+
+@pytest.mark.parametrize("idx", range(len(SEESAW_VARIANTS)),
+                         ids=["-".join(f"{k}={v}" for k, v in v.items()) for v in SEESAW_VARIANTS])
+def test_seesaw_compiles_warp_specialised(tmp_path, idx):
+    r, sass, mem = _compile_seesaw(tmp_path, SEESAW_VARIANTS[idx])
     hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
     counts = {shape: hgmma.count(shape) for shape in set(hgmma)}
     # each warpgroup: full 64 x 64 score tiles over K + P = 576 (36 x k16) and two 64 x 256 P.Z
@@ -194,7 +201,6 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     # before it, and only where it exits without work
     gated, persistent = (SEESAW_VARIANTS[idx].get(x, False) for x in ("gated", "persistent"))
     assert r["ptx"].count("griddepcontrol.wait") == int(gated and persistent)
-    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
     assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT[persistent], f"spills: {mem} B per thread"
     loops = _pair_loops(sass)
     assert len(loops) == 2, "expected one pair loop per warpgroup"
@@ -213,18 +219,8 @@ def test_seesaw_knobs_compile_within_their_spill_budget(tmp_path, consts, stack,
     """The seesaw module's A/B knobs (``benchmarks/seesaw_ab.py --variant name:CONST=1``) on the
     paged item kernel in FlashMLA's row order: each compiles, keeps one pair loop per warpgroup
     with its 44 MMAs, and spills within the budget measured for it."""
-    if not _CUOBJDUMP.exists():
-        pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    variant = dict(dtype="bf16", causal=True, paged=True, has_seqlens=True, head_major=False, consts=consts)
-    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([variant])],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
-    r = json.loads(proc.stdout.strip().splitlines()[-1])[0]
-    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
-    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
-                           check=True).stdout
-    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+    _, sass, mem = _compile_seesaw(tmp_path, dict(dtype="bf16", causal=True, paged=True, has_seqlens=True,
+                                                  head_major=False, consts=consts))
     assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= stack, f"spills: {mem} B per thread"
     loops = _pair_loops(sass)
     assert len(loops) == 2, "expected one pair loop per warpgroup"
