@@ -17,6 +17,8 @@ paged cache. This times, per point and in one process, official FlashMLA and:
 * ``items-nc``: as ``items`` without the combine when no item is split;
 * ``packed``: ragged points where the default does not weigh packing (``--points wide``), the
   packed plan forced (``plan_decode(packed=True)``, the persistent kernel alone);
+* ``order-c8`` (``--order-ab``): ragged item-plan points, the planner's cut with its items in the
+  order before 075d7cb (eight size classes relative to C) — against ``compat``, the order's effect;
 * ``c<C>`` (``--cuts C,...``): ragged points, the item plan cut at C blocks per item
   (``plan_reference(item_blocks=C)``) in the item kernel;
 * ``itemplan``: where the GPU packed, the item plan it chose against (``plan_decode(packed=False)``)
@@ -58,9 +60,37 @@ POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1,
 WIDE = [("ragged", 32, 4, 16384), ("ragged", 64, 2, 8192), ("ragged", 16, 4, 32768), ("ragged", 32, 4, 4096)]
 
 
-def build(point, fm, cuts=()):
+def serving_points() -> list[tuple]:
+    """``serving_check.py``'s ragged rows with its lengths (one generator, seed 5, in its order)."""
+    import serving_check
+
+    g = torch.Generator().manual_seed(5)
+    return [("ragged", b, s, t, torch.randint(t // 8, t + 1, (b,), generator=g).tolist())
+            for b, s, t in serving_check.RAGGED]
+
+
+def classes_of_c(ref: dict) -> dict:
+    """An item plan's reference (``plan_reference``) with its sequences re-ordered as the planner
+    ordered them before 075d7cb: longest first by eight size classes relative to the item length
+    C (a sequence's items stay together, in order, with their slots)."""
+    live = [it for it in ref["items"] if it[0] >= 0]
+    by_seq: dict[int, list] = {}
+    for it in live:
+        by_seq.setdefault(it[0], []).append(it)
+    c_len = ref["item_blocks"]
+
+    def cls(b):
+        return min(7, max(hi - lo for _, lo, hi, _ in by_seq[b]) * 8 // (c_len + 1))
+
+    order = sorted(by_seq, key=lambda b: (-cls(b), b))
+    items = [it for b in order for it in by_seq[b]]
+    return dict(ref, items=items + [(-1, -1, -1, -1)] * (len(ref["items"]) - len(items)))
+
+
+def build(point, fm, cuts=(), order_ab=False):
     """``(calls {name: fn}, reference (out [b, s, H, K], lse [b, H, s]), notes)`` for one point;
-    ``cuts``: item lengths (blocks) whose item plans to time too, on ragged points."""
+    ``cuts``: item lengths (blocks) whose item plans to time too, on ragged points; ``order_ab``:
+    also the item plan in its order before 075d7cb (``order-c8``)."""
     import serving_check
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.kernel import decode_plan as dp
@@ -68,9 +98,12 @@ def build(point, fm, cuts=()):
 
     cdiv = dp.cdiv
 
-    kind, b, s, t = point
+    kind, b, s, t = point[:4]
     g = torch.Generator().manual_seed(5 + b * 100 + s)
-    lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+    if len(point) > 4:                      # the lengths given (--points serving)
+        lengths = list(point[4])
+    else:
+        lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
     q, cache, table, seqlens = serving_check.make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=True)
     scale, causal, rows = (K + P) ** -0.5, s > 1, H * s
     qt = q.transpose(1, 2)
@@ -108,6 +141,10 @@ def build(point, fm, cuts=()):
     elif kind == "ragged":
         # the default runs the item plan without weighing packing: the packed plan, forced
         calls["packed"] = paged(dp.plan_decode(seqlens, rows, capacity=t, k=K, packed=True))
+    if order_ab and kind == "ragged" and not notes.get("packed", False):
+        # the planner's own cut in the order before 075d7cb: eight size classes relative to C
+        calls["order-c8"] = paged(dp.plan_tensors(classes_of_c(dp.plan_reference(lengths, rows, capacity=t, k=K)),
+                                                  rows, t, q.device))
     for c_len in cuts if kind == "ragged" else ():
         # the item plan cut at c_len blocks (the estimate's choice overridden), in the item kernel
         calls[f"c{c_len}"] = paged(dp.plan_tensors(dp.plan_reference(lengths, rows, capacity=t, k=K,
@@ -157,8 +194,11 @@ def main() -> None:
     ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point")
     ap.add_argument("--cuts", default="", help="comma list of item lengths (blocks): also time the item plan cut "
                     "at each on the ragged points (variants c<length>)")
-    ap.add_argument("--points", choices=("default", "wide", "all"), default="default",
-                    help="the batches to time: the default list, WIDE (against a forced packed plan), or both")
+    ap.add_argument("--order-ab", action="store_true",
+                    help="on ragged item-plan points, also the plan in the items' order before 075d7cb (order-c8)")
+    ap.add_argument("--points", choices=("default", "wide", "all", "serving"), default="default",
+                    help="the batches to time: the default list, WIDE (against a forced packed plan), both, or "
+                         "serving_check.py's ragged rows with its lengths")
     args = ap.parse_args()
     require_cuda()
     from mla_var3.runtime.timing import time_interleaved
@@ -166,11 +206,11 @@ def main() -> None:
     fm = import_flash_mla(args.flash_mla)
     record = {"env": environment(flashmla=fm is not None), "checks": [], "rows": []}
     cuts = [int(c) for c in args.cuts.split(",") if c]
-    points = {"default": POINTS, "wide": WIDE, "all": POINTS + WIDE}[args.points]
+    points = {"default": POINTS, "wide": WIDE, "all": POINTS + WIDE, "serving": serving_points()}[args.points]
     for point in points:
-        label = "{} b{} s{} t{}".format(*point)
+        label = "{} b{} s{} t{}".format(*point[:4])
         try:
-            calls, want, notes = build(point, fm, cuts)
+            calls, want, notes = build(point, fm, cuts, args.order_ab)
             for name, fn in calls.items():
                 o, lse = as_flashmla(name, *fn())
                 torch.cuda.synchronize()
@@ -200,7 +240,7 @@ def main() -> None:
             record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
     write_json(args.out, record)
     names = ["compat", "persist", "trim", "items", "items-nc", "itemplan", "packed", "dense", "cstar", "cstar-persist",
-             *(f"c{c}" for c in cuts)]
+             "order-c8", *(f"c{c}" for c in cuts)]
     for key in ("graph_us", "eager_us"):
         print_ratio_table(f"{key[:-3]} µs (FlashMLA ÷ variant)", record["rows"], key, names)
     bad = [c for c in record["checks"] if not c.get("ok")]
