@@ -124,8 +124,9 @@ _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 #: the compiler cannot fold), so the wgmma descriptors derived from them are computed per pair
 #: instead of hoisted out of the loop into registers: compiled for sm_90 (triton 3.6), the item
 #: kernel's stack goes 152 -> 40 B paged and 96 -> 40 B dense, WG0's pair loop reloads 1 spilled
-#: value instead of 20 / 10, for ~45 more instructions per pair and warpgroup. Off until measured
-#: on a GPU (``benchmarks/seesaw_ab.py --variant oz:_OPAQUE_VIEWS=1``)
+#: value instead of 20 / 10, for ~45 more instructions per pair and warpgroup; the packed kernel's
+#: WG0 reloads none (11) and then folds the scale as the item kernel does. Off until measured on a
+#: GPU (``benchmarks/seesaw_ab.py --variant oz:_OPAQUE_VIEWS=1``)
 _OPAQUE_VIEWS = gl.constexpr(False) if GLUON_AVAILABLE else False
 #: WG0 issues the next pair's scores behind ``p1 . Y_L`` (FlashMLA's order: the first half before
 #: that product's wait, the rest after Y's refill) instead of after it, so the tensor cores get
@@ -348,8 +349,9 @@ if GLUON_AVAILABLE:
                 raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
             # scores in log2 units: the item kernel folds the scale into exp2's argument (one FFMA
             # per score; the row max is scaled once per row), the persistent kernel scales first
-            # (folded, its WG0 reloads 6 more spilled values per pair: measured 2-3 % slower there)
-            if PERSISTENT:
+            # (folded, its WG0 reloads 6 more spilled values per pair: measured 2-3 % slower there;
+            # with _OPAQUE_VIEWS it reloads none either way, so it folds too)
+            if PERSISTENT and not _OPAQUE_VIEWS:
                 sc_in = raw * qk_scale_log2
                 fold = 1.0
             else:
