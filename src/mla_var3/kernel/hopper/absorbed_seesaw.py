@@ -23,9 +23,9 @@ Design
   the packed one as its programmatic dependent; each program reads the choice and exits at once
   unless the plan is its kernel's kind (one of the packed kernel's only after the item kernel
   has ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
-  without the loader warp's cost, and an eager call's later launches are issued while it runs. Rows are ``head * S + token`` (the native
-  layout) or ``token * H + head`` (FlashMLA's ``[b, s, h, 576]``), as the queries lie, so neither
-  the queries nor the output are copied. Its two warpgroups (WG0,
+  without the loader warp's cost, and an eager call's later launches are issued while it runs.
+  Rows are ``head * S + token`` (the native layout) or ``token * H + head`` (FlashMLA's
+  ``[b, s, h, 576]``), as the queries lie, so neither the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
   ``0 .. K/2``, WG1 ``K/2 .. K`` (128 registers per thread each).
 * **Key blocks in pairs.** Two key buffers X and Y (each ``[64, K + P]``, next to Q: 3 x 72 KiB).
