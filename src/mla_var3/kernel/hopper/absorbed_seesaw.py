@@ -131,7 +131,8 @@ _OPAQUE_VIEWS = gl.constexpr(False) if GLUON_AVAILABLE else False
 #: WG0 issues the next pair's scores behind ``p1 . Y_L`` (FlashMLA's order: the first half before
 #: that product's wait, the rest after Y's refill) instead of after it, so the tensor cores get
 #: WG0's next work without a gap. With ``_OPAQUE_VIEWS`` it compiles to 152-160 B of stack (WG0's
-#: pair loop reloads 19-22 values; 400-424 B without: the v3 round's spills). Off until measured
+#: pair loop reloads 19-22 values; 400-424 B without: the v3 round's spills). The item kernel only
+#: (the packed kernel, 12 warps, spilled 480 B with it). Off until measured
 #: (``--variant pf:_OPAQUE_VIEWS=1,_WG0_PREFETCH=1``)
 _WG0_PREFETCH = gl.constexpr(False) if GLUON_AVAILABLE else False
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
@@ -327,7 +328,7 @@ if GLUON_AVAILABLE:
         mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
         s_next = s_zero
-        if _WG0_PREFETCH and ROLE == 0:
+        if _WG0_PREFETCH and not PERSISTENT and ROLE == 0:
             if n_pairs > 0:              # pair 0's scores here, each later pair's in the pair before
                 s_next = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, cx & 1, True, s_zero, NZ)
         for i in range(n_pairs):
@@ -343,7 +344,7 @@ if GLUON_AVAILABLE:
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            if _WG0_PREFETCH and ROLE == 0:
+            if _WG0_PREFETCH and not PERSISTENT and ROLE == 0:
                 raw = s_next
             else:
                 raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
@@ -392,7 +393,7 @@ if GLUON_AVAILABLE:
                     # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
                     cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
                                        PAGED)
-                    if _WG0_PREFETCH:
+                    if _WG0_PREFETCH and not PERSISTENT:
                         if 2 * i + 2 < n_iter:
                             # the next pair's scores: the first half behind this product, the rest
                             # after Y's refill
