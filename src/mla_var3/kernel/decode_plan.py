@@ -479,8 +479,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                  NC: tl.constexpr,
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr):
-    """One program. Reads the B lengths in each pass (1, 2, the cut's longest item, 4), once per
-    bisection probe and once per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and,
+    """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe and once
+    per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and,
     with ``WRITE_EST``, its estimate and item count as two int64 at ``est_ptr``). Lengths are
     clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
@@ -537,13 +537,9 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         c_len = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
     if WRITE_EST:
         tl.store(est_ptr, best)
-    # ---- the cut's longest item (the size classes are relative to it)
-    lmax = tl.zeros([BLOCK_B], tl.int32)
-    for b0 in range(0, B, BLOCK_B):
-        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        c = tl.maximum((n + c_len - 1) // c_len, 1)
-        lmax = tl.maximum(lmax, tl.where(ok, (n + c - 1) // c, 0))
-    l_top = tl.max(lmax, 0)
+    # the cut's longest item (the size classes are relative to it): pass 2's, for the candidate
+    # chosen (the fallback, the longest sequence, is candidate j = 1)
+    l_top = tl.max(tl.where(cand == c_len, longest, 0), 0)
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     ii = tl.arange(0, BLOCK_I)
