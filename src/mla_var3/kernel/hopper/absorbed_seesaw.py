@@ -851,14 +851,15 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     # the kernels to launch, in order: (PERSISTENT, GATED); a plan whose kind the GPU chose runs
     # through both, the item kernel first (see DecodePlan.packed and the kernel's GATED)
     gated = plan.starts is not None and plan.packed is not None
-    kernels = ((False, True), (True, True)) if gated else ((plan.starts is not None, False),)
     base_key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
                 table.data_ptr() % 16, seq_arg.data_ptr() % 16)
-    keys = [base_key + kind for kind in kernels]
-    launchers = [_launch_pdl if kind == (True, True) else _launch for kind in kernels]
-    constexprs = [dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
-                       HEAD_MAJOR=head_major, PERSISTENT=persistent, GATED=g) for persistent, g in kernels]
-    cached = all(launcher.ready(key) for launcher, key in zip(launchers, keys))
+    # per kernel: (kind, launcher, launch key, constexprs); the packed kernel after the item
+    # kernel is a programmatic dependent launch
+    kernels = [(kind, _launch_pdl if kind == (True, True) else _launch, base_key + kind,
+                dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
+                     HEAD_MAJOR=head_major, PERSISTENT=kind[0], GATED=kind[1]))
+               for kind in (((False, True), (True, True)) if gated else ((plan.starts is not None, False),))]
+    cached = all(launcher.ready(key) for _, launcher, key, _ in kernels)
     if paged:
         cs = cache.stride()
         z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), cached)
@@ -882,7 +883,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
         """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
-        for kind, launcher, key, consts in zip(kernels, launchers, keys, constexprs):
+        for kind, launcher, key, consts in kernels:
             grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
             launcher(key, grid, args, consts, num_warps=4)
         if pl.may_split:
@@ -895,10 +896,10 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         path."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
         combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
-        if not all(launcher.ready(key) for launcher, key in zip(launchers, keys)) or (pl.may_split and combine is None):
+        if not all(launcher.ready(key) for _, launcher, key, _ in kernels) or (pl.may_split and combine is None):
             return None
         bound = []
-        for kind, launcher, key in zip(kernels, launchers, keys):
+        for kind, launcher, key, _ in kernels:
             grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
             bound.append(launcher.bind(key, grid, args, (4, 6)))
         return tuple(bound) + ((combine,) if combine is not None else ())
