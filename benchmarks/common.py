@@ -131,6 +131,25 @@ def write_json(path, data) -> None:
         json.dump(data, f, indent=1, default=str)
 
 
+def interleaved_rounds(fns: dict, rounds: int, *, eager: bool = True,
+                       seconds_per_call: float = 0.25) -> tuple[dict[str, list[float]], dict[str, list[float]] | None]:
+    """``rounds`` rounds of ``time_interleaved`` over ``fns`` (every callable in every repetition,
+    the order rotated; L2 flushed): per name the CUDA-graph median of each round, and with
+    ``eager`` the eager one (plain calls between events), else None."""
+    from mla_var3.runtime.timing import time_interleaved
+
+    graph: dict[str, list[float]] = {n: [] for n in fns}
+    plain: dict[str, list[float]] | None = {n: [] for n in fns} if eager else None
+    for _ in range(rounds):
+        g = time_interleaved(fns, use_graph=True, max_seconds=seconds_per_call * len(fns))
+        e = time_interleaved(fns, use_graph=False, max_seconds=seconds_per_call * len(fns)) if eager else None
+        for name in fns:
+            graph[name].append(g[name].median_us)
+            if e is not None:
+                plain[name].append(e[name].median_us)
+    return graph, plain
+
+
 def print_ratio_table(title: str, rows: list[dict], key: str, names: list[str], digits: int = 2) -> None:
     """A markdown table of ``row["point"]`` and ``row[key][name]`` (µs) for each name, with
     FlashMLA's time (``row[key]["flashmla"]``, when there) and FlashMLA ÷ each; ``-`` for a name

@@ -39,21 +39,29 @@ RAGGED = [(32, 1, 4096), (64, 1, 8192), (128, 1, 4096), (64, 2, 8192), (32, 4, 1
 SWEEP = Path(__file__).parent / "results" / "h200" / "serving" / "plan-sweep-ce7b97b.json"
 
 
-def item_sizes(lengths: list[int], c_len: int, order: str) -> list[int]:
-    """The items' lengths (blocks) of the cut at ``c_len``, in ``order`` (``c8``, ``m16``, ``lpt``)."""
-    blocks = [cdiv(n, dp.PLAN_BLOCK) for n in lengths]
-    counts = [max(1, cdiv(n, c_len)) for n in blocks]
-    size = [cdiv(n, c) if n else 0 for n, c in zip(blocks, counts)]
+def classes_of_c(ref: dict) -> dict:
+    """An item plan's reference (``plan_reference``) with its sequences re-ordered as the planner
+    ordered them before 075d7cb: longest first by eight size classes relative to the item length
+    C (a sequence's items stay together, in order, with their slots)."""
+    by_seq: dict[int, list] = {}
+    for it in ref["items"]:
+        if it[0] >= 0:
+            by_seq.setdefault(it[0], []).append(it)
+    c_len = ref["item_blocks"]
 
-    def pieces(b: int) -> list[int]:
-        base, rem = divmod(blocks[b], counts[b])
-        return [base + (j < rem) for j in range(counts[b])]
+    def cls(b):
+        return min(7, max(hi - lo for _, lo, hi, _ in by_seq[b]) * 8 // (c_len + 1))
 
-    if order == "lpt":
-        return sorted((p for b in range(len(blocks)) for p in pieces(b)), reverse=True)
-    n_cls, den = (8, c_len + 1) if order == "c8" else (16, max(size, default=0) + 1)
-    cls = [min(n_cls - 1, x * n_cls // den) for x in size]
-    return [p for c in reversed(range(n_cls)) for b in range(len(blocks)) if cls[b] == c for p in pieces(b)]
+    items = [it for b in sorted(by_seq, key=lambda b: (-cls(b), b)) for it in by_seq[b]]
+    return dict(ref, items=items + [(-1, -1, -1, -1)] * (len(ref["items"]) - len(items)))
+
+
+def item_sizes(ref: dict, order: str) -> list[int]:
+    """The lengths (blocks) of a plan reference's items in ``order``: ``m16`` (the planner's),
+    ``c8`` (:func:`classes_of_c`) or ``lpt`` (sorted)."""
+    items = classes_of_c(ref)["items"] if order == "c8" else ref["items"]
+    sizes = [hi - lo for b, lo, hi, _ in items if b >= 0]
+    return sorted(sizes, reverse=True) if order == "lpt" else sizes
 
 
 def makespan(sizes: list[int], tiles: int, sms: int, overhead: float) -> float:
@@ -74,10 +82,9 @@ def ragged_lengths() -> dict[tuple, list[int]]:
 
 def compare(lengths: list[int], s: int, t: int, sms: int, overhead: float) -> dict:
     rows = H * s
-    c_len = dp.plan_reference(lengths, rows, capacity=t, k=K, sms=sms)["item_blocks"]
-    out = {o: makespan(item_sizes(lengths, c_len, o), cdiv(rows, dp.ROW_TILE), sms, overhead)
-           for o in ("c8", "m16", "lpt")}
-    return {"item_blocks": c_len, **out}
+    ref = dp.plan_reference(lengths, rows, capacity=t, k=K, sms=sms)
+    out = {o: makespan(item_sizes(ref, o), cdiv(rows, dp.ROW_TILE), sms, overhead) for o in ("c8", "m16", "lpt")}
+    return {"item_blocks": ref["item_blocks"], **out}
 
 
 def main() -> None:
@@ -95,8 +102,9 @@ def main() -> None:
             if r["impl"] == "flashmla":
                 continue
             key = (r["b"], r["s"], r["t_max"])
-            sim = makespan(item_sizes(lengths[key], r["item_blocks"], "c8"), cdiv(H * r["s"], dp.ROW_TILE), args.sms,
-                           args.overhead)
+            ref = dp.plan_reference(lengths[key], H * r["s"], capacity=r["t_max"], k=K, sms=args.sms,
+                                    item_blocks=r["item_blocks"])
+            sim = makespan(item_sizes(ref, "c8"), cdiv(H * r["s"], dp.ROW_TILE), args.sms, args.overhead)
             sweep.append(dict(point=list(key), item_blocks=r["item_blocks"], split_items=r["split_items"],
                               measured_us=r["us"], simulated_blocks=sim, us_per_block=r["us"] / sim))
         record["against_measured"] = sweep

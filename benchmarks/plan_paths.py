@@ -47,7 +47,9 @@ from dataclasses import replace
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, print_ratio_table, rel, require_cuda, write_json
+from common import (baseline_parser, environment, import_flash_mla, interleaved_rounds, print_ratio_table, rel,
+                    require_cuda, write_json)
+from plan_order_sim import classes_of_c
 
 H, K, P, PAGE = 128, 512, 64, 64
 POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
@@ -67,24 +69,6 @@ def serving_points() -> list[tuple]:
     g = torch.Generator().manual_seed(5)
     return [("ragged", b, s, t, torch.randint(t // 8, t + 1, (b,), generator=g).tolist())
             for b, s, t in serving_check.RAGGED]
-
-
-def classes_of_c(ref: dict) -> dict:
-    """An item plan's reference (``plan_reference``) with its sequences re-ordered as the planner
-    ordered them before 075d7cb: longest first by eight size classes relative to the item length
-    C (a sequence's items stay together, in order, with their slots)."""
-    live = [it for it in ref["items"] if it[0] >= 0]
-    by_seq: dict[int, list] = {}
-    for it in live:
-        by_seq.setdefault(it[0], []).append(it)
-    c_len = ref["item_blocks"]
-
-    def cls(b):
-        return min(7, max(hi - lo for _, lo, hi, _ in by_seq[b]) * 8 // (c_len + 1))
-
-    order = sorted(by_seq, key=lambda b: (-cls(b), b))
-    items = [it for b in order for it in by_seq[b]]
-    return dict(ref, items=items + [(-1, -1, -1, -1)] * (len(ref["items"]) - len(items)))
 
 
 def build(point, fm, cuts=(), order_ab=False):
@@ -141,17 +125,17 @@ def build(point, fm, cuts=(), order_ab=False):
     elif kind == "ragged":
         # the default runs the item plan without weighing packing: the packed plan, forced
         calls["packed"] = paged(dp.plan_decode(seqlens, rows, capacity=t, k=K, packed=True))
+    ref_items = dp.plan_reference(lengths, rows, capacity=t, k=K)      # the item plan, on the host
     if order_ab and kind == "ragged" and not notes.get("packed", False):
         # the planner's own cut in the order before 075d7cb: eight size classes relative to C
-        calls["order-c8"] = paged(dp.plan_tensors(classes_of_c(dp.plan_reference(lengths, rows, capacity=t, k=K)),
-                                                  rows, t, q.device))
+        calls["order-c8"] = paged(dp.plan_tensors(classes_of_c(ref_items), rows, t, q.device))
     for c_len in cuts if kind == "ragged" else ():
         # the item plan cut at c_len blocks (the estimate's choice overridden), in the item kernel
         calls[f"c{c_len}"] = paged(dp.plan_tensors(dp.plan_reference(lengths, rows, capacity=t, k=K,
                                                                      item_blocks=c_len), rows, t, q.device))
     if kind == "ragged" or plan.starts is not None:
-        est_i = dp.plan_reference(lengths, rows, capacity=t, k=K)["estimate"]
-        notes["estimate_ratio"] = dp.packed_reference(lengths, rows, capacity=t, k=K)["estimate"] / est_i
+        notes["estimate_ratio"] = (dp.packed_reference(lengths, rows, capacity=t, k=K)["estimate"]
+                                   / ref_items["estimate"])
     if kind == "uniform":
         nb = cdiv(t, PAGE)
         dense = cache[table[:, :nb].long()].reshape(b, nb * PAGE, K + P)[:, :t]
@@ -201,8 +185,6 @@ def main() -> None:
                          "serving_check.py's ragged rows with its lengths")
     args = ap.parse_args()
     require_cuda()
-    from mla_var3.runtime.timing import time_interleaved
-
     fm = import_flash_mla(args.flash_mla)
     record = {"env": environment(flashmla=fm is not None), "checks": [], "rows": []}
     cuts = [int(c) for c in args.cuts.split(",") if c]
@@ -220,14 +202,7 @@ def main() -> None:
                 print(f"{'ok  ' if ok else 'FAIL'} {label} {name}: out {eo:.2e} lse {el:.2e}", flush=True)
             torch.cuda.synchronize()
             time.sleep(args.cool)
-            graph: dict[str, list[float]] = {n: [] for n in calls}
-            eager: dict[str, list[float]] = {n: [] for n in calls}
-            for _ in range(args.rounds):   # every variant in every repetition, the order rotated
-                g = time_interleaved(calls, use_graph=True, max_seconds=0.25 * len(calls))
-                e = time_interleaved(calls, use_graph=False, max_seconds=0.25 * len(calls))
-                for name in calls:
-                    graph[name].append(g[name].median_us)
-                    eager[name].append(e[name].median_us)
+            graph, eager = interleaved_rounds(calls, args.rounds)
             row = dict(point=label, notes={k: v for k, v in notes.items() if k != "lengths"},
                        lengths=notes["lengths"], graph_us={n: statistics.median(v) for n, v in graph.items()},
                        eager_us={n: statistics.median(v) for n, v in eager.items()}, graph_samples=graph,

@@ -29,7 +29,8 @@ import traceback
 
 import torch
 
-from common import baseline_parser, environment, import_flash_mla, print_ratio_table, rel, require_cuda, write_json
+from common import (baseline_parser, environment, import_flash_mla, interleaved_rounds, print_ratio_table, rel,
+                    require_cuda, write_json)
 
 H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
@@ -189,8 +190,6 @@ def main() -> None:
     print(proc.stdout[-3000:], proc.stderr[-3000:], flush=True)
     if proc.returncode != 0:
         sys.exit("smoke run failed")
-    from mla_var3.runtime.timing import time_interleaved
-
     fm = import_flash_mla(args.flash_mla)
     mods = load_all(variants, args.base_combine)
     record = {"env": environment(), "variants": {n: c for n, _, c in variants}, "flashmla": fm is not None,
@@ -209,15 +208,7 @@ def main() -> None:
             del ref
             row = {"point": label, "us": {}}
             timed = dict(calls, **({"flashmla": fm_call} if fm_call else {}))
-            samples: dict[str, list[float]] = {n: [] for n in timed}
-            eager: dict[str, list[float]] = {n: [] for n in timed}
-            for _ in range(args.rounds):   # every variant in every repetition, the order rotated
-                g = time_interleaved(timed, use_graph=True, max_seconds=0.25 * len(timed))
-                e = time_interleaved(timed, use_graph=False, max_seconds=0.25 * len(timed)) if args.eager else None
-                for name in timed:
-                    samples[name].append(g[name].median_us)
-                    if e is not None:
-                        eager[name].append(e[name].median_us)
+            samples, eager = interleaved_rounds(timed, args.rounds, eager=args.eager)
             row["us"] = {n: statistics.median(v) for n, v in samples.items()}
             row["samples"] = samples
             if args.eager:
