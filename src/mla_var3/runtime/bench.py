@@ -288,6 +288,12 @@ class Runner:
         """Measure one point alone; never raises for a failure of the point itself."""
         return self.run_group([point])[0]
 
+    def _record(self, point: Point, **fields) -> Record:
+        """A fresh record of ``point`` (its shape, the model, the dtype, a copy of its extras)."""
+        pr = point.problem
+        return Record(name=point.name, kind=point.kind, model=self.spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
+                      dtype=self.spec.dtype, extra=dict(point.extra), **fields)
+
     def _prepare(self, point: Point) -> _Prepared:
         """The point's record and callable, compiled and called twice (its single-call time);
         ``fn`` is None when the point is skipped or failed (``rec.status`` says why)."""
@@ -295,9 +301,8 @@ class Runner:
 
         from mla_var3.runtime.baselines import COST_MODEL as BL_COST, BaselineUnavailable
 
-        pr, spec = point.problem, self.spec
-        rec = Record(name=point.name, kind=point.kind, model=spec.dims.name, b=pr.b, s=pr.s, t=pr.t, n=pr.n,
-                     dtype=spec.dtype, extra=dict(point.extra))
+        spec = self.spec
+        rec = self._record(point)
         ragged = point.extra.get("lengths") is not None
         rec.cost_model = ("flash_mla" if ragged else KERNELS[point.name].cost_model) if point.kind == DESIGN \
             else BL_COST[point.name]
@@ -447,10 +452,9 @@ class Runner:
                     names = ", ".join(p.name for p in group)
                     bar.update(task, description=f"b={pr.b} s={pr.s}: {names}")
                     if time.perf_counter() - start > self.spec.max_seconds:
-                        recs = [Record(name=p.name, kind=p.kind, model=self.spec.dims.name, b=p.problem.b,
-                                       s=p.problem.s, t=p.problem.t, n=p.problem.n, dtype=self.spec.dtype,
-                                       status="skipped", note=f"total budget of {self.spec.max_seconds:g} s exhausted",
-                                       extra=dict(p.extra)) for p in group]
+                        recs = [self._record(p, status="skipped",
+                                             note=f"total budget of {self.spec.max_seconds:g} s exhausted")
+                                for p in group]
                     else:
                         recs = self.run_group(group)
                     for rec in recs:
