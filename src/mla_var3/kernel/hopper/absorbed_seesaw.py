@@ -393,23 +393,19 @@ if GLUON_AVAILABLE:
                     # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
                     cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
                                        PAGED)
-                    if _WG0_PREFETCH and not PERSISTENT:
-                        if 2 * i + 2 < n_iter:
-                            # the next pair's scores: the first half behind this product, the rest
-                            # after Y's refill
-                            nxt = (cx + i + 1) & 1
-                            s_lo = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_zero, 0,
-                                                NZ // 2, NZ)
-                            acc = warpgroup_mma_wait(num_outstanding=NZ // 2, deps=(tok,))
-                            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                                       2 * i + 3 < n_iter, 0, True, NZ)
-                            s_hi = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_lo, NZ // 2,
-                                                NZ + 1, NZ)
-                            s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_hi,))
-                        else:
-                            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                                       2 * i + 3 < n_iter, 0, True, NZ)
+                    # with _WG0_PREFETCH (item kernel), the next pair's scores: the first half behind
+                    # this product, the rest after Y's refill
+                    prefetch = (2 * i + 2 < n_iter) if _WG0_PREFETCH and not PERSISTENT else False
+                    if prefetch:
+                        nxt = (cx + i + 1) & 1
+                        s_lo = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_zero, 0, NZ // 2,
+                                            NZ)
+                        acc = warpgroup_mma_wait(num_outstanding=NZ // 2, deps=(tok,))
+                        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                                   2 * i + 3 < n_iter, 0, True, NZ)
+                        s_hi = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_lo, NZ // 2,
+                                            NZ + 1, NZ)
+                        s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_hi,))
                     else:
                         acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
