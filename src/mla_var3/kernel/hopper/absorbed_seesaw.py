@@ -68,10 +68,11 @@ Design
   :func:`mla_var3.kernel.combine.combine_planned`, a programmatic dependent launch: every program
   signals ``griddepcontrol.launch_dependents`` as it starts, so the combine is launched while the
   last programs run and waits for the grid before it reads a partial.
-* **Scale.** Scores are taken to log2 units by ``qk_scale_log2``; the item kernel folds it into
-  ``exp2``'s argument (one FFMA per score, the row max scaled once per row), the persistent kernel
-  multiplies first (folded, its WG0 pair loop reloads 6 more spilled values and ran 2-3 % slower;
-  ``docs/kernels/flash-mla.md`` §8).
+* **Scale.** Scores are taken to log2 units by ``qk_scale_log2``, folded into ``exp2``'s
+  argument (one FFMA per score, the row max scaled once per row).
+* **Key views.** The packed kernel builds its key buffers' views per pair from an opaque zero,
+  so the wgmma descriptors are not hoisted out of the pair loop into spilled registers; the item
+  kernel keeps them hoisted, which measured faster there (``docs/kernels/flash-mla.md`` §8).
 
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
 (4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
@@ -120,21 +121,6 @@ _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: a packed plan's kernel adds a loader warp: the program is padded to 12 warps, and 256 (WG0) +
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
-#: build the key buffers' views inside the pair loop from an opaque zero (an inline-asm constant
-#: the compiler cannot fold), so the wgmma descriptors derived from them are computed per pair
-#: instead of hoisted out of the loop into registers: compiled for sm_90 (triton 3.6), the item
-#: kernel's stack goes 152 -> 40 B paged and 96 -> 40 B dense, WG0's pair loop reloads 1 spilled
-#: value instead of 20 / 10, for ~45 more instructions per pair and warpgroup; the packed kernel's
-#: WG0 reloads none (11) and then folds the scale as the item kernel does. Off until measured on a
-#: GPU (``benchmarks/seesaw_ab.py --variant oz:_OPAQUE_VIEWS=1``)
-_OPAQUE_VIEWS = gl.constexpr(False) if GLUON_AVAILABLE else False
-#: WG0 issues the next pair's scores behind ``p1 . Y_L`` (FlashMLA's order: the first half before
-#: that product's wait, the rest after Y's refill) instead of after it, so the tensor cores get
-#: WG0's next work without a gap. With ``_OPAQUE_VIEWS`` it compiles to 152-160 B of stack (WG0's
-#: pair loop reloads 19-22 values; 400-424 B without: the v3 round's spills). The item kernel only
-#: (the packed kernel, 12 warps, spilled 480 B with it). Off until measured
-#: (``--variant pf:_OPAQUE_VIEWS=1,_WG0_PREFETCH=1``)
-_WG0_PREFETCH = gl.constexpr(False) if GLUON_AVAILABLE else False
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 
 
@@ -187,28 +173,18 @@ if GLUON_AVAILABLE:
             return b, blk * 64 - shift
 
     @gluon.jit
-    def _scores_part(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, tok,
-                     C0: gl.constexpr, C1: gl.constexpr, NZ: gl.constexpr):
-        """Score groups ``C0 .. C1`` (64 columns each; ``NZ``: the RoPE piece) of buffer ``buf``
-        onto ``tok`` (from zero at group 0), each half of Z (and the RoPE piece) waited for just
-        before its first group; issued, not waited for."""
-        for c in gl.static_range(C0, C1):
-            if c == NZ:
-                mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
-                tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
-            else:
-                if c % (NZ // 2) == 0:
-                    mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
-                tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
-                                    tok, use_acc=c > 0, is_async=True)
-        return tok
-
-    @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
                 NZ: gl.constexpr):
         """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), one wgmma group per 64
         columns; each half of Z (and the RoPE piece) is waited for just before its first group."""
-        tok = _scores_part(q_tile, qr_tile, z_tile, kr_tile, ready, buf, phase, wait_pred, s_zero, 0, NZ + 1, NZ)
+        tok = s_zero
+        for c in gl.static_range(NZ):
+            if c % (NZ // 2) == 0:
+                mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
+            tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
+                                tok, use_acc=c > 0, is_async=True)
+        mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
+        tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
@@ -327,12 +303,16 @@ if GLUON_AVAILABLE:
 
         mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
-        s_next = s_zero
-        if _WG0_PREFETCH and not PERSISTENT and ROLE == 0:
-            if n_pairs > 0:              # pair 0's scores here, each later pair's in the pair before
-                s_next = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, cx & 1, True, s_zero, NZ)
         for i in range(n_pairs):
-            if _OPAQUE_VIEWS:
+            if PERSISTENT:
+                # the packed kernel builds the key buffers' views per pair from an opaque zero (an
+                # inline-asm constant the compiler cannot fold), so the wgmma descriptors are
+                # computed per pair instead of hoisted out of the loop into registers: its WG0 pair
+                # loop reloads no spilled value (11 before) and it folds the scale as the item kernel
+                # does; measured on an H200 6.5 % faster on a packed plan (b = 16, s = 2, t = 32768).
+                # The item kernel keeps its hoisted views: per pair there its reloads fall 20 -> 1
+                # paged, 10 -> 1 dense, but ~45 instructions are added, and it measured 2-5 % slower
+                # (``docs/kernels/flash-mla.md`` §8)
                 z0 = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
                 own_z = z_smem.index(OWN + z0).reshape([BN, K])
                 own_r = kr_smem.index(OWN + z0).reshape([BN, P])
@@ -344,28 +324,18 @@ if GLUON_AVAILABLE:
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            if _WG0_PREFETCH and not PERSISTENT and ROLE == 0:
-                raw = s_next
-            else:
-                raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
-            # scores in log2 units: the item kernel folds the scale into exp2's argument (one FFMA
-            # per score; the row max is scaled once per row), the persistent kernel scales first
-            # (folded, its WG0 reloads 6 more spilled values per pair: measured 2-3 % slower there;
-            # with _OPAQUE_VIEWS it reloads none either way, so it folds too)
-            if PERSISTENT and not _OPAQUE_VIEWS:
-                sc_in = raw * qk_scale_log2
-                fold = 1.0
-            else:
-                sc_in = raw
-                fold = qk_scale_log2
+            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
+            # scores in log2 units: the scale is folded into exp2's argument (one FFMA per score; the
+            # row max is scaled once per row)
+            fold = qk_scale_log2
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
-                sc = sc_in                        # every row sees every key of the block: no mask
+                sc = raw                          # every row sees every key of the block: no mask
             else:
                 # column c holds key first + c; a shifted tail block's leading rows are not its own
                 first = (blk_lo + j) * BN - _tail_shift(blk_lo + j, n_blk, L)
                 keys = first + cols
                 visible = (keys[None, :] <= limit[:, None]) & (keys[None, :] >= (blk_lo + j) * BN) & has_own
-                sc = gl.where(visible, sc_in, float("-inf"))
+                sc = gl.where(visible, raw, float("-inf"))
             row_max = gl.max(sc, axis=1) * fold   # (the scale is positive: the max commutes with it)
             if ROLE == 0:
                 m_a = gl.maximum(m_i, row_max)
@@ -393,23 +363,9 @@ if GLUON_AVAILABLE:
                     # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
                     cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
                                        PAGED)
-                    # with _WG0_PREFETCH (item kernel), the next pair's scores: the first half behind
-                    # this product, the rest after Y's refill
-                    prefetch = (2 * i + 2 < n_iter) if _WG0_PREFETCH and not PERSISTENT else False
-                    if prefetch:
-                        nxt = (cx + i + 1) & 1
-                        s_lo = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_zero, 0, NZ // 2,
-                                            NZ)
-                        acc = warpgroup_mma_wait(num_outstanding=NZ // 2, deps=(tok,))
-                        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                                   2 * i + 3 < n_iter, 0, True, NZ)
-                        s_hi = _scores_part(q_tile, qr_tile, own_z, own_r, ready, OWN, nxt, True, s_lo, NZ // 2,
-                                            NZ + 1, NZ)
-                        s_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_hi,))
-                    else:
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                                   2 * i + 3 < n_iter, 0, True, NZ)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                               2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
