@@ -147,6 +147,10 @@ SEESAW_STACK_LIMIT = {False: 160, True: 320}
 #: measured 3-8 dense and 5-20 paged; the packed kernel, with its key views built per pair, 0 in
 #: WG0 and 6 in WG1 (11 and 7 with hoisted views; its first build reloaded 50 and ran 0.55-0.65x)
 PAIR_LOOP_RELOADS = {False: 24, True: 10}
+#: warpgroup barriers (BAR.SYNC) per pair in each pair loop: measured 7 and 9 with the six load
+#: barriers as separate allocations (11 and 11 as one [6, 1] allocation, whose slices the
+#: compiler's hazard analysis cannot tell apart, so it fenced every TMA op from the one before)
+PAIR_LOOP_BARRIERS = 9
 
 
 def _pair_loops(sass: str) -> list[str]:
@@ -203,6 +207,8 @@ def test_seesaw_compiles_warp_specialised(tmp_path, idx):
     assert len(loops) == 2, "expected one pair loop per warpgroup"
     reloads = [loop.count("LDL") for loop in loops]
     assert max(reloads) <= PAIR_LOOP_RELOADS[persistent], f"spilled values reloaded per pair: {reloads}"
+    barriers = [loop.count("BAR.SYNC") for loop in loops]
+    assert max(barriers) <= PAIR_LOOP_BARRIERS, f"warpgroup barriers per pair: {barriers}"
     assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
 
 

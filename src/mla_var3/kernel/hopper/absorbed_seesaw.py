@@ -134,12 +134,12 @@ if GLUON_AVAILABLE:
         (one box of K/2 columns) signalling ``ready[buf * 3 + HALF]``; with ``ROPE`` also its RoPE
         piece (``ready[buf * 3 + 2]``)."""
         KH: gl.constexpr = NZ * 32
-        bar = ready.index(buf * 3 + HALF)
+        bar = ready[buf * 3 + HALF]
         mbarrier.expect(bar, z_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(z_desc, [c0, c1, HALF * KH], bar, z_buf.slice(HALF * KH, KH, dim=2),
                                         pred=pred)
         if ROPE:
-            bar_r = ready.index(buf * 3 + 2)
+            bar_r = ready[buf * 3 + 2]
             mbarrier.expect(bar_r, kr_desc.block_type.nbytes, pred=pred)
             tma.async_copy_global_to_shared(kr_desc, [c0, c1, 0], bar_r, kr_buf, pred=pred)
 
@@ -180,10 +180,10 @@ if GLUON_AVAILABLE:
         tok = s_zero
         for c in gl.static_range(NZ):
             if c % (NZ // 2) == 0:
-                mbarrier.wait(ready.index(buf * 3 + c // (NZ // 2)), phase, pred=wait_pred)
+                mbarrier.wait(ready[buf * 3 + c // (NZ // 2)], phase, pred=wait_pred)
             tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
                                 tok, use_acc=c > 0, is_async=True)
-        mbarrier.wait(ready.index(buf * 3 + 2), phase, pred=wait_pred)
+        mbarrier.wait(ready[buf * 3 + 2], phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
@@ -604,7 +604,15 @@ if GLUON_AVAILABLE:
         qr_smem = gl.allocate_shared_memory(dtype, [1, BM, P], qr_desc.layout)
         z_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, K], zl)
         kr_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, P], kr_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+        # the key buffers' six load barriers (X, Y: Z's halves and the RoPE piece) as six
+        # allocations, not one of six: the compiler's shared-memory hazard analysis then tells
+        # them apart and fences (bar.sync) only between the ops on one barrier
+        ready = (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         seg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -615,7 +623,7 @@ if GLUON_AVAILABLE:
         mbarrier.init(q_bar, count=1)
         mbarrier.init(seg_bar, count=2)
         for i0 in gl.static_range(6):
-            mbarrier.init(ready.index(i0), count=1)
+            mbarrier.init(ready[i0], count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
         _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
