@@ -28,6 +28,8 @@ if not gluon_mod.GLUON_AVAILABLE:
 
 import triton  # noqa: E402
 
+from mla_var3.kernel.sass import mma_loops  # noqa: E402
+
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _CUOBJDUMP = _BIN / "cuobjdump"
 SMEM_LIMIT = 232_448  # bytes per CTA on sm_90, as Triton reports it
@@ -155,18 +157,8 @@ PAIR_LOOP_BARRIERS = 9
 
 def _pair_loops(sass: str) -> list[str]:
     """The bodies of the innermost loops that hold one pair's MMAs of a warpgroup (44 HGMMA:
-    36 for its scores, 8 for its two P.Z products)."""
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    bodies = []
-    for i, (a, t) in enumerate(ins):
-        m = re.search(r"BRA (0x[0-9a-f]+)", t)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in index:
-            body = [x for _, x in ins[index[int(m.group(1), 16)]: i + 1]]
-            if sum("HGMMA" in x for x in body) == 44:
-                bodies.append(body)
-    bodies.sort(key=len)
-    return ["\n".join(b) for b in bodies[:2]]
+    36 for its scores, 8 for its two P.Z products), one instruction per line."""
+    return ["\n".join(t for _, t in body) for body in mma_loops(sass, 44)[:2]]
 
 
 def _compile_seesaw(tmp_path, variant: dict) -> tuple[dict, str, dict]:

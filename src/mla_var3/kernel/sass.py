@@ -236,6 +236,67 @@ def compile_gluon_in_subprocess(module: str, *, timeout: float = 600, **options)
                       {shape: shapes.count(shape) for shape in set(shapes)}, out["ptx"], sass)
 
 
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:!?U?P\w+, )?(0x[0-9a-f]+)")
+
+
+def functions(sass: str) -> dict[str, str]:
+    """The kernels of a cuobjdump ``-sass`` listing: mangled name -> its own listing."""
+    parts = re.split(r"Function : (\S+)", sass)
+    return {name: body for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """``(address, text)`` of every instruction of a listing, in order (text without the
+    trailing ``;``)."""
+    return [(int(a, 16), t.strip()) for a, t in _INSTRUCTION.findall(sass)]
+
+
+def opcode(text: str) -> str:
+    """An instruction's opcode with its modifiers (``FMUL.FTZ``), its predicate dropped."""
+    fields = re.sub(r"^@!?U?P\w+\s+", "", text).split()
+    return fields[0] if fields else ""
+
+
+def mma_loops(sass: str, hgmma: int) -> list[list[tuple[int, str]]]:
+    """The bodies of the loops (from a backward branch's target to the branch) that hold
+    exactly ``hgmma`` HGMMA instructions, shortest first: a pipelined kernel's main loops
+    (the seesaw's pair loops hold 44 per warpgroup: 36 for the scores, 8 for two P.Z)."""
+    ins = instructions(sass)
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    bodies = []
+    for i, (a, t) in enumerate(ins):
+        m = _BRANCH.search(t)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in index:
+            body = ins[index[int(m.group(1), 16)]: i + 1]
+            if sum("HGMMA" in x for _, x in body) == hgmma:
+                bodies.append(body)
+    return sorted(bodies, key=len)
+
+
+def forward_branches(body: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """``(position, instructions jumped over)`` of each branch to a later address inside
+    ``body``: the code one pass through the loop may skip (a masked block's path, a retry)."""
+    where = {a: i for i, (a, _) in enumerate(body)}
+    out = []
+    for i, (a, t) in enumerate(body):
+        m = _BRANCH.search(t)
+        if m and int(m.group(1), 16) > a and int(m.group(1), 16) in where:
+            out.append((i, where[int(m.group(1), 16)] - i - 1))
+    return out
+
+
+def loop_profile(body: list[tuple[int, str]]) -> dict:
+    """A loop body's length, its forward branches and the count of each opcode (with
+    modifiers), most frequent first."""
+    counts: dict[str, int] = {}
+    for _, t in body:
+        op = opcode(t)
+        counts[op] = counts.get(op, 0) + 1
+    return {"instructions": len(body), "forward_branches": forward_branches(body),
+            "opcodes": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
 def _run_child(request: dict, timeout: float) -> CompileReport:
     payload = json.dumps(request)
     module, kernel, arch = request["module"], request["kernel"], request["arch"]
