@@ -311,7 +311,7 @@ if GLUON_AVAILABLE:
                 # loop reloads no spilled value (11 before) and it folds the scale as the item kernel
                 # does; measured on an H200 6.5 % faster on a packed plan (b = 16, s = 2, t = 32768).
                 # The item kernel keeps its hoisted views: per pair there its reloads fall 20 -> 1
-                # paged, 10 -> 1 dense, but ~45 instructions are added, and it measured 2-5 % slower
+                # paged, 10 -> 1 dense, but ~45 instructions are added, and it measured 0.5-4.6 % slower
                 # (``docs/kernels/flash-mla.md`` §8)
                 z0 = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
                 own_z = z_smem.index(OWN + z0).reshape([BN, K])
