@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
+from serving_check import RAGGED
+
 from mla_var3.kernel import decode_plan as dp
 from mla_var3.kernel._common import cdiv
 
 H, K = 128, 512
-RAGGED = [(32, 1, 4096), (64, 1, 8192), (128, 1, 4096), (64, 2, 8192), (32, 4, 16384), (8, 1, 32768), (1, 1, 4096),
-          (16, 2, 32768), (256, 1, 2048)]
 SWEEP = Path(__file__).parent / "results" / "h200" / "serving" / "plan-sweep-ce7b97b.json"
 
 

@@ -49,7 +49,7 @@ import torch
 
 from common import (baseline_parser, environment, import_flash_mla, interleaved_rounds, print_ratio_table, rel,
                     require_cuda, write_json)
-from plan_order_sim import classes_of_c
+from plan_order_sim import classes_of_c, ragged_lengths
 
 H, K, P, PAGE = 128, 512, 64, 64
 POINTS = [("uniform", 32, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
@@ -63,12 +63,8 @@ WIDE = [("ragged", 32, 4, 16384), ("ragged", 64, 2, 8192), ("ragged", 16, 4, 327
 
 
 def serving_points() -> list[tuple]:
-    """``serving_check.py``'s ragged rows with its lengths (one generator, seed 5, in its order)."""
-    import serving_check
-
-    g = torch.Generator().manual_seed(5)
-    return [("ragged", b, s, t, torch.randint(t // 8, t + 1, (b,), generator=g).tolist())
-            for b, s, t in serving_check.RAGGED]
+    """``serving_check.py``'s ragged rows with its lengths (``plan_order_sim.ragged_lengths``)."""
+    return [("ragged", b, s, t, lengths) for (b, s, t), lengths in ragged_lengths().items()]
 
 
 def build(point, fm, cuts=(), order_ab=False):
