@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import glob
 import os
-import subprocess
 import sys
 
 from common import baseline_parser, environment, write_json
@@ -50,8 +49,7 @@ def flash_mla_loops(folder: str) -> list[dict]:
     libs = glob.glob(os.path.join(folder, "flash_mla", "*.so"))
     if not libs:
         raise FileNotFoundError(f"no flash_mla/*.so under {folder}")
-    listing = subprocess.run([sass._tool("cuobjdump"), "-sass", libs[0]], capture_output=True, text=True,
-                             check=True).stdout
+    listing = sass.disassemble(libs[0])
     kernels = [body for name, body in sass.functions(listing).items() if "splitkv_mla" in name]
     if len(kernels) != 1:
         raise RuntimeError(f"expected one splitkv_mla kernel in {libs[0]}, found {len(kernels)}")

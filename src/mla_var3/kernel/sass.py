@@ -75,6 +75,13 @@ def _tool(name: str) -> str:
     return str(path)
 
 
+def disassemble(cubin) -> str:
+    """The SASS listing (cuobjdump ``-sass``) of a cubin or of an ELF holding cubins (a
+    compiled extension's shared library) at path ``cubin``."""
+    return subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def compile_report(fn, signature: dict[str, str], constexprs: dict[str, object], *, num_warps: int = 4,
                    num_stages: int = 2, arch: int = 90, attrs: dict | None = None) -> CompileReport:
     """Compile ``fn`` (a ``@triton.jit`` function; not under the interpreter) for ``sm_<arch>``.
@@ -105,8 +112,7 @@ def compile_report(fn, signature: dict[str, str], constexprs: dict[str, object],
         suffix = "a" if arch >= 90 else ""
         ptxas = subprocess.run([_tool("ptxas"), "-v", f"-arch=sm_{arch}{suffix}", str(ptx), "-o", os.devnull],
                                capture_output=True, text=True, check=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+        sass = disassemble(cubin)
     info = ptxas.stdout + ptxas.stderr
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", info)
@@ -226,8 +232,7 @@ def compile_gluon_in_subprocess(module: str, *, timeout: float = 600, **options)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling {module} {options} for sm_90 failed:\n{proc.stderr[-4000:]}")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+        sass = disassemble(cubin)
         usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
                                text=True, check=True).stdout
     mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
