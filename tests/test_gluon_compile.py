@@ -28,7 +28,7 @@ if not gluon_mod.GLUON_AVAILABLE:
 
 import triton  # noqa: E402
 
-from mla_var3.kernel.sass import mma_loops  # noqa: E402
+from mla_var3.kernel.sass import compile_gluon_in_subprocess, mma_loops  # noqa: E402
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _CUOBJDUMP = _BIN / "cuobjdump"
@@ -121,18 +121,6 @@ def test_launcher_rejects_cpu_and_bad_shapes():
         gluon_mod.flash_mla_gluon(qc[0], qpe, z, kpe, scale=0.1)
 
 
-_SEESAW_SCRIPT = r"""
-import json, sys
-from mla_var3.kernel.hopper.absorbed_seesaw import compile_for_sm90
-out = sys.argv[1]
-res = []
-for i, v in enumerate(json.loads(sys.argv[2])):
-    c = compile_for_sm90(k=512, p=64, **v)
-    path = f"{out}/s{i}.cubin"
-    open(path, "wb").write(c.asm["cubin"])
-    res.append(dict(variant=v, cubin=path, shared=c.metadata.shared, ptx=c.asm["ptx"]))
-print(json.dumps(res))
-"""
 SEESAW_VARIANTS = [dict(dtype="bf16", causal=True), dict(dtype="fp16", causal=False, has_seqlens=True, head_major=False),
                    dict(dtype="bf16", causal=True, paged=True), dict(dtype="bf16", causal=True, paged=True,
                                                                      head_major=False, persistent=True),
@@ -161,47 +149,38 @@ def _pair_loops(sass: str) -> list[str]:
     return ["\n".join(t for _, t in body) for body in mma_loops(sass, 44)[:2]]
 
 
-def _compile_seesaw(tmp_path, variant: dict) -> tuple[dict, str, dict]:
-    """Compile one seesaw variant for sm_90 in a child process: (its record, SASS, spill bytes
-    {"STACK", "LOCAL"})."""
+def _compile_seesaw(variant: dict):
+    """Compile one seesaw variant for sm_90 in a child process (a ``GluonBuild``: shared and
+    stack bytes, HGMMA shapes, PTX and SASS)."""
     if not _CUOBJDUMP.exists():
         pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _SEESAW_SCRIPT, str(tmp_path), json.dumps([variant])],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
-    r = json.loads(proc.stdout.strip().splitlines()[-1])[0]
-    sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
-    usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True, text=True,
-                           check=True).stdout
-    return r, sass, {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
+    return compile_gluon_in_subprocess("mla_var3.kernel.hopper.absorbed_seesaw", timeout=300, k=512, p=64, **variant)
 
 
 @pytest.mark.parametrize("idx", range(len(SEESAW_VARIANTS)),
                          ids=["-".join(f"{k}={v}" for k, v in v.items()) for v in SEESAW_VARIANTS])
-def test_seesaw_compiles_warp_specialised(tmp_path, idx):
-    r, sass, mem = _compile_seesaw(tmp_path, SEESAW_VARIANTS[idx])
-    hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
-    counts = {shape: hgmma.count(shape) for shape in set(hgmma)}
+def test_seesaw_compiles_warp_specialised(idx):
+    build = _compile_seesaw(SEESAW_VARIANTS[idx])
+    ptx, sass, counts = build.ptx, build.sass, build.hgmma
     # each warpgroup: full 64 x 64 score tiles over K + P = 576 (36 x k16) and two 64 x 256 P.Z
     # products over 64 keys (2 x 4 x k16): the seesaw's split of the work, in two partitions
     assert counts == {"64x64x16": 2 * (512 + 64) // 16, "64x256x16": 2 * 2 * 64 // 16}, counts
     # warp specialisation: the worker gives registers back, the default partition takes them
-    assert "setmaxnreg.dec" in r["ptx"] and "setmaxnreg.inc" in r["ptx"]
+    assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx
     # every program lets the combine (a programmatic dependent launch) start early, once
-    assert r["ptx"].count("griddepcontrol.launch_dependents") == 1 and "PREEXIT" in sass
+    assert ptx.count("griddepcontrol.launch_dependents") == 1 and "PREEXIT" in sass
     # only the gated packed kernel (launched after the gated item kernel) waits for the grid
     # before it, and only where it exits without work
     gated, persistent = (SEESAW_VARIANTS[idx].get(x, False) for x in ("gated", "persistent"))
-    assert r["ptx"].count("griddepcontrol.wait") == int(gated and persistent)
-    assert mem.get("STACK", 0) + mem.get("LOCAL", 0) <= SEESAW_STACK_LIMIT[persistent], f"spills: {mem} B per thread"
+    assert ptx.count("griddepcontrol.wait") == int(gated and persistent)
+    assert build.stack_bytes <= SEESAW_STACK_LIMIT[persistent], f"spills: {build.stack_bytes} B per thread"
     loops = _pair_loops(sass)
     assert len(loops) == 2, "expected one pair loop per warpgroup"
     reloads = [loop.count("LDL") for loop in loops]
     assert max(reloads) <= PAIR_LOOP_RELOADS[persistent], f"spilled values reloaded per pair: {reloads}"
     barriers = [loop.count("BAR.SYNC") for loop in loops]
     assert max(barriers) <= PAIR_LOOP_BARRIERS, f"warpgroup barriers per pair: {barriers}"
-    assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
+    assert 0 < build.shared_bytes <= SMEM_LIMIT, build.shared_bytes
 
 
 def test_seesaw_applies_only_where_checked_on_a_gpu():
