@@ -14,6 +14,7 @@ variant runs in one process on the same inputs, with the same decode plan:
    order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
+        [--points default|serving] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -36,6 +37,11 @@ H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
 PAGED = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096),
          ("ragged", 32, 1, 4096), ("ragged", 64, 2, 8192), ("ragged", 128, 1, 4096), ("ragged", 16, 2, 32768)]
+#: ``--points serving``: the paged calls whose plan kind the GPU chooses (both kernels launched),
+#: the bar's ragged rows and two uniform rows of the item kernel at s >= 8
+SERVING = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 2, 4096), ("uniform", 32, 16, 4096),
+           ("uniform", 64, 8, 4096), ("ragged", 32, 1, 4096), ("ragged", 64, 1, 8192), ("ragged", 8, 1, 32768),
+           ("ragged", 1, 1, 4096), ("ragged", 16, 2, 32768), ("ragged", 32, 4, 16384), ("ragged", 48, 1, 8192)]
 
 
 def load_variant(name: str, path: str, consts: dict):
@@ -106,11 +112,15 @@ def paged_inputs(lengths, s, capacity, seed):
     return q.cuda(), cache.cuda(), table.cuda(), torch.tensor(lengths, dtype=torch.int32).cuda()
 
 
-def points(quick: bool):
-    """``[(label, kind, b, s, t, lengths)]`` with seeded ragged lengths."""
+def points(quick: bool, which: str = "default"):
+    """``[(label, kind, b, s, t, lengths)]`` with seeded ragged lengths: ``which`` "default" (the
+    dense and paged lists, their first two with ``quick``) or "serving" (:data:`SERVING`)."""
     g = torch.Generator().manual_seed(5)
-    out = [(f"dense b{b} s{s}", "dense", b, s, 4096, None) for b, s in (DENSE[:2] if quick else DENSE)]
-    for kind, b, s, t in (PAGED[:2] if quick else PAGED):
+    dense, paged = (DENSE[:2], PAGED[:2]) if quick else (DENSE, PAGED)
+    if which == "serving":
+        dense, paged = [], SERVING
+    out = [(f"dense b{b} s{s}", "dense", b, s, 4096, None) for b, s in dense]
+    for kind, b, s, t in paged:
         lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
         out.append((f"paged {kind} b{b} s{s} t{t}", "paged", b, s, t, lengths))
     return out
@@ -175,6 +185,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="name:CONST=VALUE,... (module constants)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--points", choices=["default", "serving"], default="default")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     require_cuda()
@@ -194,7 +205,7 @@ def main() -> None:
     mods = load_all(variants, args.base_combine)
     record = {"env": environment(), "variants": {n: c for n, _, c in variants}, "flashmla": fm is not None,
               "checks": [], "times": []}
-    for point in points(args.quick):
+    for point in points(args.quick, args.points):
         label = point[0]
         try:
             calls, fm_call, ref = build_calls(mods, point, fm)
