@@ -122,13 +122,6 @@ _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
-#: a plan whose kind the GPU chose: 0 launches the item kernel first and the packed kernel as its
-#: programmatic dependent, 1 the packed kernel first and the item kernel as its dependent (the
-#: second kernel's programs then exit in the first one's tail instead of before it starts)
-_PACKED_FIRST = gl.constexpr(0) if GLUON_AVAILABLE else 0
-#: row maxima and sums of a score tile as trees (column pairs first, then two chains) instead of
-#: one chain per row: the softmax's reductions, whose cross-lane shuffles the profile shows waited on
-_TREE_REDUCE = gl.constexpr(0) if GLUON_AVAILABLE else 0
 
 
 if GLUON_AVAILABLE:
@@ -193,24 +186,6 @@ if GLUON_AVAILABLE:
         mbarrier.wait(ready[buf * 3 + 2], phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-
-    @gluon.jit
-    def _row_max(x, rows: gl.constexpr):
-        """The row maxima of ``x [M, N]`` (fp32, an MMA layout) in layout ``rows``."""
-        if _TREE_REDUCE:
-            xa, xb = x.reshape([x.shape[0], x.shape[1] // 2, 2]).split()
-            return gl.convert_layout(gl.max(gl.maximum(xa, xb), axis=1), rows)
-        else:
-            return gl.max(x, axis=1)
-
-    @gluon.jit
-    def _row_sum(x, rows: gl.constexpr):
-        """The row sums of ``x [M, N]`` (fp32, an MMA layout) in layout ``rows``."""
-        if _TREE_REDUCE:
-            xa, xb = x.reshape([x.shape[0], x.shape[1] // 2, 2]).split()
-            return gl.convert_layout(gl.sum(xa + xb, axis=1), rows)
-        else:
-            return gl.sum(x, axis=1)
 
     @gluon.jit
     def _publish(bar, row_smem, row_vec, p_smem, p):
@@ -361,14 +336,14 @@ if GLUON_AVAILABLE:
                 keys = first + cols
                 visible = (keys[None, :] <= limit[:, None]) & (keys[None, :] >= (blk_lo + j) * BN) & has_own
                 sc = gl.where(visible, raw, float("-inf"))
-            row_max = _row_max(sc, s_rows) * fold   # (the scale is positive: the max commutes with it)
+            row_max = gl.max(sc, axis=1) * fold   # (the scale is positive: the max commutes with it)
             if ROLE == 0:
                 m_a = gl.maximum(m_i, row_max)
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
                 p_f = gl.exp2(sc * fold - m_a_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
-                xrow.index(3).store(_row_sum(p_f, s_rows))      # p0's fp32 row sum, for WG1's l
+                xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
                 _publish(bar_a, xrow.index(0), m_a, own_r, p)
                 acc = acc * alpha[:, None]
                 p_op = gl.convert_layout(p, p_layout)
@@ -403,7 +378,7 @@ if GLUON_AVAILABLE:
                 beta_s = gl.exp2(m_a - m_b_safe)
                 beta = gl.convert_layout(beta_s, p_rows)
                 # the row sum in fp32 (the LSE's accuracy), of p1 and of p0 rescaled to mB
-                l_new = gl.convert_layout(_row_sum(p_f, s_rows) + xrow.index(3).load(s_rows) * beta_s, o_rows)
+                l_new = gl.convert_layout(gl.sum(p_f, axis=1) + xrow.index(3).load(s_rows) * beta_s, o_rows)
                 # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
                 # publishing, since WG0 may overwrite it once it has mB
                 p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
@@ -600,17 +575,17 @@ if GLUON_AVAILABLE:
                                   pack=1)
         if GATED:
             packed = gl.load(packed_ptr)
-            # the kernel launched second (a programmatic dependent of the other): when the plan
-            # is not its kind, one waiting program keeps its grid from ending before the first
-            # kernel's has, so that the combine's wait covers both; the others leave at once, in
-            # the first kernel's tail
-            SECOND: gl.constexpr = PERSISTENT != (_PACKED_FIRST != 0)
-            if (packed != 0) != PERSISTENT:
-                if SECOND:
+            if PERSISTENT:
+                if packed == 0:
+                    # one waiting program keeps this grid from ending before the item kernel
+                    # has; the others leave at once, in that kernel's tail
                     if gl.program_id(0) + gl.program_id(1) == 0:
                         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
                                                   is_pure=False, pack=1)
-                return
+                    return
+            else:
+                if packed != 0:
+                    return
         if PERSISTENT:
             it0 = gl.load(starts_ptr + gl.program_id(1))
             it1 = gl.load(starts_ptr + gl.program_id(1) + 1)
@@ -672,7 +647,7 @@ if GLUON_AVAILABLE:
 
 if GLUON_AVAILABLE:
     _launch = CachedLaunch(_flash_mla_seesaw)
-    #: the second kernel of a plan whose kind the GPU chose (see _PACKED_FIRST)
+    #: the packed kernel after the item kernel, for a plan whose kind the GPU chose
     _launch_pdl = CachedLaunch(_flash_mla_seesaw, launch_pdl=True)
 
 
@@ -834,18 +809,16 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     table = block_table if paged else plan.items
     tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
     # the kernels to launch, in order: (PERSISTENT, GATED); a plan whose kind the GPU chose runs
-    # through both, in the order _PACKED_FIRST sets (see DecodePlan.packed and the kernel's GATED)
+    # through both, the item kernel first (see DecodePlan.packed and the kernel's GATED)
     gated = plan.starts is not None and plan.packed is not None
-    both = ((True, True), (False, True)) if getattr(_PACKED_FIRST, "value", _PACKED_FIRST) else \
-        ((False, True), (True, True))
     base_key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
                 table.data_ptr() % 16, seq_arg.data_ptr() % 16)
-    # per kernel: (kind, launcher, launch key, constexprs); the second of a gated pair is a
-    # programmatic dependent launch
-    kernels = [(kind, _launch_pdl if n == 1 else _launch, base_key + kind,
+    # per kernel: (kind, launcher, launch key, constexprs); the packed kernel after the item
+    # kernel is a programmatic dependent launch
+    kernels = [(kind, _launch_pdl if kind == (True, True) else _launch, base_key + kind,
                 dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
                      HEAD_MAJOR=head_major, PERSISTENT=kind[0], GATED=kind[1]))
-               for n, kind in enumerate(both if gated else ((plan.starts is not None, False),))]
+               for kind in (((False, True), (True, True)) if gated else ((plan.starts is not None, False),))]
     cached = all(launcher.ready(key) for _, launcher, key, _ in kernels)
     if paged:
         cs = cache.stride()
