@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,29 +97,86 @@ def _number(x: str) -> float:
         return 0.0
 
 
-def summarise(source_csv: str, top: int = 40) -> dict:
-    """Per-instruction stall samples of a source-page CSV: the column totals, the opcode totals
-    and the ``top`` instructions by samples (address, SASS, samples per column)."""
+def _category(op: str, row: dict, samples: float) -> str:
+    """Where an instruction's samples go: the mbarrier waits (a branch on a try-wait's
+    predicate, long scoreboard), the tensor-core waits (``WARPGROUP.DEPBAR``), HGMMA issue,
+    warpgroup barriers, local-memory traffic, or the rest by their main stall reason."""
+    if op.startswith("BRA") and row["stall_long_sb"] > samples / 2:
+        return "mbarrier wait"
+    for prefix, name in (("WARPGROUP.DEPBAR", "wgmma wait"), ("HGMMA", "HGMMA issue"), ("BAR", "BAR"),
+                         ("LDL", "local memory"), ("STL", "local memory")):
+        if op.startswith(prefix):
+            return name
+    for reason in ("barrier", "short_sb", "long_sb"):
+        if row[f"stall_{reason}"] > samples / 2:
+            return f"other, {reason}"
+    return "other"
+
+
+def summarise(source_csv: str, loop_hgmma: int = 44, top: int = 30) -> dict:
+    """Per-instruction stall samples of a source-page CSV (ncu ``--page source --print-source
+    sass``): the totals per stall reason, and per pair loop (a backward branch's body holding
+    ``loop_hgmma`` HGMMA) its samples, its iterations (the first instruction's executions, per
+    warp), the samples per 1,000 iterations by :func:`_category` and by stall reason, and its
+    ``top`` instructions by samples."""
     rows = list(csv.reader(io.StringIO(source_csv)))
-    head = next((i for i, r in enumerate(rows) if any("Source" in c for c in r)), None)
+    head = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
     if head is None:
         return {"error": "no source table", "first_lines": rows[:5]}
     cols = rows[head]
-    body = [r for r in rows[head + 1:] if len(r) == len(cols)]
-    src = next(i for i, c in enumerate(cols) if c.startswith("Source"))
-    num = [i for i, c in enumerate(cols) if "Samples" in c or "stall" in c.lower() or "Executed" in c]
-    totals = {cols[i]: sum(_number(r[i]) for r in body) for i in num}
-    samp = next((i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")), num[0] if num else None)
-    by_op: dict[str, float] = defaultdict(float)
+    body = [dict(zip(cols, r)) for r in rows[head + 1:] if len(r) == len(cols)]
+    reasons = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
     for r in body:
-        op = r[src].split()[0] if r[src].split() else ""
-        if op.startswith("@"):
-            op = r[src].split()[1] if len(r[src].split()) > 1 else op
-        by_op[op.split(".")[0]] += _number(r[samp]) if samp is not None else 0
-    hot = sorted(body, key=lambda r: -_number(r[samp]))[:top] if samp is not None else []
-    return {"columns": cols, "instructions": len(body), "totals": totals,
-            "by_opcode": dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:30]),
-            "hottest": [{cols[i]: r[i] for i in [0, src] + num} for r in hot]}
+        for c in reasons + ["Warp Stall Sampling (All Samples)", "Instructions Executed"]:
+            r[c] = _number(r[c])
+        toks = r["Source"].split()
+        r["op"] = (toks[1] if toks and toks[0].startswith("@") and len(toks) > 1 else (toks[0] if toks else ""))
+    samples = "Warp Stall Sampling (All Samples)"
+    total = sum(r[samples] for r in body)
+    where = {int(r["Address"], 16): i for i, r in enumerate(body)}
+    loops = []
+    for i, r in enumerate(body):
+        m = re.search(r"BRA(?:\.\w+)* (0x[0-9a-f]+)", r["Source"])
+        if m and int(m.group(1), 16) in where and where[int(m.group(1), 16)] < i:
+            a = where[int(m.group(1), 16)]
+            # a pair loop's branch runs once per iteration, as its first instruction does (a
+            # try-wait's retry branch, placed past the kernel's end, runs far less often)
+            if sum(x["op"].startswith("HGMMA") for x in body[a:i + 1]) == loop_hgmma and \
+                    r["Instructions Executed"] >= 0.5 * body[a]["Instructions Executed"]:
+                loops.append((a, i))
+    loops = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    out_loops = []
+    for a, b in loops:
+        part = body[a:b + 1]
+        iters = max(1.0, part[0]["Instructions Executed"])
+        cats: dict[str, float] = defaultdict(float)
+        for r in part:
+            cats[_category(r["op"], r, r[samples])] += r[samples]
+        per = lambda v: round(1000 * v / iters, 1)
+        out_loops.append({
+            "first": a, "last": b, "instructions": b - a + 1, "iterations": iters,
+            "samples": sum(r[samples] for r in part), "share": sum(r[samples] for r in part) / max(total, 1),
+            "per_1000_iterations": {k: per(v) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+            "reasons_per_1000_iterations": {c[6:]: per(sum(r[c] for r in part)) for c in reasons
+                                            if sum(r[c] for r in part)},
+            "hottest": [{"index": a + j, "sass": r["Source"].strip(), "share": r[samples] / max(total, 1),
+                         "reasons": {c[6:]: r[c] for c in reasons if r[c]}}
+                        for j, r in sorted(enumerate(part), key=lambda jr: -jr[1][samples])[:top]],
+        })
+    return {"instructions": len(body), "samples": total,
+            "reasons": {c[6:]: sum(r[c] for r in body) for c in reasons},
+            "pair_loops": out_loops}
+
+
+def report(record: dict) -> None:
+    """Print each kernel's pair loops: samples per 1,000 iterations by category."""
+    for who, k in record["kernels"].items():
+        s = k["summary"]
+        print(f"{who}: {s.get('instructions')} instructions, {s.get('samples', 0):.0f} samples")
+        for lp in s.get("pair_loops", []):
+            cats = "  ".join(f"{c} {v}" for c, v in lp["per_1000_iterations"].items())
+            print(f"  loop {lp['first']}-{lp['last']} ({lp['instructions']} instructions, {lp['share']:.1%} of samples,"
+                  f" {sum(lp['per_1000_iterations'].values()):.0f} per 1,000 iterations): {cats}")
 
 
 def main() -> None:
@@ -130,9 +188,22 @@ def main() -> None:
     ap.add_argument("--dir", default="stall-reports", help="folder for the ncu reports and CSV exports")
     ap.add_argument("--child", choices=sorted(KERNELS), default=None)
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--from-csv", action="store_true",
+                    help="summarise the source-page exports already in --dir (ours-source.csv, flashmla-source.csv)")
     args = ap.parse_args()
     if args.child:
         child(args.child, args.point, args.warmup, args.flash_mla)
+        return
+    if args.from_csv:
+        record = {"point": args.point, "kernels": {}}
+        for who in KERNELS:
+            path = os.path.join(args.dir, f"{who}-source.csv")
+            if os.path.exists(path):
+                with open(path) as f:
+                    record["kernels"][who] = {"name": KERNELS[who], "summary": summarise(f.read())}
+        report(record)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
         return
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     os.makedirs(args.dir, exist_ok=True)
@@ -142,9 +213,7 @@ def main() -> None:
             continue
         pages = profile(who, args, ncu)
         record["kernels"][who] = {"name": KERNELS[who], "summary": summarise(pages["source"])}
-        s = record["kernels"][who]["summary"]
-        print(f"{who}: {s.get('instructions')} instructions; totals {s.get('totals')}", flush=True)
-        print("  by opcode:", list(s.get("by_opcode", {}).items())[:12], flush=True)
+    report(record)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
 
