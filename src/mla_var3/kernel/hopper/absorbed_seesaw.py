@@ -130,28 +130,18 @@ if GLUON_AVAILABLE:
     def _load_half(z_desc, kr_desc, ready, z_buf, kr_buf, buf: gl.constexpr, c0, c1, pred,
                    HALF: gl.constexpr, ROPE: gl.constexpr, NZ: gl.constexpr):
         """TMA: half ``HALF`` (0: Z columns ``0 .. K/2``, 1: ``K/2 .. K``) of the key block at
-        coordinates ``(c0, c1)`` (dense: sequence, first key; paged: page, 0) into buffer ``buf``,
-        in boxes of 64 columns, box ``c`` (of the block's ``NZ``) signalling ``ready[buf * (NZ + 1)
-        + c]``, so the score MMA can start on a block's first columns; with ``ROPE`` also its
-        RoPE piece (``ready[buf * (NZ + 1) + NZ]``)."""
-        NB: gl.constexpr = NZ + 1
-        # every expect before the first copy: the compiler fences (bar.sync) between an expect
-        # and a copy on one barrier, so this way once per call, not once per box
-        for c in gl.static_range(NZ // 2):
-            mbarrier.expect(ready[buf * NB + HALF * (NZ // 2) + c], z_desc.block_type.nbytes, pred=pred)
+        coordinates ``(c0, c1)`` (dense: sequence, first key; paged: page, 0) into buffer ``buf``
+        (one box of K/2 columns) signalling ``ready[buf * 3 + HALF]``; with ``ROPE`` also its RoPE
+        piece (``ready[buf * 3 + 2]``)."""
+        KH: gl.constexpr = NZ * 32
+        bar = ready[buf * 3 + HALF]
+        mbarrier.expect(bar, z_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(z_desc, [c0, c1, HALF * KH], bar, z_buf.slice(HALF * KH, KH, dim=2),
+                                        pred=pred)
         if ROPE:
-            mbarrier.expect(ready[buf * NB + NZ], kr_desc.block_type.nbytes, pred=pred)
-        for c in gl.static_range(NZ // 2):
-            tma.async_copy_global_to_shared(z_desc, [c0, c1, (HALF * (NZ // 2) + c) * 64],
-                                            ready[buf * NB + HALF * (NZ // 2) + c],
-                                            z_buf.slice((HALF * (NZ // 2) + c) * 64, 64, dim=2), pred=pred)
-        if ROPE:
-            tma.async_copy_global_to_shared(kr_desc, [c0, c1, 0], ready[buf * NB + NZ], kr_buf, pred=pred)
-
-    @gluon.jit
-    def _barrier():
-        """One mbarrier in its own shared-memory allocation."""
-        return gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            bar_r = ready[buf * 3 + 2]
+            mbarrier.expect(bar_r, kr_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(kr_desc, [c0, c1, 0], bar_r, kr_buf, pred=pred)
 
     @gluon.jit
     def _page_at(pages_smem, j, PAGED: gl.constexpr):
@@ -186,14 +176,14 @@ if GLUON_AVAILABLE:
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
                 NZ: gl.constexpr):
         """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), one wgmma group per 64
-        columns; each box of 64 columns (and the RoPE piece) is waited for just before its group."""
-        NB: gl.constexpr = NZ + 1
+        columns; each half of Z (and the RoPE piece) is waited for just before its first group."""
         tok = s_zero
         for c in gl.static_range(NZ):
-            mbarrier.wait(ready[buf * NB + c], phase, pred=wait_pred)
+            if c % (NZ // 2) == 0:
+                mbarrier.wait(ready[buf * 3 + c // (NZ // 2)], phase, pred=wait_pred)
             tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
                                 tok, use_acc=c > 0, is_async=True)
-        mbarrier.wait(ready[buf * NB + NZ], phase, pred=wait_pred)
+        mbarrier.wait(ready[buf * 3 + 2], phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
@@ -614,13 +604,15 @@ if GLUON_AVAILABLE:
         qr_smem = gl.allocate_shared_memory(dtype, [1, BM, P], qr_desc.layout)
         z_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, K], zl)
         kr_smem = gl.allocate_shared_memory(dtype, [2, 1, BN, P], kr_desc.layout)
-        # the key buffers' load barriers, one per 64-column box of Z and one for the RoPE piece
-        # (2 x (K / 64 + 1)), each its own allocation: the compiler's shared-memory hazard
-        # analysis then tells them apart and fences (bar.sync) only between the ops on one barrier
-        ready = (_barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(),
-                 _barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(), _barrier(),
-                 _barrier(), _barrier())
-        gl.static_assert(len(ready) == 2 * (K // 64 + 1), "one load barrier per 64-column box and RoPE piece")
+        # the key buffers' six load barriers (X, Y: Z's halves and the RoPE piece) as six
+        # allocations, not one of six: the compiler's shared-memory hazard analysis then tells
+        # them apart and fences (bar.sync) only between the ops on one barrier
+        ready = (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                 gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         seg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -630,7 +622,7 @@ if GLUON_AVAILABLE:
         pages_row = gl.allocate_shared_memory(gl.int32, [1, NP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
         mbarrier.init(seg_bar, count=2)
-        for i0 in gl.static_range(len(ready)):
+        for i0 in gl.static_range(6):
             mbarrier.init(ready[i0], count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
@@ -830,10 +822,10 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     cached = all(launcher.ready(key) for _, launcher, key, _ in kernels)
     if paged:
         cs = cache.stride()
-        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, 64), cached)
+        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), cached)
         kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p), cached)
     else:
-        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, 64), cached)
+        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), cached)
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
@@ -969,7 +961,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
         return f"tensordesc<{ty}[1,{rows},{cols}],{layout!r}>"
 
     signature = {
-        "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(64, BLOCK_N),
+        "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
         "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
         "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
         "starts_ptr": "*i32", "packed_ptr": "*i64",
