@@ -28,7 +28,7 @@ if not gluon_mod.GLUON_AVAILABLE:
 
 import triton  # noqa: E402
 
-from mla_var3.kernel.sass import compile_gluon_in_subprocess, mma_loops  # noqa: E402
+from mla_var3.kernel.sass import compile_gluon_builds, compile_gluon_in_subprocess, mma_loops  # noqa: E402
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _CUOBJDUMP = _BIN / "cuobjdump"
@@ -42,58 +42,31 @@ VARIANTS = [
     dict(dtype="bf16", causal=True, split=True, has_seqlens=True, pipeline=True),
 ]
 
-_SCRIPT = r"""
-import json, sys
-from mla_var3.kernel.hopper.absorbed_gluon import compile_for_sm90
-out = sys.argv[1]
-variants = json.loads(sys.argv[2])
-res = []
-for i, v in enumerate(variants):
-    c = compile_for_sm90(k=512, p=64, **v)
-    path = f"{out}/k{i}.cubin"
-    open(path, "wb").write(c.asm["cubin"])
-    res.append(dict(variant=v, cubin=path, shared=c.metadata.shared, num_warps=c.metadata.num_warps))
-print(json.dumps(res))
-"""
-
-
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled():
     if not _CUOBJDUMP.exists():
         pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    out = tmp_path_factory.mktemp("gluon_sm90")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(out / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(out), json.dumps(VARIANTS)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    for r in results:
-        sass = subprocess.run([str(_CUOBJDUMP), "-sass", r["cubin"]], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([str(_CUOBJDUMP), "--dump-resource-usage", r["cubin"]], capture_output=True,
-                               text=True, check=True).stdout
-        r["sass"] = sass
-        r["usage"] = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
-        r["hgmma"] = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
-    return results
+    builds = compile_gluon_builds("mla_var3.kernel.hopper.absorbed_gluon", [dict(k=512, p=64, **v) for v in VARIANTS],
+                                  timeout=300)
+    return [dict(variant=v, build=b) for v, b in zip(VARIANTS, builds)]
 
 
 @pytest.mark.parametrize("idx", range(len(VARIANTS)), ids=[
     "-".join(f"{k}={v}" for k, v in variant.items()) for variant in VARIANTS])
 def test_compiles_with_hgmma_and_no_spills(compiled, idx):
-    r = compiled[idx]
-    assert r["num_warps"] == gluon_mod.NUM_WARPS
+    variant, build = compiled[idx]["variant"], compiled[idx]["build"]
+    assert build.num_warps == gluon_mod.NUM_WARPS
     # tensor-core MMA: scores 64 x 32 per warpgroup over K + P = 576 (36 x k16), output 64 x 256 per
     # warpgroup over 64 keys (4 x k16). A 64x64 score MMA would mean both warpgroups compute all of S.
     # The pipelined schedule has the score MMA twice in the code: block 0 before the loop, block
     # j + 1 inside it.
-    counts = {shape: r["hgmma"].count(shape) for shape in set(r["hgmma"])}
-    score_copies = 2 if r["variant"]["pipeline"] else 1
-    assert counts == {"64x32x16": score_copies * (512 + 64) // 16, "64x256x16": 64 // 16}, counts
+    score_copies = 2 if variant["pipeline"] else 1
+    assert build.hgmma == {"64x32x16": score_copies * (512 + 64) // 16, "64x256x16": 64 // 16}, build.hgmma
     # no spills: no local memory, no stack, no local loads/stores in the SASS
-    assert r["usage"].get("LOCAL", 0) == 0 and r["usage"].get("STACK", 0) == 0, r["usage"]
-    assert not re.search(r"\b(STL|LDL)\b", r["sass"]), "register spills (STL/LDL) in the SASS"
-    assert 0 < r["usage"]["REG"] <= 255
-    assert 0 < r["shared"] <= SMEM_LIMIT, r["shared"]
+    assert build.stack_bytes == 0, build.stack_bytes
+    assert not re.search(r"\b(STL|LDL)\b", build.sass), "register spills (STL/LDL) in the SASS"
+    assert 0 < build.registers <= 255
+    assert 0 < build.shared_bytes <= SMEM_LIMIT, build.shared_bytes
 
 
 def test_num_splits_fill_one_wave():

@@ -39,3 +39,13 @@ def test_a_variant_is_a_fresh_module_with_its_constants():
 def test_an_unknown_constant_is_refused():
     with pytest.raises(ValueError, match="no constant _NOT_THERE"):
         seesaw_ab.load_variant("t3", seesaw.__file__, {"_NOT_THERE": 1})
+
+
+def test_serving_points_are_the_paged_gated_and_bar_rows():
+    pts = seesaw_ab.points(False, "serving")
+    assert [(kind, b, s, t) for _, kind, b, s, t, _ in pts] == [("paged", b, s, t) for _, b, s, t in seesaw_ab.SERVING]
+    for (_, _, b, s, t, lengths), (kind, *_rest) in zip(pts, seesaw_ab.SERVING):
+        assert len(lengths) == b and all(t // 8 <= n <= t for n in lengths)
+        assert (len(set(lengths)) == 1) == (kind == "uniform" or b == 1)
+    # the default points keep their lengths (the serving list draws from its own generator)
+    assert seesaw_ab.points(False) == seesaw_ab.points(False, "default")

@@ -199,6 +199,9 @@ class GluonBuild:
     stack_bytes : stack frame plus local memory per thread (spills; 0 is the goal).
     hgmma : HGMMA instruction shape (``"64x128x16"``) -> count in the SASS.
     ptx, sass : the PTX (``setmaxnreg`` shows the warp-specialised register split) and SASS.
+    registers : registers per thread the cubin declares (the launch's; warp-specialised
+        partitions then re-split them with ``setmaxnreg``).
+    num_warps : the compile's ``num_warps`` (the default partition's warps).
     """
 
     shared_bytes: int
@@ -206,39 +209,54 @@ class GluonBuild:
     hgmma: dict
     ptx: str
     sass: str
+    registers: int = 0
+    num_warps: int = 0
 
 
 _GLUON_CHILD = r"""
 import json, sys
 import importlib
-module, options, cubin = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-c = importlib.import_module(module).compile_for_sm90(**options)
-open(cubin, "wb").write(c.asm["cubin"])
-print(json.dumps(dict(shared=c.metadata.shared, ptx=c.asm["ptx"])))
+module, variants, folder = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+mod = importlib.import_module(module)
+res = []
+for i, options in enumerate(variants):
+    c = mod.compile_for_sm90(**options)
+    open(f"{folder}/k{i}.cubin", "wb").write(c.asm["cubin"])
+    res.append(dict(shared=c.metadata.shared, num_warps=c.metadata.num_warps, ptx=c.asm["ptx"]))
+print(json.dumps(res))
 """
 
 
-def compile_gluon_in_subprocess(module: str, *, timeout: float = 600, **options) -> GluonBuild:
-    """Run ``module.compile_for_sm90(**options)`` (the Gluon kernels' compile hook) in a fresh
-    process with ``TRITON_INTERPRET=0`` and read its cubin with cuobjdump. Raises RuntimeError
-    with the child's stderr when compilation fails."""
+def compile_gluon_builds(module: str, variants: list[dict], *, timeout: float = 600) -> list[GluonBuild]:
+    """Run ``module.compile_for_sm90(**options)`` (the Gluon kernels' compile hook) for each
+    ``options`` of ``variants`` in one fresh process with ``TRITON_INTERPRET=0``, and read each
+    cubin with cuobjdump; the builds in the order of ``variants``. Raises RuntimeError with the
+    child's stderr when compilation fails."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    builds = []
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
         env["TRITON_CACHE_DIR"] = str(Path(tmp) / "cache")
-        proc = subprocess.run([sys.executable, "-c", _GLUON_CHILD, module, json.dumps(options), str(cubin)], env=env,
+        proc = subprocess.run([sys.executable, "-c", _GLUON_CHILD, module, json.dumps(variants), tmp], env=env,
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"compiling {module} {options} for sm_90 failed:\n{proc.stderr[-4000:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        sass = disassemble(cubin)
-        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
-                               text=True, check=True).stdout
-    mem = {k: int(v) for k, v in re.findall(r"\b(STACK|LOCAL):(\d+)", usage)}
-    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
-    return GluonBuild(out["shared"], mem.get("STACK", 0) + mem.get("LOCAL", 0),
-                      {shape: shapes.count(shape) for shape in set(shapes)}, out["ptx"], sass)
+            raise RuntimeError(f"compiling {module} {variants} for sm_90 failed:\n{proc.stderr[-4000:]}")
+        for i, out in enumerate(json.loads(proc.stdout.strip().splitlines()[-1])):
+            cubin = Path(tmp) / f"k{i}.cubin"
+            sass = disassemble(cubin)
+            usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
+                                   text=True, check=True).stdout
+            mem = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+            shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.", sass)
+            builds.append(GluonBuild(out["shared"], mem.get("STACK", 0) + mem.get("LOCAL", 0),
+                                     {shape: shapes.count(shape) for shape in set(shapes)}, out["ptx"], sass,
+                                     mem.get("REG", 0), out["num_warps"]))
+    return builds
+
+
+def compile_gluon_in_subprocess(module: str, *, timeout: float = 600, **options) -> GluonBuild:
+    """:func:`compile_gluon_builds` of one variant: ``module.compile_for_sm90(**options)``."""
+    return compile_gluon_builds(module, [options], timeout=timeout)[0]
 
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")

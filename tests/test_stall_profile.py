@@ -1,0 +1,69 @@
+"""The stall profile's summary (``benchmarks/stall_profile.py``) of an Nsight Compute source-page
+export: it finds the pair loop (a backward branch over 44 HGMMA that runs once per iteration,
+not a try-wait's retry branch placed past the kernel's end) and prices each cause per 1,000
+iterations."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import stall_profile  # noqa: E402
+
+REASONS = ["stall_barrier", "stall_long_sb", "stall_short_sb", "stall_mio", "stall_wait"]
+COLUMNS = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"] + REASONS
+
+
+def _export(rows: list[tuple[str, int, int, dict]]) -> str:
+    """A source-page CSV of ``(sass, samples, executions, {reason: samples})`` at 16-byte steps."""
+    out = io.StringIO()
+    w = csv.writer(out, quoting=csv.QUOTE_ALL)
+    w.writerow(["Kernel Name", "k", ""])
+    w.writerow(COLUMNS)
+    for i, (sass, samples, executed, reasons) in enumerate(rows):
+        w.writerow([hex(0x1000 + 16 * i), f"      {sass}", samples, executed] + [reasons.get(r, 0) for r in REASONS])
+    return out.getvalue()
+
+
+def _kernel(iterations: int = 2000) -> list:
+    top = hex(0x1000 + 16 * 1)            # the loop's first instruction
+    retry = hex(0x1000 + 16 * 2)          # the try-wait's retry target
+    rows = [("LDC R1, c[0x0][0x28]", 5, 10, {"stall_wait": 5}),
+            ("SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [R0+URZ+0x37590], R1", 10, iterations, {"stall_wait": 10}),
+            ("@!P2 BRA 0x9000", 300, iterations, {"stall_long_sb": 300})]
+    rows += [("HGMMA.64x64x16.F32.BF16 R152, gdesc[UR8], R152", 4, iterations, {"stall_mio": 4})] * 44
+    rows += [("WARPGROUP.DEPBAR.LE gsb0, 0x0", 120, iterations, {"stall_barrier": 120}),
+             ("FMNMX R5, R5, R11, !PT", 60, iterations, {"stall_short_sb": 60}),
+             ("LDL R13, [R1+0x1c]", 20, iterations, {"stall_wait": 20}),
+             (f"@P1 BRA {top}", 2, iterations, {"stall_wait": 2}),
+             ("EXIT", 1, 10, {}),
+             # the retry block past the end: jumps back over the whole loop, runs rarely
+             ("SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [R0+URZ+0x37590], R1", 0, 3, {}),
+             (f"@!P2 BRA {retry}", 0, 3, {})]
+    return rows
+
+
+def test_summary_finds_the_pair_loop_and_prices_each_cause():
+    s = stall_profile.summarise(_export(_kernel(2000)))
+    assert s["instructions"] == len(_kernel())
+    assert len(s["pair_loops"]) == 1                       # the retry branch's span is not a loop
+    loop = s["pair_loops"][0]
+    assert (loop["first"], loop["instructions"], loop["iterations"]) == (1, 50, 2000)
+    per = loop["per_1000_iterations"]
+    assert per["mbarrier wait"] == pytest.approx(150.0)   # 300 samples over 2,000 iterations
+    assert per["wgmma wait"] == pytest.approx(60.0)
+    assert per["HGMMA issue"] == pytest.approx(44 * 4 / 2)
+    assert per["other, short_sb"] == pytest.approx(30.0)
+    assert per["local memory"] == pytest.approx(10.0)
+    assert loop["samples"] == 10 + 300 + 44 * 4 + 120 + 60 + 20 + 2
+    assert loop["hottest"][0]["sass"].startswith("@!P2 BRA")
+    assert s["reasons"]["long_sb"] == 300
+
+
+def test_summary_without_a_source_table_says_so():
+    assert "error" in stall_profile.summarise('"Kernel Name","k"\n"nothing","here"\n')
