@@ -102,7 +102,7 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -122,11 +122,6 @@ _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
-#: 1: WG0 does not wait for its ``p1 . Y_L`` to retire at the end of a pair; it issues the next
-#: pair's first score group behind it, waits then, and reloads Y_L and Y's RoPE piece there, so
-#: the tensor cores get the next scores without the reload's issue in between (the wait measured
-#: 6.9 % of the item kernel's samples, ``docs/kernels/flash-mla.md`` §8). Not yet timed: 0.
-_WG0_DEFER_Y = gl.constexpr(0) if GLUON_AVAILABLE else 0
 
 
 if GLUON_AVAILABLE:
@@ -179,27 +174,18 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _scores(q_tile, qr_tile, z_tile, kr_tile, ready, buf: gl.constexpr, phase, wait_pred, s_zero,
-                NZ: gl.constexpr, pend, REFILL: gl.constexpr, z_desc, kr_desc, z_smem, kr_smem, y0, y1, y_pred):
+                NZ: gl.constexpr):
         """``Q . Z^T + Qpe . kpe^T`` of buffer ``buf`` ([64, 64] fp32), one wgmma group per 64
-        columns; each half of Z (and the RoPE piece) is waited for just before its first group.
-        With ``REFILL`` (WG0, ``_WG0_DEFER_Y``): ``pend`` is the output accumulator with the last
-        pair's ``p1 . Y_L`` possibly in flight; once the first score group is issued behind it,
-        it is waited for and Y_L and Y's RoPE piece are reloaded from ``(y0, y1)`` when
-        ``y_pred``. Returns ``(scores, pend)`` (``pend`` retired)."""
+        columns; each half of Z (and the RoPE piece) is waited for just before its first group."""
         tok = s_zero
         for c in gl.static_range(NZ):
             if c % (NZ // 2) == 0:
                 mbarrier.wait(ready[buf * 3 + c // (NZ // 2)], phase, pred=wait_pred)
             tok = warpgroup_mma(q_tile.slice(c * 64, 64, dim=1), z_tile.slice(c * 64, 64, dim=1).permute((1, 0)),
                                 tok, use_acc=c > 0, is_async=True)
-            if REFILL:
-                if c == 0:
-                    pend = warpgroup_mma_wait(num_outstanding=1, deps=(pend,))
-                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, y_pred, 0, True,
-                               NZ)
         mbarrier.wait(ready[buf * 3 + 2], phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,)), pend
+        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
     def _publish(bar, row_smem, row_vec, p_smem, p):
@@ -315,9 +301,6 @@ if GLUON_AVAILABLE:
         acc = gl.zeros([BM, KH], gl.float32, o_layout)
         s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
 
-        DEFER: gl.constexpr = (ROLE == 0) and (_WG0_DEFER_Y != 0)
-        if DEFER:
-            acc = warpgroup_mma_init(acc)   # carried as an accumulator: its last MMA may be in flight
         mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
         for i in range(n_pairs):
@@ -341,15 +324,7 @@ if GLUON_AVAILABLE:
             has_own = j < n_iter
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
-            if DEFER:
-                # Y's block 2i + 1 (loaded at the end of pair i - 1 without the deferral)
-                ry0, ry1 = _coords(b, blk_lo + 2 * i + 1, _page_at(pages_smem, 2 * i + 1, PAGED), n_blk, L, PAGED)
-                raw, acc = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ,
-                                   acc, True, z_desc, kr_desc, z_smem, kr_smem, ry0, ry1,
-                                   (i > 0) & (2 * i + 1 < n_iter))
-            else:
-                raw, _unused = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero,
-                                       NZ, s_zero, False, z_desc, kr_desc, z_smem, kr_smem, 0, 0, False)
+            raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
             # scores in log2 units: the scale is folded into exp2's argument (one FFMA per score; the
             # row max is scaled once per row)
             fold = qk_scale_log2
@@ -383,19 +358,14 @@ if GLUON_AVAILABLE:
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
                 acc = acc * beta[:, None]
-                if DEFER:
-                    acc = warpgroup_mma_init(acc)
                 if has_y:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
-                    if DEFER:
-                        acc = tok     # retired (and Y reloaded) in the next pair's first score group
-                    else:
-                        # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
-                        cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
-                                           PAGED)
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
-                                   2 * i + 3 < n_iter, 0, True, NZ)
+                    # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
+                    cy0, cy1 = _coords(b, blk_lo + 2 * i + 3, _page_at(pages_smem, 2 * i + 3, PAGED), n_blk, L,
+                                       PAGED)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                    _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, cy0, cy1,
+                               2 * i + 3 < n_iter, 0, True, NZ)
                 m_i = m_b
             else:
                 mbarrier.wait(bar_a, ph)
@@ -431,8 +401,6 @@ if GLUON_AVAILABLE:
                            2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
 
-        if DEFER:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))   # the last pair's p1 . Y_L
         # ---- epilogue: normalise, stage in a free buffer, TMA store (rows >= ROWS are clipped)
         o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
         if ROLE == 1:
