@@ -6,7 +6,11 @@ as an engine's decode step does) and FlashMLA's call run ``--calls`` times each 
 ``torch.profiler``; the kernels' device times are summed per kernel name and divided by the
 calls. Our plan's work list is read back (a host read, outside the profiled calls): items,
 split items, programs and the item lengths. The sum of kernel times is not the call's wall time
-(launch gaps are left out); ``serving_check.py`` measures that.
+(launch gaps are left out); ``serving_check.py`` measures that. With ``--timeline`` each call
+also runs alone (synchronised after it) under the profiler, and the trace gives every kernel's
+grid, start (from the call's first kernel) and duration, medians over the calls: the gaps
+between a gated plan's two kernels and the combine, which the per-name sums hide (both seesaw
+kernels have one name).
 
 Usage::
 
@@ -45,6 +49,50 @@ def kernel_times(fn, calls: int) -> dict[str, float]:
     return {name: us / calls for name, us in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
+def call_timelines(trace: dict, calls: int) -> dict:
+    """The kernels of ``calls`` calls in a chrome trace (``torch.profiler``'s export), each call's
+    kernels in start order: ``{"kernels": [{"name", "grid", "start_us", "dur_us"}], "span_us"}``,
+    start (from the call's first kernel start), duration and the span (first start to last end)
+    the medians over the calls. The calls must each launch the same kernels, one call after the
+    other (each synchronised)."""
+    import statistics
+
+    ev = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not ev or len(ev) % calls:
+        raise ValueError(f"{len(ev)} kernels in the trace for {calls} calls: not the same kernels per call")
+    n = len(ev) // calls
+    groups = [ev[i * n:(i + 1) * n] for i in range(calls)]
+    med = lambda xs: round(statistics.median(xs), 2)
+    kernels = []
+    for j in range(n):
+        first = groups[0][j]
+        kernels.append({"name": first["name"].split("(")[0][-60:], "grid": first.get("args", {}).get("grid"),
+                        "start_us": med([g[j]["ts"] - g[0]["ts"] for g in groups]),
+                        "dur_us": med([g[j]["dur"] for g in groups])})
+    span = med([max(e["ts"] + e["dur"] for e in g) - g[0]["ts"] for g in groups])
+    return {"kernels": kernels, "span_us": span}
+
+
+def timeline(fn, calls: int) -> dict:
+    """:func:`call_timelines` of ``calls`` calls of ``fn``, each synchronised, under the profiler."""
+    import json as _json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+            torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = _json.load(open(f.name))
+    return call_timelines(trace, calls)
+
+
 def plan_stats(meta) -> dict:
     """Items, split items, programs and item lengths (blocks) of our plan (host read)."""
     plan = meta.plan
@@ -60,6 +108,9 @@ def plan_stats(meta) -> dict:
 def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--timeline", action="store_true", help="also each call's kernels in order: grid, start, duration")
+    ap.add_argument("--points", default=None,
+                    help="only these points, e.g. 'ragged:64:1:8192,uniform:32:1:4096' (default: all)")
     args = ap.parse_args()
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
 
@@ -67,8 +118,11 @@ def main() -> None:
     scale = (K + 64) ** -0.5
     g = torch.Generator().manual_seed(5)
     rows = []
+    only = None if args.points is None else {tuple(x.split(":")) for x in args.points.split(",")}
     for kind, b, s, t in POINTS:
         lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+        if only is not None and (kind, str(b), str(s), str(t)) not in only:
+            continue
         q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
         causal = s > 1
         meta, _ = get_mla_metadata()
@@ -76,15 +130,25 @@ def main() -> None:
         row = {"kind": kind, "b": b, "s": s, "t_max": t, "mean_len": sum(lengths) / b,
                "ours": kernel_times(ours, args.calls)}
         row["plan"] = plan_stats(meta)
+        if args.timeline:
+            row["ours_timeline"] = timeline(ours, args.calls)
         if fm is not None:
             meta_f, _ = fm.get_mla_metadata()
             theirs = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta_f, None, softmax_scale=scale,
                                                        causal=causal)
             row["flashmla"] = kernel_times(theirs, args.calls)
+            if args.timeline:
+                row["flashmla_timeline"] = timeline(theirs, args.calls)
         rows.append(row)
         fmt = lambda d: " + ".join(f"{n.split('(')[0][-28:]} {us:.1f}" for n, us in d.items())
         print(f"{kind} b{b} s{s} t{t}: plan {row['plan']}\n  ours  {fmt(row['ours'])}\n"
               f"  flash {fmt(row.get('flashmla', {}))}", flush=True)
+        for who in ("ours", "flashmla"):
+            tl = row.get(f"{who}_timeline")
+            if tl:
+                steps = " | ".join(f"{k['name'][-24:]} grid {k['grid']} at {k['start_us']} for {k['dur_us']}"
+                                   for k in tl["kernels"])
+                print(f"  {who} timeline (span {tl['span_us']} us): {steps}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"env": environment(), "calls": args.calls, "rows": rows}, f, indent=1)
     print("\n| kind | b | s | t | ours: kernels µs (sum) | FlashMLA: kernels µs (sum) | items (split) | programs |")
