@@ -7,7 +7,8 @@ paged inputs, ``--warmup`` calls, then one profiled call. ncu samples the warps'
 counters (``SourceCounters``) and reads the warp-state and throughput sections; the clocks are
 left as they are (``--clock-control none``). For each kernel the report is exported as the
 details page and the SASS source page (CSV, one row per instruction with its stall samples),
-and :func:`summarise` writes the per-reason totals and the hottest instructions to ``--out``.
+and :func:`summarise` writes each pair loop's samples by cause to ``--out``. Where the GPU
+chooses the plan's kind, a call launches two seesaw kernels (``--our-launches 2`` profiles both).
 
     python benchmarks/stall_profile.py --out stall.json --flash-mla <folder of flash_mla> \\
         --dir <folder for the reports> [--point uniform:32:16:4096]
@@ -67,7 +68,8 @@ def profile(who: str, args, ncu: str) -> dict:
     """Run the child under ncu and export its report; returns the exported texts."""
     rep = os.path.join(args.dir, f"{who}")
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-f", "-o", rep,
-           "-k", f"regex:{KERNELS[who]}", "--launch-skip", str(args.warmup), "--launch-count", "1",
+           "-k", f"regex:{KERNELS[who]}", "--launch-skip", str(args.warmup * args.launches[who]),
+           "--launch-count", str(args.launches[who]),
            "--import-source", "no"]
     for sec in SECTIONS:
         cmd += ["--section", sec]
@@ -111,6 +113,21 @@ def _category(op: str, row: dict, samples: float) -> str:
         if row[f"stall_{reason}"] > samples / 2:
             return f"other, {reason}"
     return "other"
+
+
+def summarise_all(source_csv: str, **kw) -> list[dict]:
+    """:func:`summarise` of each kernel of a source-page export (one table per profiled launch,
+    each opened by its ``"Kernel Name"`` row), in launch order."""
+    rows = list(csv.reader(io.StringIO(source_csv)))
+    starts = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"] or [0]
+    out = io.StringIO()
+    parts = []
+    for a, b in zip(starts, starts[1:] + [len(rows)]):
+        out.seek(0)
+        out.truncate()
+        csv.writer(out, quoting=csv.QUOTE_ALL).writerows(rows[a:b])
+        parts.append(summarise(out.getvalue(), **kw))
+    return parts
 
 
 def summarise(source_csv: str, loop_hgmma: int = 44, top: int = 30) -> dict:
@@ -169,14 +186,15 @@ def summarise(source_csv: str, loop_hgmma: int = 44, top: int = 30) -> dict:
 
 
 def report(record: dict) -> None:
-    """Print each kernel's pair loops: samples per 1,000 iterations by category."""
+    """Print each profiled kernel's pair loops: samples per 1,000 iterations by category."""
     for who, k in record["kernels"].items():
-        s = k["summary"]
-        print(f"{who}: {s.get('instructions')} instructions, {s.get('samples', 0):.0f} samples")
-        for lp in s.get("pair_loops", []):
-            cats = "  ".join(f"{c} {v}" for c, v in lp["per_1000_iterations"].items())
-            print(f"  loop {lp['first']}-{lp['last']} ({lp['instructions']} instructions, {lp['share']:.1%} of samples,"
-                  f" {sum(lp['per_1000_iterations'].values()):.0f} per 1,000 iterations): {cats}")
+        for n, s in enumerate(k["summaries"]):
+            print(f"{who} (launch {n} of the call): {s.get('instructions')} instructions, "
+                  f"{s.get('samples', 0):.0f} samples")
+            for lp in s.get("pair_loops", []):
+                cats = "  ".join(f"{c} {v}" for c, v in lp["per_1000_iterations"].items())
+                print(f"  loop {lp['first']}-{lp['last']} ({lp['instructions']} instructions, {lp['share']:.1%} of "
+                      f"samples, {sum(lp['per_1000_iterations'].values()):.0f} per 1,000 iterations): {cats}")
 
 
 def main() -> None:
@@ -188,9 +206,13 @@ def main() -> None:
     ap.add_argument("--dir", default="stall-reports", help="folder for the ncu reports and CSV exports")
     ap.add_argument("--child", choices=sorted(KERNELS), default=None)
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--our-launches", type=int, default=1,
+                    help="our seesaw kernels per call, all profiled (2 where the GPU chooses the plan's kind: "
+                         "the item kernel and the packed kernel)")
     ap.add_argument("--from-csv", action="store_true",
                     help="summarise the source-page exports already in --dir (ours-source.csv, flashmla-source.csv)")
     args = ap.parse_args()
+    args.launches = {"ours": args.our_launches, "flashmla": 1}
     if args.child:
         child(args.child, args.point, args.warmup, args.flash_mla)
         return
@@ -200,7 +222,7 @@ def main() -> None:
             path = os.path.join(args.dir, f"{who}-source.csv")
             if os.path.exists(path):
                 with open(path) as f:
-                    record["kernels"][who] = {"name": KERNELS[who], "summary": summarise(f.read())}
+                    record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_all(f.read())}
         report(record)
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
@@ -212,7 +234,7 @@ def main() -> None:
         if who == "flashmla" and not args.flash_mla:
             continue
         pages = profile(who, args, ncu)
-        record["kernels"][who] = {"name": KERNELS[who], "summary": summarise(pages["source"])}
+        record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_all(pages["source"])}
     report(record)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)

@@ -67,3 +67,11 @@ def test_summary_finds_the_pair_loop_and_prices_each_cause():
 
 def test_summary_without_a_source_table_says_so():
     assert "error" in stall_profile.summarise('"Kernel Name","k"\n"nothing","here"\n')
+
+
+def test_each_profiled_launch_gets_its_own_summary():
+    one = _export(_kernel(2000))
+    two = _export(_kernel(1000))
+    parts = stall_profile.summarise_all(one + two)      # a gated call: the item and the packed kernel
+    assert [p["pair_loops"][0]["iterations"] for p in parts] == [2000, 1000]
+    assert parts[1]["pair_loops"][0]["per_1000_iterations"]["mbarrier wait"] == pytest.approx(300.0)
