@@ -31,8 +31,9 @@ POINTS = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16
     ("ragged", b, s, t) for b, s, t in RAGGED]
 
 
-def kernel_times(fn, calls: int) -> dict[str, float]:
-    """Mean device µs per call of each kernel ``fn`` launches (summed over its launches)."""
+def _profiled(fn, calls: int, sync_each: bool):
+    """``torch.profiler`` over ``calls`` calls of ``fn`` (CUDA activity), after three warm-up
+    calls; each call synchronised when ``sync_each``, else once after the last."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -41,7 +42,15 @@ def kernel_times(fn, calls: int) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_times(fn, calls: int) -> dict[str, float]:
+    """Mean device µs per call of each kernel ``fn`` launches (summed over its launches)."""
+    prof = _profiled(fn, calls, sync_each=False)
     total: dict[str, float] = defaultdict(float)
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
@@ -75,22 +84,13 @@ def call_timelines(trace: dict, calls: int) -> dict:
 
 def timeline(fn, calls: int) -> dict:
     """:func:`call_timelines` of ``calls`` calls of ``fn``, each synchronised, under the profiler."""
-    import json as _json
     import tempfile
 
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-            torch.cuda.synchronize()
+    prof = _profiled(fn, calls, sync_each=True)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = _json.load(open(f.name))
-    return call_timelines(trace, calls)
+        with open(f.name) as trace:
+            return call_timelines(json.load(trace), calls)
 
 
 def plan_stats(meta) -> dict:

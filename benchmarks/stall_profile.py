@@ -36,6 +36,7 @@ def child(who: str, point: str, warmup: int, flash_mla: str | None) -> None:
     import torch
 
     from common import import_flash_mla
+    from plan_order_sim import ragged_lengths
     from serving_check import K, make_paged
 
     kind, b, s, t = point.split(":")
@@ -43,8 +44,9 @@ def child(who: str, point: str, warmup: int, flash_mla: str | None) -> None:
     if kind == "uniform":
         lengths = [t] * b
     else:
-        g = torch.Generator().manual_seed(5)
-        lengths = torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+        # a serving_check row's own lengths; another row's drawn as its first row is
+        lengths = ragged_lengths().get((b, s, t)) or \
+            torch.randint(t // 8, t + 1, (b,), generator=torch.Generator().manual_seed(5)).tolist()
     q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
     causal = s > 1
     if who == "ours":
