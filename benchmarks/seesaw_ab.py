@@ -70,17 +70,19 @@ def use_combine(mod, path: str) -> None:
 
 
 def parse_variants(specs: list[str], base: str | None) -> list[tuple[str, str, dict]]:
-    """``[(name, module file, constants)]``: the base copy first (when given), then each spec."""
+    """``[(name, module file, constants)]``: the base copy first (when given), then each spec
+    ``name[@file]:CONST=VALUE,...`` (the package's module unless a file is named)."""
     import mla_var3.kernel.hopper.absorbed_seesaw as pkg
 
     out = [("base", base, {})] if base else []
     for spec in specs:
-        name, _, rest = spec.partition(":")
+        head, _, rest = spec.partition(":")
+        name, _, path = head.partition("@")
         consts = {}
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
             consts[key] = int(value)
-        out.append((name, pkg.__file__, consts))
+        out.append((name, path or pkg.__file__, consts))
     return out
 
 
@@ -182,7 +184,7 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="a seesaw module file to run as variant 'base' (e.g. a commit's copy)")
     ap.add_argument("--base-combine", default=None, help="the combine module file the base copy uses")
     ap.add_argument("--eager", action="store_true", help="also time plain (eager) calls between CUDA events")
-    ap.add_argument("--variant", action="append", default=[], help="name:CONST=VALUE,... (module constants)")
+    ap.add_argument("--variant", action="append", default=[], help="name[@module file]:CONST=VALUE,... (the package's module, or a copy, with constants set)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--points", choices=["default", "serving"], default="default")

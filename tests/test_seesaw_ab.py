@@ -23,6 +23,9 @@ def test_variants_parse_into_module_constants():
     assert v[0] == ("base", "/some/base.py", {})
     assert v[1] == ("a", seesaw.__file__, {"_WORKER_REGS": 224})
     assert v[2] == ("plain", seesaw.__file__, {})
+    # a variant may name its own module file (a commit's copy), with or without constants
+    assert seesaw_ab.parse_variants(["c@/x/copy.py:_A=1", "d@/y.py"], base=None) == [
+        ("c", "/x/copy.py", {"_A": 1}), ("d", "/y.py", {})]
 
 
 def test_a_variant_is_a_fresh_module_with_its_constants():
