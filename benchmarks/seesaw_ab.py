@@ -1,9 +1,11 @@
 """A/B of the seesaw kernel's compile-time schedule constants, side by side with official FlashMLA.
 
 Each variant is a fresh copy of a seesaw module (``--base`` for the reference copy, the
-package's ``mla_var3.kernel.hopper.absorbed_seesaw`` for the others) whose module constants are
-set before its first compile (``name:CONST=VALUE,...``, e.g. ``fold:_SCHED_FOLD=1``), so every
-variant runs in one process on the same inputs, with the same decode plan:
+package's ``mla_var3.kernel.hopper.absorbed_seesaw`` or a named copy for the others) whose module
+constants are set before its first compile (``name[@file]:CONST=VALUE,...``, e.g.
+``fold:_SCHED_FOLD=1``), so every variant runs in one process on the same inputs, with the same
+decode plan (``--plans``: the planner's, and/or the item or packed plan forced, each timed as its
+own column ``name/kind``):
 
 1. **Smoke**: each variant's smallest dense and paged calls in a child process with a time limit
    (a wrong mbarrier phase hangs the GPU instead of failing); it also fills Triton's cache.
@@ -14,7 +16,7 @@ variant runs in one process on the same inputs, with the same decode plan:
    order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving] \\
+        [--points default|serving] [--plans auto,item,packed] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -128,8 +131,13 @@ def points(quick: bool, which: str = "default"):
     return out
 
 
-def build_calls(mods: dict, point, fm):
-    """Per variant a call ``() -> (o_latent, lse)`` on this point's inputs, the FlashMLA call (or
+#: ``--plans``: the plan a paged call runs: the planner's choice, or one kind forced
+PLAN_KINDS = {"auto": None, "item": False, "packed": True}
+
+
+def build_calls(mods: dict, point, fm, plans=("auto",)):
+    """Per variant (and plan kind of ``plans`` on a paged point: ``name`` for "auto", else
+    ``name/kind``) a call ``() -> (o_latent, lse)`` on this point's inputs, the FlashMLA call (or
     None), and the fp32 reference ``(o_latent [b, h, s, K], lse [b, h, s])``."""
     from mla_var3 import reference as R
     from mla_var3.kernel.decode_plan import plan_decode
@@ -147,10 +155,12 @@ def build_calls(mods: dict, point, fm):
     q, cache, table, seqlens = paged_inputs(lengths, s, t, seed=b * 100 + s)
     qt = q.transpose(1, 2)
     qc, qpe = qt[..., :K], qt[..., K:]
-    plan = plan_decode(seqlens, s * H, capacity=table.shape[1] * PAGE, k=K)
-    for name, mod in mods.items():
-        calls[name] = (lambda m: lambda: m.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True,
-                                                            seqlens=seqlens, plan=plan, block_table=table))(mod)
+    for kind in plans:
+        plan = plan_decode(seqlens, s * H, capacity=table.shape[1] * PAGE, k=K, packed=PLAN_KINDS[kind])
+        for name, mod in mods.items():
+            key = name if kind == "auto" else f"{name}/{kind}"
+            calls[key] = (lambda m, pl: lambda: m.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True,
+                                                                   seqlens=seqlens, plan=pl, block_table=table))(mod, plan)
     if fm is not None:
         meta, _ = fm.get_mla_metadata()
         fm_call = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, None, softmax_scale=scale,
@@ -188,8 +198,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--points", choices=["default", "serving"], default="default")
+    ap.add_argument("--plans", default="auto",
+                    help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
+    plans = tuple(args.plans.split(","))
+    if not plans or any(k not in PLAN_KINDS for k in plans):
+        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)}, got {args.plans!r}")
     require_cuda()
     variants = parse_variants(args.variant, args.base)
     if args.smoke:
@@ -205,12 +220,13 @@ def main() -> None:
         sys.exit("smoke run failed")
     fm = import_flash_mla(args.flash_mla)
     mods = load_all(variants, args.base_combine)
-    record = {"env": environment(), "variants": {n: c for n, _, c in variants}, "flashmla": fm is not None,
+    record = {"env": environment(), "variants": {n: dict(file=Path(f).name, constants=c) for n, f, c in variants},
+              "plans": list(plans), "flashmla": fm is not None,
               "checks": [], "times": []}
     for point in points(args.quick, args.points):
         label = point[0]
         try:
-            calls, fm_call, ref = build_calls(mods, point, fm)
+            calls, fm_call, ref = build_calls(mods, point, fm, plans)
             for name, fn in calls.items():
                 o, lse = fn()
                 torch.cuda.synchronize()
@@ -234,7 +250,7 @@ def main() -> None:
             traceback.print_exc()
             record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
     write_json(args.out, record)
-    names = list(mods)
+    names = list(dict.fromkeys(n for row in record["times"] for n in row["us"] if n != "flashmla"))
     for kind in ("us", "eager_us"):
         if not any(kind in row for row in record["times"]):
             continue

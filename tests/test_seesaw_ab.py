@@ -52,3 +52,12 @@ def test_serving_points_are_the_paged_gated_and_bar_rows():
         assert (len(set(lengths)) == 1) == (kind == "uniform" or b == 1)
     # the default points keep their lengths (the serving list draws from its own generator)
     assert seesaw_ab.points(False) == seesaw_ab.points(False, "default")
+
+
+def test_plans_option_rejects_an_unknown_kind(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["seesaw_ab.py", "--out", "-", "--plans", "auto,bogus"])
+    with pytest.raises(SystemExit):
+        seesaw_ab.main()
+    assert "--plans takes a comma list of auto, item, packed" in capsys.readouterr().err
+    # each kind maps onto plan_decode's packed argument: the planner's choice, or one forced
+    assert seesaw_ab.PLAN_KINDS == {"auto": None, "item": False, "packed": True}
