@@ -130,7 +130,7 @@ _ITEM_VIEWS = gl.constexpr(0) if GLUON_AVAILABLE else 0
 #: keeps p0's, so it publishes no sum per pair) and the two are reduced and exchanged once per item,
 #: as FlashMLA does; 2: only WG1's p1 sums are partials (WG0, short of registers, publishes p0's
 #: full sums per pair as with 0); 0: the full row sums per pair, p0's published to WG1 beside mA
-_LAZY_SUM = gl.constexpr(1) if GLUON_AVAILABLE else 1
+_LAZY_SUM = gl.constexpr(0) if GLUON_AVAILABLE else 0
 
 
 if GLUON_AVAILABLE:
