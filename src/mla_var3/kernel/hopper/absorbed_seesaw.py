@@ -125,12 +125,12 @@ _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 #: which key-buffer views a kernel builds per pair instead of hoisting them (bit 2 * ROLE: the
 #: warpgroup's own buffer, bit 2 * ROLE + 1: the other's): the packed kernel all, the item kernel none
 _PACKED_VIEWS = gl.constexpr(15) if GLUON_AVAILABLE else 15
-_ITEM_VIEWS = gl.constexpr(0) if GLUON_AVAILABLE else 0
+_ITEM_VIEWS = gl.constexpr(1) if GLUON_AVAILABLE else 1
 #: 1: each warpgroup keeps its row sums as per-thread partials (no shuffles in the pair loop; WG0
 #: keeps p0's, so it publishes no sum per pair) and the two are reduced and exchanged once per item,
 #: as FlashMLA does; 2: only WG1's p1 sums are partials (WG0, short of registers, publishes p0's
 #: full sums per pair as with 0); 0: the full row sums per pair, p0's published to WG1 beside mA
-_LAZY_SUM = gl.constexpr(0) if GLUON_AVAILABLE else 0
+_LAZY_SUM = gl.constexpr(2) if GLUON_AVAILABLE else 2
 
 
 if GLUON_AVAILABLE:
