@@ -107,9 +107,11 @@ SEESAW_VARIANTS = [dict(dtype="bf16", causal=True), dict(dtype="fp16", causal=Fa
 #: loader warp) spills 256 B, outside the pair loops.
 SEESAW_STACK_LIMIT = {False: 160, True: 320}
 #: spilled values reloaded per pair in each warpgroup's pair loop (item kernel, packed kernel):
-#: measured 3-8 dense and 5-20 paged; the packed kernel, with its key views built per pair, 0 in
-#: WG0 and 6 in WG1 (11 and 7 with hoisted views; its first build reloaded 50 and ran 0.55-0.65x)
-PAIR_LOOP_RELOADS = {False: 24, True: 10}
+#: the item kernel, with WG0's own key views built per pair, 3-7 (5-20 paged with all views
+#: hoisted, which measured 0.7-2.7 % slower); the packed kernel, with all its views built per
+#: pair, 0 in WG0 and 6 in WG1 (11 and 7 with hoisted views; its first build reloaded 50 and ran
+#: 0.55-0.65x)
+PAIR_LOOP_RELOADS = {False: 10, True: 10}
 #: warpgroup barriers (BAR.SYNC) per pair in each pair loop: measured 7 and 9 with the six load
 #: barriers as separate allocations (11 and 11 as one [6, 1] allocation, whose slices the
 #: compiler's hazard analysis cannot tell apart, so it fenced every TMA op from the one before)

@@ -72,7 +72,8 @@ Design
   argument (one FFMA per score, the row max scaled once per row).
 * **Key views.** The packed kernel builds its key buffers' views per pair from an opaque zero,
   so the wgmma descriptors are not hoisted out of the pair loop into spilled registers; the item
-  kernel keeps them hoisted, which measured faster there (``docs/kernels/flash-mla.md`` §8).
+  kernel does so for WG0's own buffer only and hoists the other three, which measured fastest
+  there (``_ITEM_VIEWS``, ``docs/kernels/flash-mla.md`` §8).
 
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
 (4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
@@ -122,15 +123,13 @@ _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: 224 (WG1) + 24 (the loader's warpgroup) registers per thread fill the register file
 _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
-#: which key-buffer views a kernel builds per pair instead of hoisting them (bit 2 * ROLE: the
-#: warpgroup's own buffer, bit 2 * ROLE + 1: the other's): the packed kernel all, the item kernel none
+#: which key-buffer views a kernel builds per pair from an opaque zero instead of hoisting them out
+#: of the pair loop (bit 2 * ROLE: the warpgroup's own buffer, bit 2 * ROLE + 1: the other's).
+#: Measured on an H200 (``docs/kernels/flash-mla.md`` §8): the item kernel's WG0 own views only
+#: (1; its reloads per pair 20 -> 4) 0.7-2.7 % faster than none on every item-plan row, where all
+#: four lost 0.5-4.6 %; the packed kernel all four (15), 1.5-4 % faster on packed rows than 1, 3 or 5
 _PACKED_VIEWS = gl.constexpr(15) if GLUON_AVAILABLE else 15
 _ITEM_VIEWS = gl.constexpr(1) if GLUON_AVAILABLE else 1
-#: 1: each warpgroup keeps its row sums as per-thread partials (no shuffles in the pair loop; WG0
-#: keeps p0's, so it publishes no sum per pair) and the two are reduced and exchanged once per item,
-#: as FlashMLA does; 2: only WG1's p1 sums are partials (WG0, short of registers, publishes p0's
-#: full sums per pair as with 0); 0: the full row sums per pair, p0's published to WG1 beside mA
-_LAZY_SUM = gl.constexpr(2) if GLUON_AVAILABLE else 2
 
 
 if GLUON_AVAILABLE:
@@ -195,15 +194,6 @@ if GLUON_AVAILABLE:
         mbarrier.wait(ready[buf * 3 + 2], phase, pred=wait_pred)
         tok = warpgroup_mma(qr_tile, kr_tile.permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-
-    @gluon.jit
-    def _row_part(x):
-        """Per-thread partial row sums of a ``[BM, 64]`` wgmma accumulator, ``[BM, 4]``: a thread
-        holds each of its rows' 16 values as 8 column groups of 2, so summing over the groups and
-        then the pair adds registers only; the four lanes of a row hold its four partials."""
-        BM: gl.constexpr = x.shape[0]
-        part = gl.sum(gl.reshape(x, [BM, 8, 8]), axis=1)
-        return gl.sum(gl.reshape(part, [BM, 4, 2]), axis=2)
 
     @gluon.jit
     def _publish(bar, row_smem, row_vec, p_smem, p):
@@ -305,8 +295,7 @@ if GLUON_AVAILABLE:
         oth_r = kr_smem.index(OTHER).reshape([BN, P])   # P == BN: also the other warpgroup's p tile
         bar_a = xbar.index(0)   # WG0 -> WG1: mA and p0
         bar_b = xbar.index(1)   # WG1 -> WG0: mB and p1
-        bar_e = xbar.index(2)   # WG1 -> WG0: final row sum (lazy sums: WG1's)
-        bar_f = xbar.index(3)   # lazy sums: WG0 -> WG1, WG0's final row sum
+        bar_e = xbar.index(2)   # WG1 -> WG0: final row sum
         VIEWS: gl.constexpr = _PACKED_VIEWS if PERSISTENT else _ITEM_VIEWS
 
         rows = row0 + gl.arange(0, BM, layout=s_rows)
@@ -320,8 +309,6 @@ if GLUON_AVAILABLE:
         l_o = gl.full([BM], 0.0, gl.float32, o_rows)
         acc = gl.zeros([BM, KH], gl.float32, o_layout)
         s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
-        l_part = _row_part(s_zero)            # lazy sums: this warpgroup's per-thread partials
-        lp_rows: gl.constexpr = gl.SliceLayout(1, l_part.type.layout)
 
         mbarrier.wait(q_bar, kq)
         n_pairs = (n_iter + 1) // 2
@@ -332,9 +319,9 @@ if GLUON_AVAILABLE:
                 # computed per pair instead of hoisted out of the loop into registers: its WG0 pair
                 # loop reloads no spilled value (11 before) and it folds the scale as the item kernel
                 # does; measured on an H200 6.5 % faster on a packed plan (b = 16, s = 2, t = 32768).
-                # The item kernel keeps its hoisted views: per pair there its reloads fall 20 -> 1
-                # paged, 10 -> 1 dense, but ~45 instructions are added, and it measured 0.5-4.6 % slower
-                # (``docs/kernels/flash-mla.md`` §8)
+                # The item kernel builds only WG0's own views so (``_ITEM_VIEWS``): all four there
+                # cut its reloads 20 -> 1 but added ~45 instructions and measured 0.5-4.6 % slower;
+                # WG0's own alone, 20 -> 4, measured faster (``docs/kernels/flash-mla.md`` §8)
                 z0 = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
                 if (VIEWS >> (2 * ROLE)) & 1:
                     own_z = z_smem.index(OWN + z0).reshape([BN, K])
@@ -366,12 +353,8 @@ if GLUON_AVAILABLE:
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
                 p_f = gl.exp2(sc * fold - m_a_safe[:, None])
                 p = p_f.to(dtype)
-                alpha_s = gl.exp2(m_i - m_a_safe)
-                alpha = gl.convert_layout(alpha_s, o_rows)
-                if _LAZY_SUM == 1:
-                    l_part = l_part * gl.convert_layout(alpha_s, lp_rows)[:, None] + _row_part(p_f)
-                else:
-                    xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
+                alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
+                xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
                 _publish(bar_a, xrow.index(0), m_a, own_r, p)
                 acc = acc * alpha[:, None]
                 p_op = gl.convert_layout(p, p_layout)
@@ -384,11 +367,8 @@ if GLUON_AVAILABLE:
                 _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, cx0, cx1,
                            2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                beta_s = gl.exp2(m_a - m_b_safe)
-                beta = gl.convert_layout(beta_s, o_rows)
+                beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
                 acc = acc * beta[:, None]
-                if _LAZY_SUM == 1:
-                    l_part = l_part * gl.convert_layout(beta_s, lp_rows)[:, None]
                 if has_y:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
@@ -405,25 +385,17 @@ if GLUON_AVAILABLE:
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 p_f = gl.exp2(sc * fold - m_b_safe[:, None])
                 p = p_f.to(dtype)
-                alpha_s = gl.exp2(m_i - m_b_safe)
-                alpha = gl.convert_layout(alpha_s, o_rows)
+                alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
                 beta_s = gl.exp2(m_a - m_b_safe)
                 beta = gl.convert_layout(beta_s, p_rows)
-                # the row sum in fp32 (the LSE's accuracy): lazy, p1's partials; else p1's and p0's
-                # rescaled to mB
-                if _LAZY_SUM != 0:
-                    l_part = l_part * gl.convert_layout(alpha_s, lp_rows)[:, None] + _row_part(p_f)
-                if _LAZY_SUM == 2:
-                    l_new = gl.convert_layout(xrow.index(3).load(s_rows) * beta_s, o_rows)
-                elif _LAZY_SUM == 0:
-                    l_new = gl.convert_layout(gl.sum(p_f, axis=1) + xrow.index(3).load(s_rows) * beta_s, o_rows)
+                # the row sum in fp32 (the LSE's accuracy), of p1 and of p0 rescaled to mB
+                l_new = gl.convert_layout(gl.sum(p_f, axis=1) + xrow.index(3).load(s_rows) * beta_s, o_rows)
                 # p0 (over X's RoPE piece, at scale mA) -> registers, rescaled to mB; read before
                 # publishing, since WG0 may overwrite it once it has mB
                 p0 = (oth_r.load(p_layout).to(gl.float32) * beta[:, None]).to(dtype)
                 _publish(bar_b, xrow.index(1), m_b, own_r, p)
                 p_op = gl.convert_layout(p, p_layout)
-                if _LAZY_SUM != 1:
-                    l_o = l_o * alpha + l_new
+                l_o = l_o * alpha + l_new
                 acc = acc * alpha[:, None]
                 # p0 . X_R first: X (WG0's next block, on the critical path) is released before Y
                 tok = warpgroup_mma(p0, oth_z.slice(KH, KH, dim=1), acc, is_async=True)
@@ -442,21 +414,6 @@ if GLUON_AVAILABLE:
 
         # ---- epilogue: normalise, stage in a free buffer, TMA store (rows >= ROWS are clipped)
         o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
-        if _LAZY_SUM == 2:
-            if ROLE == 1:
-                l_o = l_o + gl.convert_layout(gl.sum(l_part, axis=1), o_rows)
-        if _LAZY_SUM == 1:
-            # each warpgroup's sum over its blocks, at the final max: exchanged, both add the two
-            l_mine = gl.sum(l_part, axis=1)
-            xrow.index(2 + (1 - ROLE)).store(gl.convert_layout(l_mine, s_rows))
-            gl.thread_barrier()
-            if ROLE == 1:
-                mbarrier.arrive(bar_e, count=1)
-                mbarrier.wait(bar_f, kq)
-            else:
-                mbarrier.arrive(bar_f, count=1)
-                mbarrier.wait(bar_e, kq)
-            l_o = gl.convert_layout(l_mine, o_rows) + xrow.index(2 + ROLE).load(o_rows)
         if ROLE == 1:
             l_ok = l_o > 0
             m_o = gl.convert_layout(m_i, o_rows)
@@ -471,12 +428,9 @@ if GLUON_AVAILABLE:
                 gl.store(lse_ptr + b.to(gl.int64) * stride_lb + l_off, lse, mask=o_rows_idx < ROWS)
             else:
                 gl.store(lse_part_ptr + slot.to(gl.int64) * ROWS + o_rows_idx, lse, mask=o_rows_idx < ROWS)
-            if _LAZY_SUM != 1:
-                xrow.index(2).store(gl.convert_layout(l_o, s_rows))
-                gl.thread_barrier()
-                mbarrier.arrive(bar_e, count=1)
-            l_fin = l_o
-        elif _LAZY_SUM == 1:
+            xrow.index(2).store(gl.convert_layout(l_o, s_rows))
+            gl.thread_barrier()
+            mbarrier.arrive(bar_e, count=1)
             l_fin = l_o
         else:
             mbarrier.wait(bar_e, kq)
@@ -671,7 +625,7 @@ if GLUON_AVAILABLE:
                  gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
                  gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        xbar = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         seg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [4, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         # the item's pages (paged caches), [1, NP]; element j is the page of the item's block j
@@ -681,7 +635,7 @@ if GLUON_AVAILABLE:
         mbarrier.init(seg_bar, count=2)
         for i0 in gl.static_range(6):
             mbarrier.init(ready[i0], count=1)
-        for i1 in gl.static_range(4):
+        for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
         _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
                     table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED)
