@@ -370,6 +370,71 @@ def host_profile(r: Runner) -> None:
             r.checks.append({"name": f"host {name} bound={bound} direct={direct}", "host_us": host_time_us(fn)})
             print(f"host time {name} bound={bound} direct={direct}: {r.checks[-1]['host_us']:.1f} us", flush=True)
         _launch.DIRECT, absorbed_seesaw.BOUND_REPEATS = True, True
+        host_parts(r, name, fn)
+    host_floor(r, q, cache, table, seqlens)
+
+
+def host_parts(r: Runner, name: str, fn) -> None:
+    """What a bound repeat's host time is made of: its two output allocations and each of its
+    bound launches alone (same stream, same addresses), the rest being Python."""
+    from mla_var3.kernel.absorbed import _REPLAYS
+    from mla_var3.kernel.hopper.absorbed_seesaw import _Repeat
+    from mla_var3.runtime.timing import host_time_us
+
+    _REPLAYS.clear()              # only this call's repeat, bound (the third call runs on its bound launches)
+    for _ in range(3):
+        fn()
+    repeats = {id(v): v for v in (getattr(x, "__self__", x) for x in _REPLAYS.values()) if isinstance(v, _Repeat)}
+    rep = next((v for v in repeats.values() if v.bound is not None), None)
+    if rep is None:
+        print(f"host parts {name}: no bound repeat found", flush=True)
+        return
+    stream, _, launches = rep.bound
+    shape = rep.tm_shape or rep.shape
+    x = torch.empty(shape, dtype=rep.dtype, device=rep.dev)
+    lse = torch.empty(rep.lse_shape, dtype=torch.float32, device=rep.dev)
+    parts = {"outputs (2 x torch.empty)": host_time_us(lambda: (torch.empty(shape, dtype=rep.dtype, device=rep.dev),
+                                                              torch.empty(rep.lse_shape, dtype=torch.float32,
+                                                                          device=rep.dev)))}
+    for i, launch in enumerate(launches):
+        parts[f"bound launch {i} of {len(launches)}"] = host_time_us(
+            lambda launch=launch: launch(stream, x.data_ptr(), lse.data_ptr()))
+    for part, us in parts.items():
+        r.checks.append({"name": f"host part {name}: {part}", "host_us": us})
+        print(f"host part {name}: {part}: {us:.1f} us", flush=True)
+
+
+def host_floor(r: Runner, q, cache, table, seqlens) -> None:
+    """This host's floor for a decode call: an empty Triton kernel's launch (ordinary and bound),
+    and official FlashMLA's compat call on the same inputs (its host time per call)."""
+    import triton
+    import triton.language as tl
+
+    from mla_var3.kernel._launch import CachedLaunch, current_stream
+    from mla_var3.runtime.timing import host_time_us
+
+    @triton.jit
+    def _nothing(x_ptr, n):
+        pass
+
+    x = torch.empty(16, device="cuda")
+    launch = CachedLaunch(_nothing)
+    launch("floor", (1, 1, 1), (x, 1), {}, num_warps=4)
+    torch.cuda.synchronize()
+    floor = {"empty kernel, CachedLaunch": host_time_us(lambda: launch("floor", (1, 1, 1), (x, 1), {}, num_warps=4))}
+    if launch.ready("floor"):
+        bound = launch.bind("floor", (1, 1, 1), (x, 1), (0,))
+        stream = current_stream(x.device.index)
+        floor["empty kernel, bound launch"] = host_time_us(lambda: bound(stream, x.data_ptr()))
+    floor["torch.empty"] = host_time_us(lambda: torch.empty(16, device="cuda"))
+    fm = r.fm
+    if fm is not None:
+        meta, _ = fm.get_mla_metadata()
+        floor["FlashMLA compat b32 s1"] = host_time_us(
+            lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, None, softmax_scale=0.05))
+    for part, us in floor.items():
+        r.checks.append({"name": f"host floor: {part}", "host_us": us})
+        print(f"host floor: {part}: {us:.1f} us", flush=True)
 
 
 def table(r: Runner) -> None:
