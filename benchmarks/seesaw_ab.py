@@ -16,7 +16,7 @@ own column ``name/kind``):
    order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving] [--plans auto,item,packed] \\
+        [--points default|serving] [--plans auto,item,packed,wide] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -131,8 +131,22 @@ def points(quick: bool, which: str = "default"):
     return out
 
 
-#: ``--plans``: the plan a paged call runs: the planner's choice, or one kind forced
-PLAN_KINDS = {"auto": None, "item": False, "packed": True}
+#: ``--plans``: the plan a paged call runs: the planner's choice, one kind forced, or (``wide``) the
+#: planner's choice with packing weighed for every batch (``decode_plan.PACKING_PAIRS_PER_SM`` lifted)
+PLAN_KINDS = {"auto": None, "item": False, "packed": True, "wide": None}
+
+
+def build_plan(seqlens, rows: int, capacity: int, kind: str):
+    """The decode plan of ``kind`` (see :data:`PLAN_KINDS`) for these lengths."""
+    from mla_var3.kernel import decode_plan
+
+    limit = decode_plan.PACKING_PAIRS_PER_SM
+    if kind == "wide":
+        decode_plan.PACKING_PAIRS_PER_SM = float("inf")
+    try:
+        return decode_plan.plan_decode(seqlens, rows, capacity=capacity, k=K, packed=PLAN_KINDS[kind])
+    finally:
+        decode_plan.PACKING_PAIRS_PER_SM = limit
 
 
 def build_calls(mods: dict, point, fm, plans=("auto",)):
@@ -140,7 +154,6 @@ def build_calls(mods: dict, point, fm, plans=("auto",)):
     ``name/kind``) a call ``() -> (o_latent, lse)`` on this point's inputs, the FlashMLA call (or
     None), and the fp32 reference ``(o_latent [b, h, s, K], lse [b, h, s])``."""
     from mla_var3 import reference as R
-    from mla_var3.kernel.decode_plan import plan_decode
 
     label, kind, b, s, t, lengths = point
     scale = (K + P) ** -0.5
@@ -156,7 +169,7 @@ def build_calls(mods: dict, point, fm, plans=("auto",)):
     qt = q.transpose(1, 2)
     qc, qpe = qt[..., :K], qt[..., K:]
     for kind in plans:
-        plan = plan_decode(seqlens, s * H, capacity=table.shape[1] * PAGE, k=K, packed=PLAN_KINDS[kind])
+        plan = build_plan(seqlens, s * H, table.shape[1] * PAGE, kind)
         for name, mod in mods.items():
             key = name if kind == "auto" else f"{name}/{kind}"
             calls[key] = (lambda m, pl: lambda: m.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True,
@@ -199,7 +212,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--points", choices=["default", "serving"], default="default")
     ap.add_argument("--plans", default="auto",
-                    help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed")
+                    help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
+                         "wide (the planner's, packing weighed for every batch)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))

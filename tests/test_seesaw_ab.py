@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 seesaw = pytest.importorskip("mla_var3.kernel.hopper.absorbed_seesaw")
 if not seesaw.GLUON_AVAILABLE:
@@ -60,4 +61,26 @@ def test_plans_option_rejects_an_unknown_kind(monkeypatch, capsys):
         seesaw_ab.main()
     assert "--plans takes a comma list of auto, item, packed" in capsys.readouterr().err
     # each kind maps onto plan_decode's packed argument: the planner's choice, or one forced
-    assert seesaw_ab.PLAN_KINDS == {"auto": None, "item": False, "packed": True}
+    assert seesaw_ab.PLAN_KINDS == {"auto": None, "item": False, "packed": True, "wide": None}
+
+
+def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
+    """``--plans wide``: a batch past ``packing_may_pay``'s limit (b = 32, s = 4: 256 (sequence,
+    row tile) pairs for 132 SMs) gets a plan whose kind the GPU chooses; ``auto`` keeps the item
+    plan; the limit is restored afterwards."""
+    from mla_var3.kernel import decode_plan
+
+    limit = decode_plan.PACKING_PAIRS_PER_SM
+    seqlens = torch.randint(2048, 16385, (32,), generator=torch.Generator().manual_seed(5)).to(torch.int32)
+    auto = seesaw_ab.build_plan(seqlens, 4 * 128, 16384, "auto")
+    wide = seesaw_ab.build_plan(seqlens, 4 * 128, 16384, "wide")
+    assert auto.packed is None and auto.starts is None
+    assert wide.packed is not None and wide.starts is not None
+    assert decode_plan.PACKING_PAIRS_PER_SM == limit
+    # what the GPU chose matches the host reference with the limit lifted: the estimate picks packing
+    ref_i = decode_plan.plan_reference(seqlens.tolist(), 4 * 128, capacity=16384, sms=decode_plan._device_sms(
+        seqlens.device))
+    ref_p = decode_plan.packed_reference(seqlens.tolist(), 4 * 128, capacity=16384, sms=decode_plan._device_sms(
+        seqlens.device))
+    expect = 100 * ref_p["estimate"] <= decode_plan.PACKED_WHEN_BELOW * ref_i["estimate"]
+    assert int(wide.packed.item()) == int(expect)

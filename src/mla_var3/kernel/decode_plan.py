@@ -73,7 +73,7 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["MAX_ITEM_BLOCKS", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference", "one_wave_cut",
+__all__ = ["MAX_ITEM_BLOCKS", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference", "one_wave_cut",
            "packed_capacity", "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode", "plan_reference",
            "plan_tensors", "uniform_plan"]
 
@@ -103,6 +103,11 @@ PACK_OVERHEAD = 2
 #: short pieces; fitted on 14 batches measured on an H200 (packed won at estimate ratios of
 #: 0.79-0.85, tied at 0.82-0.88, lost at 0.93 and above)
 PACKED_WHEN_BELOW = 86
+#: :func:`packing_may_pay`'s limit, (sequence, row tile) pairs per SM. Measured on an H200 beyond
+#: it: ragged b = 32, s = 4, t <= 16,384 (256 pairs) ran 2.5 % faster packed, where the estimate
+#: (0.860 of the item plan's) would pick packing; uniform s >= 8 tied
+#: (``docs/kernels/flash-mla.md`` §8) — a wider limit is the next A/B (``seesaw_ab.py --plans wide``)
+PACKING_PAIRS_PER_SM = 1.5
 
 
 @dataclass(frozen=True)
@@ -342,11 +347,11 @@ def _packed_estimate(width: int, waves: int, n_split: int, comb: int) -> int:
 
 def packing_may_pay(batch: int, rows: int, sms: int) -> bool:
     """Whether :func:`plan_decode` considers a packed plan by default: when the batch's
-    (sequence, row tile) pairs number at most 1.5x the SMs. Packing pays where one item per
-    program leaves a tail (measured on an H200: 6-13 % at b = 32, 64, s = 1 and b = 16, s = 2);
-    with more pairs the item plan is cut finely enough, and the packed kernel, which costs
-    1.5-4.7 % when it runs an item plan (its loader warp), would only lose."""
-    return 2 * batch * max(1, cdiv(rows, ROW_TILE)) <= 3 * sms
+    (sequence, row tile) pairs number at most ``PACKING_PAIRS_PER_SM`` x the SMs. Packing pays
+    where one item per program leaves a tail (measured on an H200: 6-13 % at b = 32, 64, s = 1
+    and b = 16, s = 2); with more pairs the item plan is cut finely enough, and the packed kernel,
+    which costs 1.5-4.7 % when it runs an item plan (its loader warp), would only lose."""
+    return batch * max(1, cdiv(rows, ROW_TILE)) <= PACKING_PAIRS_PER_SM * sms
 
 
 def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool | None):
