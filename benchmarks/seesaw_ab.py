@@ -211,6 +211,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--points", choices=["default", "serving"], default="default")
+    ap.add_argument("--only", default=None,
+                    help="only the points whose label contains one of these comma-separated pieces (e.g. 'b32 s4,b48')")
     ap.add_argument("--plans", default="auto",
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
                          "wide (the planner's, packing weighed for every batch)")
@@ -237,8 +239,11 @@ def main() -> None:
     record = {"env": environment(), "variants": {n: dict(file=Path(f).name, constants=c) for n, f, c in variants},
               "plans": list(plans), "flashmla": fm is not None,
               "checks": [], "times": []}
+    only = None if args.only is None else [piece.strip() for piece in args.only.split(",") if piece.strip()]
     for point in points(args.quick, args.points):
         label = point[0]
+        if only is not None and not any(piece in label for piece in only):
+            continue
         try:
             calls, fm_call, ref = build_calls(mods, point, fm, plans)
             for name, fn in calls.items():
