@@ -25,6 +25,7 @@ from collections import defaultdict
 import torch
 
 from common import baseline_parser, import_flash_mla
+from plan_order_sim import ragged_lengths
 from serving_check import K, RAGGED, environment, make_paged
 
 POINTS = [("uniform", 32, 1, 4096), ("uniform", 64, 1, 4096), ("uniform", 32, 16, 4096)] + [
@@ -116,13 +117,17 @@ def main() -> None:
 
     fm = import_flash_mla(args.flash_mla)
     scale = (K + 64) ** -0.5
-    g = torch.Generator().manual_seed(5)
+    ragged = ragged_lengths()
     rows = []
     only = None if args.points is None else {tuple(x.split(":")) for x in args.points.split(",")}
+    known = {(kind, str(b), str(s), str(t)) for kind, b, s, t in POINTS}
+    if only is not None and only - known:
+        ap.error(f"--points: {', '.join(':'.join(x) for x in sorted(only - known))} not among the points "
+                 f"({', '.join(':'.join(x) for x in sorted(known))})")
     for kind, b, s, t in POINTS:
-        lengths = [t] * b if kind == "uniform" else torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
         if only is not None and (kind, str(b), str(s), str(t)) not in only:
             continue
+        lengths = [t] * b if kind == "uniform" else ragged[(b, s, t)]
         q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
         causal = s > 1
         meta, _ = get_mla_metadata()
