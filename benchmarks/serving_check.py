@@ -384,18 +384,17 @@ def host_parts(r: Runner, name: str, fn) -> None:
     _REPLAYS.clear()              # only this call's repeat, bound (the third call runs on its bound launches)
     for _ in range(3):
         fn()
-    repeats = {id(v): v for v in (getattr(x, "__self__", x) for x in _REPLAYS.values()) if isinstance(v, _Repeat)}
-    rep = next((v for v in repeats.values() if v.bound is not None), None)
+    rep = next((v for v in (getattr(x, "__self__", x) for x in _REPLAYS.values())
+                if isinstance(v, _Repeat) and v.bound is not None), None)
     if rep is None:
         print(f"host parts {name}: no bound repeat found", flush=True)
         return
     stream, _, launches = rep.bound
     shape = rep.tm_shape or rep.shape
-    x = torch.empty(shape, dtype=rep.dtype, device=rep.dev)
-    lse = torch.empty(rep.lse_shape, dtype=torch.float32, device=rep.dev)
-    parts = {"outputs (2 x torch.empty)": host_time_us(lambda: (torch.empty(shape, dtype=rep.dtype, device=rep.dev),
-                                                              torch.empty(rep.lse_shape, dtype=torch.float32,
-                                                                          device=rep.dev)))}
+    outputs = lambda: (torch.empty(shape, dtype=rep.dtype, device=rep.dev),
+                       torch.empty(rep.lse_shape, dtype=torch.float32, device=rep.dev))
+    x, lse = outputs()
+    parts = {"outputs (2 x torch.empty)": host_time_us(outputs)}
     for i, launch in enumerate(launches):
         parts[f"bound launch {i} of {len(launches)}"] = host_time_us(
             lambda launch=launch: launch(stream, x.data_ptr(), lse.data_ptr()))
