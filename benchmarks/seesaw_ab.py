@@ -207,7 +207,8 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="a seesaw module file to run as variant 'base' (e.g. a commit's copy)")
     ap.add_argument("--base-combine", default=None, help="the combine module file the base copy uses")
     ap.add_argument("--eager", action="store_true", help="also time plain (eager) calls between CUDA events")
-    ap.add_argument("--variant", action="append", default=[], help="name[@module file]:CONST=VALUE,... (the package's module, or a copy, with constants set)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="name[@module file]:CONST=VALUE,... (the package's module, or a copy, with constants set)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--points", choices=["default", "serving"], default="default")
