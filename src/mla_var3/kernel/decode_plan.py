@@ -74,8 +74,8 @@ from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
 __all__ = ["MAX_ITEM_BLOCKS", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference",
-           "one_wave_cut", "packed_capacity", "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode", "plan_reference",
-           "plan_tensors", "uniform_plan"]
+           "one_wave_cut", "packed_capacity", "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode",
+           "plan_reference", "plan_tensors", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
