@@ -172,8 +172,8 @@ def build_calls(mods: dict, point, fm, plans=("auto",)):
         plan = build_plan(seqlens, s * H, table.shape[1] * PAGE, kind)
         for name, mod in mods.items():
             key = name if kind == "auto" else f"{name}/{kind}"
-            calls[key] = (lambda m, pl: lambda: m.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True,
-                                                                   seqlens=seqlens, plan=pl, block_table=table))(mod, plan)
+            calls[key] = (lambda m, pl: lambda: m.seesaw_attention(
+                qc, qpe, (cache, None), scale=scale, causal=True, seqlens=seqlens, plan=pl, block_table=table))(mod, plan)
     if fm is not None:
         meta, _ = fm.get_mla_metadata()
         fm_call = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, None, softmax_scale=scale,
