@@ -168,12 +168,15 @@ def build_calls(mods: dict, point, fm, plans=("auto",)):
     q, cache, table, seqlens = paged_inputs(lengths, s, t, seed=b * 100 + s)
     qt = q.transpose(1, 2)
     qc, qpe = qt[..., :K], qt[..., K:]
+
+    def paged_call(mod, plan):
+        return lambda: mod.seesaw_attention(qc, qpe, (cache, None), scale=scale, causal=True, seqlens=seqlens,
+                                            plan=plan, block_table=table)
+
     for kind in plans:
         plan = build_plan(seqlens, s * H, table.shape[1] * PAGE, kind)
         for name, mod in mods.items():
-            key = name if kind == "auto" else f"{name}/{kind}"
-            calls[key] = (lambda m, pl: lambda: m.seesaw_attention(
-                qc, qpe, (cache, None), scale=scale, causal=True, seqlens=seqlens, plan=pl, block_table=table))(mod, plan)
+            calls[name if kind == "auto" else f"{name}/{kind}"] = paged_call(mod, plan)
     if fm is not None:
         meta, _ = fm.get_mla_metadata()
         fm_call = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, None, softmax_scale=scale,
