@@ -130,9 +130,6 @@ _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 #: four lost 0.5-4.6 %; the packed kernel all four (15), 1.5-4 % faster on packed rows than 1, 3 or 5
 _PACKED_VIEWS = gl.constexpr(15) if GLUON_AVAILABLE else 15
 _ITEM_VIEWS = gl.constexpr(1) if GLUON_AVAILABLE else 1
-#: split items merged in the kernel (1: the last of a sequence's items to finish, counted by an
-#: atomic per sequence and row tile, merges the partials) instead of by the combine's launch (0)
-_FUSED_MERGE = gl.constexpr(1) if GLUON_AVAILABLE else 1
 
 
 if GLUON_AVAILABLE:
@@ -259,75 +256,10 @@ if GLUON_AVAILABLE:
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
         _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
 
-    @gluon.jit(noinline=True)
-    def _merge_if_last(o_smem, o_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, b, row0, S, H, ROWS,
-                       stride_lb, stride_lh, stride_ls, HEAD_MAJOR: gl.constexpr):
-        """The fused merge of a split sequence (``_FUSED_MERGE``), run by one warpgroup after its
-        fp32 partial (and, for WG1, the partial LSE) is in global memory and its threads have
-        synchronised: one thread counts the warpgroup in (``count_ptr[first_slot * tiles +
-        tile]``, acquire-release at GPU scope); the last of the sequence's ``2 * n_items``
-        arrivals for this row tile resets the counter and merges every item's partial for the
-        tile (the LSE-weighted mean of :func:`mla_var3.kernel.combine.combine_planned`, 64
-        columns at a time), staging each half of the output in ``o_smem [1, 64, K/2]`` for a TMA
-        store, and writes the LSE."""
-        BM: gl.constexpr = 64
-        KH: gl.constexpr = o_smem.shape[2]
-        K: gl.constexpr = 2 * KH
-        W: gl.constexpr = gl.num_warps()
-        one_d: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        lane = gl.arange(0, 32 * W, layout=one_d)
-        first = gl.load(seqs_ptr + b * 2)
-        n = gl.load(seqs_ptr + b * 2 + 1)
-        cidx = first * gl.cdiv(ROWS, BM) + row0 // BM
-        old = gl.atomic_add(count_ptr + cidx + lane * 0, gl.full([32 * W], 1, gl.int32, one_d), mask=lane == 0,
-                            sem="acq_rel", scope="gpu")
-        last = gl.max(gl.where(lane == 0, old, -1), axis=0) == 2 * n - 1
-        if last:
-            gl.store(count_ptr + cidx + lane * 0, gl.zeros([32 * W], gl.int32, one_d), mask=lane == 0)
-            ml: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [W, 1], [1, 0])
-            rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ml))
-            cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ml))
-            ok = rows < ROWS
-            mx = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, ml))
-            for i in range(n):
-                mx = gl.maximum(mx, gl.load(lse_part_ptr + (first + i).to(gl.int64) * ROWS + rows, mask=ok,
-                                            other=float("-inf"), cache_modifier=".cg"))
-            m_safe = gl.where(mx == float("-inf"), 0.0, mx)
-            den = gl.zeros([BM], gl.float32, gl.SliceLayout(1, ml))
-            for i in range(n):
-                lse_i = gl.load(lse_part_ptr + (first + i).to(gl.int64) * ROWS + rows, mask=ok, other=float("-inf"),
-                                cache_modifier=".cg")
-                den += gl.exp2((lse_i - m_safe) * 1.4426950408889634)
-            inv = 1.0 / gl.where(den > 0, den, 1.0)
-            stage = o_smem.reshape([BM, KH])
-            for hh in gl.static_range(2):
-                for c in gl.static_range(KH // 64):
-                    acc = gl.zeros([BM, 64], gl.float32, ml)
-                    for i in range(n):
-                        slot = (first + i).to(gl.int64)
-                        w = gl.exp2((gl.load(lse_part_ptr + slot * ROWS + rows, mask=ok, other=float("-inf"),
-                                             cache_modifier=".cg") - m_safe) * 1.4426950408889634)
-                        o_i = gl.load(part_ptr + (slot * ROWS + rows)[:, None] * K + (hh * KH + c * 64) + cols[None, :],
-                                      mask=ok[:, None], other=0.0, cache_modifier=".cg")
-                        acc += gl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
-                    stage.slice(c * 64, 64, dim=1).store((acc * inv[:, None]).to(o_desc.dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(o_desc, [b, row0, hh * KH], o_smem)
-                tma.store_wait(pendings=0)
-                gl.thread_barrier()
-            lse = gl.where(den > 0, m_safe + gl.log2(gl.where(den > 0, den, 1.0)) * 0.6931471805599453,
-                           float("-inf"))
-            if HEAD_MAJOR:
-                l_off = (rows // S) * stride_lh + (rows % S) * stride_ls
-            else:
-                l_off = (rows % H) * stride_lh + (rows // H) * stride_ls
-            gl.store(lse_ptr + b.to(gl.int64) * stride_lb + l_off, lse, mask=ok)
-
     @gluon.jit
     def _seesaw_segment(ROLE: gl.constexpr,
                         q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
-                        z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_smem,
+                        z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
                         b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
                         stride_lb, stride_lh, stride_ls, causal, cx, cy, kq,
                         PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -515,19 +447,6 @@ if GLUON_AVAILABLE:
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [b, row0, ROLE * KH], o_smem)
-        elif _FUSED_MERGE:
-            # the partial straight to global memory (ordinary stores: the merging program reads it
-            # with ordinary loads), then counted in; the last of the item's sequence merges
-            part_row = slot.to(gl.int64) * ROWS + o_rows_idx
-            part_col = ROLE * KH + gl.arange(0, KH, layout=gl.SliceLayout(0, o_layout))
-            gl.store(part_ptr + part_row[:, None] * K + part_col[None, :], out, mask=(o_rows_idx < ROWS)[:, None])
-            gl.thread_barrier()
-            if ROLE == 1:
-                o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
-            else:
-                o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
-            _merge_if_last(o_smem, o_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, b, row0, S, H, ROWS,
-                           stride_lb, stride_lh, stride_ls, HEAD_MAJOR)
         else:
             if ROLE == 1:
                 x_smem = q_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
@@ -541,7 +460,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
-                   q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem,
+                   q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem,
                    items_ptr, seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
                    T, MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                    PAGED, HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
@@ -557,7 +476,7 @@ if GLUON_AVAILABLE:
                 if k > 0:
                     b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
                 _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
-                                o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+                                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                                 n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, cx, cy,
                                 k & 1, PAGED, HEAD_MAJOR, True)
                 gl.thread_barrier()          # every thread's output store has been read (store_wait)
@@ -566,13 +485,13 @@ if GLUON_AVAILABLE:
                 cy += gl.maximum(n_iter // 2, gl.minimum(n_iter, 1))
         else:
             _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
-                            o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+                            o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                             n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, 0, 0, 0,
                             PAGED, HEAD_MAJOR, False)
 
     @gluon.jit
     def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                       kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                       kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                        table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                        qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                        HAS_SEQLENS):
@@ -590,48 +509,48 @@ if GLUON_AVAILABLE:
     # must be a literal in the call below to stay a compile-time constant (ROLE, PERSISTENT)
     @gluon.jit
     def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                     table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                     qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                     HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
     def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                     table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                     qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                     HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
     def _seesaw_wg0_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr,
+                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
 
     @gluon.jit
     def _seesaw_wg1_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr,
+                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
@@ -642,7 +561,7 @@ if GLUON_AVAILABLE:
         z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
         o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
         op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
-        lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
+        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
@@ -723,7 +642,7 @@ if GLUON_AVAILABLE:
         pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc, kr_desc,
-                o_desc, op_desc, lse_ptr, lse_part_ptr, part_ptr, seqs_ptr, count_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr, it0, it1,
+                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr, it0, it1,
                 b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
                 stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32),
                 PAGED, HEAD_MAJOR, HAS_SEQLENS)
@@ -790,26 +709,20 @@ _WORKSPACES: dict = {}
 BOUND_REPEATS = True
 
 
-def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The split items' fp32 partial outputs ``[slots, rows, k]`` and LSE ``[slots, rows]``, and
-    the fused merge's arrival counters ``[slots * row tiles]`` int32 (zero between calls: the
-    merging program resets its counter): one workspace per device and stream, grown on demand
-    and re-used by the next call on that stream (calls on one stream run in order, so none
-    overlaps the last one's merge); a fresh allocation during CUDA-graph capture (the graph owns
-    its memory, and zeroes the counters on every replay)."""
+def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split items' fp32 partial outputs ``[slots, rows, k]`` and LSE ``[slots, rows]``: one
+    workspace per device and stream, grown on demand and re-used by the next call on that
+    stream (calls on one stream run in order, so none overlaps the last one's combine); a fresh
+    allocation during CUDA-graph capture (the graph owns its memory)."""
     n = slots * rows * (k + 1)
-    n_count = slots * cdiv(rows, BLOCK_M)
     if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
         buf = torch.empty(n, dtype=torch.float32, device=dev)
-        count = torch.zeros(n_count, dtype=torch.int32, device=dev)
     else:
         key = (dev.index, current_stream(dev.index))
-        ws = _WORKSPACES.get(key)
-        if ws is None or ws[0].numel() < n or ws[1].numel() < n_count:
-            ws = _WORKSPACES[key] = (torch.empty(n, dtype=torch.float32, device=dev),
-                                     torch.zeros(n_count, dtype=torch.int32, device=dev))
-        buf, count = ws
-    return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows), count
+        buf = _WORKSPACES.get(key)
+        if buf is None or buf.numel() < n:
+            buf = _WORKSPACES[key] = torch.empty(n, dtype=torch.float32, device=dev)
+    return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows)
 
 
 def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple, cached: bool = True):
@@ -928,23 +841,23 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
     def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
-                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor, count: torch.Tensor) -> tuple:
+                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
         """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
         persistent, g = kind
         programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
         return (cdiv(rows, BLOCK_M), programs, 1), (
             *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
             _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-            l_out, lp, op, pl.seqs, count, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
+            l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
             pl.packed if g else pl.items, *tail)
 
     def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
         """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
-        op, lp, count = _partials(pl.max_slots, rows, k, dev)
+        op, lp = _partials(pl.max_slots, rows, k, dev)
         for kind, launcher, key, consts in kernels:
-            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp, count)
+            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
             launcher(key, grid, args, consts, num_warps=4)
-        if pl.may_split and not _FUSED_MERGE:
+        if pl.may_split:
             combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
 
     def bind(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab):
@@ -952,14 +865,13 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         for outputs laid out as ``o`` / ``l_out`` (fresh ones a repeat has just written: all
         launches compiled for them): a tuple of bound launches in order, or None off the direct
         path."""
-        op, lp, count = _partials(pl.max_slots, rows, k, dev)
-        combined = pl.may_split and not _FUSED_MERGE
-        combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if combined else None
-        if not all(launcher.ready(key) for _, launcher, key, _ in kernels) or (combined and combine is None):
+        op, lp = _partials(pl.max_slots, rows, k, dev)
+        combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
+        if not all(launcher.ready(key) for _, launcher, key, _ in kernels) or (pl.may_split and combine is None):
             return None
         bound = []
         for kind, launcher, key, _ in kernels:
-            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp, count)
+            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
             bound.append(launcher.bind(key, grid, args, (4, 6)))
         return tuple(bound) + ((combine,) if combine is not None else ())
 
@@ -1062,7 +974,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
         "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
-        "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "part_ptr": "*fp32", "seqs_ptr": "*i32", "count_ptr": "*i32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
+        "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
         "starts_ptr": "*i32", "packed_ptr": "*i64",
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
