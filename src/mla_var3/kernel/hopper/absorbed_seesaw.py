@@ -336,9 +336,6 @@ if GLUON_AVAILABLE:
             has_y = 2 * i + 1 < n_iter
             # Y was loaded in pair 0 even without a block 1 (a copy of block 0, masked below)
             raw = _scores(q_tile, qr_tile, own_z, own_r, ready, OWN, ph_own, has_own | (i == 0), s_zero, NZ)
-            # scores in log2 units: the scale is folded into exp2's argument (one FFMA per score; the
-            # row max is scaled once per row)
-            fold = qk_scale_log2
             if has_own & ((blk_lo + j + 1) * BN - 1 <= L - S * (causal != 0) - (causal == 0)):
                 sc = raw                          # every row sees every key of the block: no mask
             else:
@@ -347,11 +344,13 @@ if GLUON_AVAILABLE:
                 keys = first + cols
                 visible = (keys[None, :] <= limit[:, None]) & (keys[None, :] >= (blk_lo + j) * BN) & has_own
                 sc = gl.where(visible, raw, float("-inf"))
-            row_max = gl.max(sc, axis=1) * fold   # (the scale is positive: the max commutes with it)
+            # scores in log2 units: the scale is folded into exp2's argument (one FFMA per score; the
+            # row max is scaled once per row: the scale is positive, so the max commutes with it)
+            row_max = gl.max(sc, axis=1) * qk_scale_log2
             if ROLE == 0:
                 m_a = gl.maximum(m_i, row_max)
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
-                p_f = gl.exp2(sc * fold - m_a_safe[:, None])
+                p_f = gl.exp2(sc * qk_scale_log2 - m_a_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
                 xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
@@ -383,7 +382,7 @@ if GLUON_AVAILABLE:
                 m_a = xrow.index(0).load(s_rows)
                 m_b = gl.maximum(m_a, row_max)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
-                p_f = gl.exp2(sc * fold - m_b_safe[:, None])
+                p_f = gl.exp2(sc * qk_scale_log2 - m_b_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_b_safe), o_rows)
                 beta_s = gl.exp2(m_a - m_b_safe)
@@ -642,8 +641,8 @@ if GLUON_AVAILABLE:
         pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc, kr_desc,
-                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr, it0, it1,
-                b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
+                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr,
+                it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
                 stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32),
                 PAGED, HEAD_MAJOR, HAS_SEQLENS)
         if PERSISTENT:
@@ -898,8 +897,9 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         else:
             seq_fixed = seq_ptr if seq_ptr is not None else per_call_plan.items
             tab_fixed = table_ptr if table_ptr is not None else per_call_plan.items
-            replays[replay_key] = _Repeat(run_again, lambda o, l_out: bind(per_call_plan, o, l_out, seq_fixed, tab_fixed),
-                                          (b, h, s, k), head_major, qc.dtype, dev)
+            replays[replay_key] = _Repeat(
+                run_again, lambda o, l_out: bind(per_call_plan, o, l_out, seq_fixed, tab_fixed), (b, h, s, k),
+                head_major, qc.dtype, dev)
     return out, lse
 
 
