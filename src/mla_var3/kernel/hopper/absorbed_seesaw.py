@@ -13,9 +13,9 @@ Design
   output when the item covers the sequence, else as fp32 partials to its slot for
   :func:`mla_var3.kernel.combine.combine_planned`. With a plan that has program ``starts``
   (``PERSISTENT``: a packed plan, or the planner's item plan run one item per program) a
-  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's epilogue both
+  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's last pair both
   warpgroups release the buffers (``seg_bar``) and a third partition, a loader warp, issues the
-  next item's prologue (its pages, query tile and first two key blocks), so the compute
+  next item's prologue while they run the epilogue (its pages, query tile and first two key blocks), so the compute
   warpgroups carry no query descriptors or block table across their pair loops (issued from
   WG0 instead, they spilled 384 B and ran 0.55–0.65x). Registers then: WG0 256, WG1 224, the
   loader's warpgroup 24 (the program is padded to 12 warps). A plan whose kind the GPU chose
@@ -64,7 +64,8 @@ Design
   stored there cannot reach the output.
 * **Epilogue.** WG1 computes the LSE (from the fp32 row sums of both warpgroups' ``p``; +inf for
   an empty sequence, as FlashMLA) and publishes ``l``; each warpgroup normalises its half and
-  stores it by TMA (WG1 through Q's buffer, WG0 through X's). Split items are merged by
+  stores it from its registers (no shared-memory staging, so no buffer is held past the pair
+  loop; the output must be laid out as ``[B, ROWS, K]``, contiguous). Split items are merged by
   :func:`mla_var3.kernel.combine.combine_planned`, a programmatic dependent launch: every program
   signals ``griddepcontrol.launch_dependents`` as it starts, so the combine is launched while the
   last programs run and waits for the grid before it reads a partial.
@@ -258,8 +259,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _seesaw_segment(ROLE: gl.constexpr,
-                        q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow,
-                        z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem,
+                        q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
+                        z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem,
                         b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
                         stride_lb, stride_lh, stride_ls, causal, cx, cy, kq,
                         PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -411,7 +412,12 @@ if GLUON_AVAILABLE:
                            2 * i + 3 < n_iter, 1, False, NZ)
                 m_i = m_b
 
-        # ---- epilogue: normalise, stage in a free buffer, TMA store (rows >= ROWS are clipped)
+        if PERSISTENT:
+            # every MMA of the item has retired (the loop's last waits): the buffers and the page
+            # list are free, and the loader issues the next item's prologue during the epilogue
+            gl.thread_barrier()
+            mbarrier.arrive(seg_bar, count=1)
+        # ---- epilogue: normalise and store
         o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
         if ROLE == 1:
             l_ok = l_o > 0
@@ -435,36 +441,26 @@ if GLUON_AVAILABLE:
             mbarrier.wait(bar_e, kq)
             l_fin = xrow.index(2).load(o_rows)
         out = acc * (1.0 / gl.where(l_fin > 0, l_fin, 1.0))[:, None]
-        # every MMA reading Q is done (WG0's last scores precede mA): WG1 stages its half there;
-        # WG1 is done with X: WG0 stages in X
+        # straight from the accumulator's registers to global memory (rows >= ROWS masked): no
+        # shared-memory staging, so the packed kernel's buffers are free for the next item as soon
+        # as the pair loop ends (see the release above)
+        cols_o = ROLE * KH + gl.arange(0, KH, layout=gl.SliceLayout(0, o_layout))
+        in_rows = (o_rows_idx < ROWS)[:, None]
         if slot < 0:
-            if ROLE == 1:
-                o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
-            else:
-                o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
-            o_smem.reshape([BM, KH]).store(out.to(o_desc.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [b, row0, ROLE * KH], o_smem)
+            o_off = (b.to(gl.int64) * ROWS + o_rows_idx)[:, None] * K + cols_o[None, :]
+            gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=in_rows)
         else:
-            if ROLE == 1:
-                x_smem = q_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
-            else:
-                x_smem = z_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
-            x_smem.reshape([BM, KH]).store(out)
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(op_desc, [slot, row0, ROLE * KH], x_smem)
-        tma.store_wait(pendings=0)
+            x_off = (slot.to(gl.int64) * ROWS + o_rows_idx)[:, None] * K + cols_o[None, :]
+            gl.store(op_ptr + x_off, out, mask=in_rows)
 
     @gluon.jit
     def _seesaw_wg(ROLE: gl.constexpr, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
-                   q_desc, qr_desc, z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem,
+                   q_desc, qr_desc, z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem,
                    items_ptr, seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
                    T, MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                    PAGED, HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
         """One warpgroup's work: the program's item, or (``PERSISTENT``, a packed plan) its items
-        ``it0 .. it1`` in turn; after each item's epilogue both warpgroups release the buffers
+        ``it0 .. it1`` in turn; after each item's pair loop both warpgroups release the buffers
         (``seg_bar``, two arrivals) and the loader warp (:func:`_seesaw_loader`) issues the next
         item's prologue."""
         if PERSISTENT:
@@ -474,23 +470,21 @@ if GLUON_AVAILABLE:
                 k = it - it0
                 if k > 0:
                     b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
-                _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
-                                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
-                                n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, cx, cy,
-                                k & 1, PAGED, HEAD_MAJOR, True)
-                gl.thread_barrier()          # every thread's output store has been read (store_wait)
-                mbarrier.arrive(seg_bar, count=1)
+                _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, z_desc,
+                                kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo,
+                                n_iter, n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
+                                cx, cy, k & 1, PAGED, HEAD_MAJOR, True)
                 cx += (n_iter + 1) // 2
                 cy += gl.maximum(n_iter // 2, gl.minimum(n_iter, 1))
         else:
-            _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, z_desc, kr_desc,
-                            o_desc, op_desc, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+            _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, z_desc,
+                            kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                             n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, 0, 0, 0,
                             PAGED, HEAD_MAJOR, False)
 
     @gluon.jit
     def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                       kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                       kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                        table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                        qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                        HAS_SEQLENS):
@@ -508,48 +502,48 @@ if GLUON_AVAILABLE:
     # must be a literal in the call below to stay a compile-time constant (ROLE, PERSISTENT)
     @gluon.jit
     def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                     table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                     qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                     HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
     def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                    kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                     table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                     qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                     HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
     def _seesaw_wg0_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+                           z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
 
     @gluon.jit
     def _seesaw_wg1_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+                           z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
@@ -558,8 +552,8 @@ if GLUON_AVAILABLE:
     def _flash_mla_seesaw(
         q_desc, qr_desc,          # TMA: queries [B, ROWS, K] / [B, ROWS, P], boxes [1, 64, K/2] / [1, 64, P]
         z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
-        o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
-        op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
+        o_ptr,                    # output [B, ROWS, K] (q's dtype), contiguous
+        op_ptr,                   # fp32 partials [slots, ROWS, K], contiguous
         lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
@@ -641,7 +635,7 @@ if GLUON_AVAILABLE:
         pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc, kr_desc,
-                o_desc, op_desc, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr,
+                o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr,
                 it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
                 stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32),
                 PAGED, HEAD_MAJOR, HAS_SEQLENS)
@@ -761,8 +755,9 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         with ``block_table [B, max_blocks]`` (any strides).
     seqlens [B] int32 or None (every sequence T keys); plan: a :class:`DecodePlan` for (B, H*S), or
         None to build one (on the GPU with ``seqlens``, on the host once per shape without).
-    out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
-        follow the queries' order). num_splits: without seqlens and plan, force that many items per
+    out [B, H, S, K] optional, written in place (any strides; a temporary, copied into it, unless
+        it is laid out as the kernel writes: rows K apart in the queries' order, sequences H * S
+        rows apart). num_splits: without seqlens and plan, force that many items per
         sequence. checked: the caller has already asked :func:`seesaw_applies`.
     replays, replay_key: once the kernel's launch is on its direct path, store under
         ``replays[replay_key]`` a function that repeats this call (``() -> (o_latent, lse)``, fresh
@@ -786,13 +781,13 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         x = torch.empty((b, h, s, k) if head_major else (b, s, h, k), dtype=qc.dtype, device=dev)
         return x if head_major else x.transpose(1, 2)
 
-    o_stride = k                                   # a fresh rows_buffer()'s row stride
     if out is None:
         out = o_run = rows_buffer()
     else:
+        # the kernel writes rows_buffer()'s layout: rows K apart, sequences H * S rows apart
         o_order = _row_order(out)
-        o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
-        o_stride = o_order[1] if o_run is out else k
+        fits = o_order is not None and o_order == (head_major, k) and (b == 1 or out.stride(0) == rows * k)
+        o_run = out if fits else rows_buffer()
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b == 0 or rows == 0:
         return out, lse
@@ -839,22 +834,20 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
-    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
-                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
+    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, l_out: torch.Tensor, seq, tab,
+                    op: torch.Tensor, lp: torch.Tensor) -> tuple:
         """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
         persistent, g = kind
         programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
         return (cdiv(rows, BLOCK_M), programs, 1), (
-            *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
-            _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-            l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
+            *inputs, o, op, l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
             pl.packed if g else pl.items, *tail)
 
-    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
+    def run(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab) -> None:
         """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
         for kind, launcher, key, consts in kernels:
-            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
+            grid, args = launch_args(pl, kind, o, l_out, seq, tab, op, lp)
             launcher(key, grid, args, consts, num_warps=4)
         if pl.may_split:
             combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
@@ -870,11 +863,11 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             return None
         bound = []
         for kind, launcher, key, _ in kernels:
-            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
+            grid, args = launch_args(pl, kind, o, l_out, seq, tab, op, lp)
             bound.append(launcher.bind(key, grid, args, (4, 6)))
         return tuple(bound) + ((combine,) if combine is not None else ())
 
-    run(plan, o_run, o_stride, lse, seq_arg, table, cached)
+    run(plan, o_run, lse, seq_arg, table)
     if o_run is not out:
         out.copy_(o_run)
     if replays is not None and cached:
@@ -886,8 +879,8 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
             o = rows_buffer()
             l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-            run(pl, o, k, l_out, seq_ptr if seq_ptr is not None else pl.items,
-                table_ptr if table_ptr is not None else pl.items, True)
+            run(pl, o, l_out, seq_ptr if seq_ptr is not None else pl.items,
+                table_ptr if table_ptr is not None else pl.items)
             return o, l_out
 
         if len(replays) > 256:
@@ -973,7 +966,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
-        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
+        "kr_desc": desc(p, BLOCK_N), "o_ptr": f"*{dtype}", "op_ptr": "*fp32",
         "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
         "starts_ptr": "*i32", "packed_ptr": "*i64",
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
@@ -983,5 +976,8 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     }
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
                   "HEAD_MAJOR": head_major, "PERSISTENT": persistent, "GATED": gated}
-    src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs)
+    # pointers 16-byte aligned, as every launch's are (torch allocations; the launch key holds the
+    # alignment of the caller's lengths and block table): the output stores are vectorised on it
+    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
+    src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
