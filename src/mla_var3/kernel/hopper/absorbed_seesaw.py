@@ -13,9 +13,9 @@ Design
   output when the item covers the sequence, else as fp32 partials to its slot for
   :func:`mla_var3.kernel.combine.combine_planned`. With a plan that has program ``starts``
   (``PERSISTENT``: a packed plan, or the planner's item plan run one item per program) a
-  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's last pair both
+  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's epilogue both
   warpgroups release the buffers (``seg_bar``) and a third partition, a loader warp, issues the
-  next item's prologue while they run the epilogue (its pages, query tile and first two key blocks), so the compute
+  next item's prologue (its pages, query tile and first two key blocks), so the compute
   warpgroups carry no query descriptors or block table across their pair loops (issued from
   WG0 instead, they spilled 384 B and ran 0.55–0.65x). Registers then: WG0 256, WG1 224, the
   loader's warpgroup 24 (the program is padded to 12 warps). A plan whose kind the GPU chose
@@ -64,8 +64,7 @@ Design
   stored there cannot reach the output.
 * **Epilogue.** WG1 computes the LSE (from the fp32 row sums of both warpgroups' ``p``; +inf for
   an empty sequence, as FlashMLA) and publishes ``l``; each warpgroup normalises its half and
-  stores it from its registers (no shared-memory staging, so no buffer is held past the pair
-  loop; the output must be laid out as ``[B, ROWS, K]``, contiguous). Split items are merged by
+  stores it by TMA (WG1 through Q's buffer, WG0 through X's). Split items are merged by
   :func:`mla_var3.kernel.combine.combine_planned`, a programmatic dependent launch: every program
   signals ``griddepcontrol.launch_dependents`` as it starts, so the combine is launched while the
   last programs run and waits for the grid before it reads a partial.
@@ -224,43 +223,47 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
                     table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L,
-                    PAGED: gl.constexpr):
+                    PAGED: gl.constexpr, PARTS: gl.constexpr):
         """An item's prologue: its pages from the block table into shared memory
         (paged caches: the refills then need one shared-memory read and no table address
         arithmetic), then TMA for its query tile (``q_bar``), block 0 into X and block 1 (block 0
-        again when there is no block 1) into Y."""
+        again when there is no block 1) into Y. ``PARTS``: bit 0 the pages, the query tile and X,
+        bit 1 Y (a packed plan's loader issues them as the buffers come free)."""
         K: gl.constexpr = z_smem.shape[3]
         NZ: gl.constexpr = K // 64
         NP: gl.constexpr = pages_row.shape[1]
         one_d: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        if PAGED:
-            W: gl.constexpr = gl.num_warps()
-            pl: gl.constexpr = gl.BlockedLayout([NP // (32 * W)], [32], [W], [0])
-            jj = gl.arange(0, NP, layout=pl)
-            blk = blk_lo + jj
-            pg = gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
-                         mask=(jj < n_iter) & (blk < n_blk), other=0)
-            pages_row.index(0).store(pg)
-            gl.thread_barrier()
+        if PARTS & 1:
+            if PAGED:
+                W: gl.constexpr = gl.num_warps()
+                pl: gl.constexpr = gl.BlockedLayout([NP // (32 * W)], [32], [W], [0])
+                jj = gl.arange(0, NP, layout=pl)
+                blk = blk_lo + jj
+                pg = gl.load(table_ptr + b.to(gl.int64) * stride_tb + blk.to(gl.int64) * stride_tc,
+                             mask=(jj < n_iter) & (blk < n_blk), other=0)
+                pages_row.index(0).store(pg)
+                gl.thread_barrier()
         pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], one_d)
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(q_desc, [b, row0, c * (K // 2)], q_bar,
-                                            q_smem.slice(c * (K // 2), K // 2, dim=2))
-        tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
         has0 = n_iter > 0
-        blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
-        x0, x1 = _coords(b, blk_lo, _page_at(pages_smem, 0, PAGED), n_blk, L, PAGED)
-        y0, y1 = _coords(b, blk_y, _page_at(pages_smem, blk_y - blk_lo, PAGED), n_blk, L, PAGED)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
-        _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
+        if PARTS & 1:
+            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+            for c in gl.static_range(2):
+                tma.async_copy_global_to_shared(q_desc, [b, row0, c * (K // 2)], q_bar,
+                                                q_smem.slice(c * (K // 2), K // 2, dim=2))
+            tma.async_copy_global_to_shared(qr_desc, [b, row0, 0], q_bar, qr_smem)
+            x0, x1 = _coords(b, blk_lo, _page_at(pages_smem, 0, PAGED), n_blk, L, PAGED)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 0, False, NZ)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(0), kr_smem.index(0), 0, x0, x1, has0, 1, True, NZ)
+        if PARTS & 2:
+            blk_y = blk_lo + gl.minimum(1, gl.maximum(n_iter - 1, 0))
+            y0, y1 = _coords(b, blk_y, _page_at(pages_smem, blk_y - blk_lo, PAGED), n_blk, L, PAGED)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 0, False, NZ)
+            _load_half(z_desc, kr_desc, ready, z_smem.index(1), kr_smem.index(1), 1, y0, y1, has0, 1, True, NZ)
 
     @gluon.jit
     def _seesaw_segment(ROLE: gl.constexpr,
                         q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
-                        z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem,
+                        z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_smem,
                         b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2,
                         stride_lb, stride_lh, stride_ls, causal, cx, cy, kq,
                         PAGED: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -413,11 +416,11 @@ if GLUON_AVAILABLE:
                 m_i = m_b
 
         if PERSISTENT:
-            # every MMA of the item has retired (the loop's last waits): the buffers and the page
-            # list are free, and the loader issues the next item's prologue during the epilogue
+            # every MMA of the item has retired (the loop's last waits): Q, X and the page list
+            # are free, and the loader issues the next item's prologue during the epilogue
             gl.thread_barrier()
-            mbarrier.arrive(seg_bar, count=1)
-        # ---- epilogue: normalise and store
+            mbarrier.arrive(seg_bar.index(0), count=1)
+        # ---- epilogue: normalise, stage in a free buffer, TMA store (rows >= ROWS are clipped)
         o_rows_idx = row0 + gl.arange(0, BM, layout=o_rows)
         if ROLE == 1:
             l_ok = l_o > 0
@@ -441,26 +444,54 @@ if GLUON_AVAILABLE:
             mbarrier.wait(bar_e, kq)
             l_fin = xrow.index(2).load(o_rows)
         out = acc * (1.0 / gl.where(l_fin > 0, l_fin, 1.0))[:, None]
-        # straight from the accumulator's registers to global memory (rows >= ROWS masked): no
-        # shared-memory staging, so the packed kernel's buffers are free for the next item as soon
-        # as the pair loop ends (see the release above)
-        cols_o = ROLE * KH + gl.arange(0, KH, layout=gl.SliceLayout(0, o_layout))
-        in_rows = (o_rows_idx < ROWS)[:, None]
+        # the item kernel: every MMA reading Q is done (WG0's last scores precede mA), so WG1 stages
+        # its half there; WG1 is done with X, so WG0 stages in X. The packed kernel stages in Y
+        # (its loader is refilling Q and X): WG1 once WG0's last MMA over Y has retired (seg_bar[0]),
+        # WG0 after WG1's row sum (bar_e, after WG1's last MMA); a split item's fp32 partial (its
+        # half is Y's size) WG1 only, WG0 storing its own straight from its registers
         if slot < 0:
-            o_off = (b.to(gl.int64) * ROWS + o_rows_idx)[:, None] * K + cols_o[None, :]
-            gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=in_rows)
+            if PERSISTENT:
+                if ROLE == 1:
+                    mbarrier.wait(seg_bar.index(0), kq)
+                o_smem = z_smem.index(1)._reinterpret(o_desc.dtype, [2, 1, BM, KH], o_desc.layout).index(ROLE)
+            elif ROLE == 1:
+                o_smem = q_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+            else:
+                o_smem = z_smem._reinterpret(o_desc.dtype, [1, BM, KH], o_desc.layout)
+            o_smem.reshape([BM, KH]).store(out.to(o_desc.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [b, row0, ROLE * KH], o_smem)
+        elif PERSISTENT and ROLE == 0:
+            x_cols = gl.arange(0, KH, layout=gl.SliceLayout(0, o_layout))
+            x_off = (slot.to(gl.int64) * ROWS + o_rows_idx)[:, None] * K + x_cols[None, :]
+            gl.store(op_ptr + x_off, out, mask=(o_rows_idx < ROWS)[:, None])
         else:
-            x_off = (slot.to(gl.int64) * ROWS + o_rows_idx)[:, None] * K + cols_o[None, :]
-            gl.store(op_ptr + x_off, out, mask=in_rows)
+            if PERSISTENT:
+                mbarrier.wait(seg_bar.index(0), kq)
+                x_smem = z_smem.index(1)._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
+            elif ROLE == 1:
+                x_smem = q_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
+            else:
+                x_smem = z_smem._reinterpret(op_desc.dtype, [1, BM, KH], op_desc.layout)
+            x_smem.reshape([BM, KH]).store(out)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(op_desc, [slot, row0, ROLE * KH], x_smem)
+        tma.store_wait(pendings=0)
+        if PERSISTENT:
+            # the stores have read Y: the loader may refill it
+            gl.thread_barrier()
+            mbarrier.arrive(seg_bar.index(1), count=1)
 
     @gluon.jit
-    def _seesaw_wg(ROLE: gl.constexpr, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar,
-                   q_desc, qr_desc, z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem,
-                   items_ptr, seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L,
-                   T, MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
-                   PAGED, HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
+    def _seesaw_wg(ROLE: gl.constexpr, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc,
+                   qr_desc, z_desc, kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem,
+                   items_ptr, seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                   MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
+                   HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
         """One warpgroup's work: the program's item, or (``PERSISTENT``, a packed plan) its items
-        ``it0 .. it1`` in turn; after each item's pair loop both warpgroups release the buffers
+        ``it0 .. it1`` in turn; after each item's epilogue both warpgroups release the buffers
         (``seg_bar``, two arrivals) and the loader warp (:func:`_seesaw_loader`) issues the next
         item's prologue."""
         if PERSISTENT:
@@ -471,80 +502,83 @@ if GLUON_AVAILABLE:
                 if k > 0:
                     b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
                 _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, z_desc,
-                                kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo,
-                                n_iter, n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal,
-                                cx, cy, k & 1, PAGED, HEAD_MAJOR, True)
+                                kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_smem, b, row0, slot,
+                                blk_lo, n_iter, n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls,
+                                causal, cx, cy, k & 1, PAGED, HEAD_MAJOR, True)
                 cx += (n_iter + 1) // 2
                 cy += gl.maximum(n_iter // 2, gl.minimum(n_iter, 1))
         else:
-            _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, z_desc,
-                            kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
+            _seesaw_segment(ROLE, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, z_desc, kr_desc,
+                            o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_smem, b, row0, slot, blk_lo, n_iter,
                             n_blk, S, H, ROWS, L, qk_scale_log2, stride_lb, stride_lh, stride_ls, causal, 0, 0, 0,
                             PAGED, HEAD_MAJOR, False)
 
     @gluon.jit
     def _seesaw_loader(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                       kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                       table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
-                       qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
-                       HAS_SEQLENS):
+                       kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                       seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                       MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
+                       HEAD_MAJOR, HAS_SEQLENS):
         """A packed plan's loader (one warp): once both warpgroups have released the buffers after
         an item (``seg_bar``), the next item's prologue (the first one is the program's, before
         the partitions start). The compute warpgroups thus hold no query descriptors or block
         table across their pair loops."""
         for it in range(it0 + 1, it1):
             b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
-            mbarrier.wait(seg_bar, (it - it0 - 1) & 1)
+            mbarrier.wait(seg_bar.index(0), (it - it0 - 1) & 1)
             _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
-                        table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED)
+                        table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED, 1)
+            mbarrier.wait(seg_bar.index(1), (it - it0 - 1) & 1)
+            _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
+                        table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED, 2)
 
     # the partitions' entry points: warp_specialize hands its arguments over as values, so a flag
     # must be a literal in the call below to stay a compile-time constant (ROLE, PERSISTENT)
     @gluon.jit
     def _seesaw_wg0(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
-                    HAS_SEQLENS):
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                    seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                    MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
+                    HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                   seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
     def _seesaw_wg1(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                    kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                    table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
-                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
-                    HAS_SEQLENS):
+                    kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                    seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
+                    MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
+                    HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                   seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, False)
 
     @gluon.jit
-    def _seesaw_wg0_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+    def _seesaw_wg0_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                           kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(0, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                   seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
 
     @gluon.jit
-    def _seesaw_wg1_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc,
-                           z_desc, kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr,
+    def _seesaw_wg1_packed(q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
+                           kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
                            seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                            MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal,
                            PAGED, HEAD_MAJOR, HAS_SEQLENS):
         _seesaw_wg(1, q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc,
-                   kr_desc, o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
-                   table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
+                   kr_desc, o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr,
+                   seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS,
                    qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED, HEAD_MAJOR,
                    HAS_SEQLENS, True)
 
@@ -552,9 +586,9 @@ if GLUON_AVAILABLE:
     def _flash_mla_seesaw(
         q_desc, qr_desc,          # TMA: queries [B, ROWS, K] / [B, ROWS, P], boxes [1, 64, K/2] / [1, 64, P]
         z_desc, kr_desc,          # TMA: keys [B, T, K] / [B, T, P] (dense) or [pages, 64, K] / [pages, 64, P]
-        o_ptr,                    # output [B, ROWS, K] (q's dtype), contiguous
-        op_ptr,                   # fp32 partials [slots, ROWS, K], contiguous
-        lse_ptr, lse_part_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
+        o_desc,                   # TMA: output [B, ROWS, K] (q's dtype), boxes [1, 64, K/2]
+        op_desc,                  # TMA: fp32 partials [slots, ROWS, K], boxes [1, 64, K/2]
+        lse_ptr, lse_part_ptr, op_ptr, seqlens_ptr, table_ptr, items_ptr, starts_ptr, packed_ptr,
         ROWS, S, H, T, MAX_BLOCKS, qk_scale_log2,
         stride_lb, stride_lh, stride_ls, stride_tb, stride_tc,
         K: gl.constexpr, P: gl.constexpr, CAUSAL: gl.constexpr, PAGED: gl.constexpr, HAS_SEQLENS: gl.constexpr,
@@ -619,26 +653,28 @@ if GLUON_AVAILABLE:
                  gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        seg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        # a packed plan's item transitions: [0] Q, X and the page list free, [1] Y free (two arrivals each)
+        seg_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         xrow = gl.allocate_shared_memory(gl.float32, [4, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         # the item's pages (paged caches), [1, NP]; element j is the page of the item's block j
         NP: gl.constexpr = MAX_ITEM_PAGES if PAGED or PERSISTENT else 128
         pages_row = gl.allocate_shared_memory(gl.int32, [1, NP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mbarrier.init(q_bar, count=1)
-        mbarrier.init(seg_bar, count=2)
+        mbarrier.init(seg_bar.index(0), count=2)
+        mbarrier.init(seg_bar.index(1), count=2)
         for i0 in gl.static_range(6):
             mbarrier.init(ready[i0], count=1)
         for i1 in gl.static_range(3):
             mbarrier.init(xbar.index(i1), count=1)
         _issue_item(q_desc, qr_desc, z_desc, kr_desc, ready, q_bar, q_smem, qr_smem, z_smem, kr_smem, pages_row,
-                    table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED)
+                    table_ptr, stride_tb, stride_tc, b, row0, blk_lo, n_iter, n_blk, L, PAGED, 3)
         pages_smem = pages_row._reinterpret(gl.int32, [NP, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         args = (q_smem, qr_smem, z_smem, kr_smem, ready, q_bar, xbar, xrow, seg_bar, q_desc, qr_desc, z_desc, kr_desc,
-                o_ptr, op_ptr, lse_ptr, lse_part_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr, table_ptr,
-                it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
-                stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32),
-                PAGED, HEAD_MAJOR, HAS_SEQLENS)
+                o_desc, op_desc, lse_ptr, lse_part_ptr, op_ptr, pages_row, pages_smem, items_ptr, seqlens_ptr,
+                table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T, MAX_BLOCKS, qk_scale_log2,
+                stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, gl.to_tensor(CAUSAL).to(gl.int32), PAGED,
+                HEAD_MAJOR, HAS_SEQLENS)
         if PERSISTENT:
             gl.warp_specialize([(_seesaw_wg0_packed, args), (_seesaw_wg1_packed, args), (_seesaw_loader, args)],
                                [4, 1], [_PACKED_WORKER_REGS, _LOADER_REGS])
@@ -755,9 +791,8 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         with ``block_table [B, max_blocks]`` (any strides).
     seqlens [B] int32 or None (every sequence T keys); plan: a :class:`DecodePlan` for (B, H*S), or
         None to build one (on the GPU with ``seqlens``, on the host once per shape without).
-    out [B, H, S, K] optional, written in place (any strides; a temporary, copied into it, unless
-        it is laid out as the kernel writes: rows K apart in the queries' order, sequences H * S
-        rows apart). num_splits: without seqlens and plan, force that many items per
+    out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
+        follow the queries' order). num_splits: without seqlens and plan, force that many items per
         sequence. checked: the caller has already asked :func:`seesaw_applies`.
     replays, replay_key: once the kernel's launch is on its direct path, store under
         ``replays[replay_key]`` a function that repeats this call (``() -> (o_latent, lse)``, fresh
@@ -781,13 +816,13 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         x = torch.empty((b, h, s, k) if head_major else (b, s, h, k), dtype=qc.dtype, device=dev)
         return x if head_major else x.transpose(1, 2)
 
+    o_stride = k                                   # a fresh rows_buffer()'s row stride
     if out is None:
         out = o_run = rows_buffer()
     else:
-        # the kernel writes rows_buffer()'s layout: rows K apart, sequences H * S rows apart
         o_order = _row_order(out)
-        fits = o_order is not None and o_order == (head_major, k) and (b == 1 or out.stride(0) == rows * k)
-        o_run = out if fits else rows_buffer()
+        o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
+        o_stride = o_order[1] if o_run is out else k
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b == 0 or rows == 0:
         return out, lse
@@ -834,20 +869,22 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
     inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
 
-    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, l_out: torch.Tensor, seq, tab,
-                    op: torch.Tensor, lp: torch.Tensor) -> tuple:
+    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
+                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
         """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
         persistent, g = kind
         programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
         return (cdiv(rows, BLOCK_M), programs, 1), (
-            *inputs, o, op, l_out, lp, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
+            *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
+            _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
+            l_out, lp, op, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
             pl.packed if g else pl.items, *tail)
 
-    def run(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab) -> None:
+    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
         """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
         for kind, launcher, key, consts in kernels:
-            grid, args = launch_args(pl, kind, o, l_out, seq, tab, op, lp)
+            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
             launcher(key, grid, args, consts, num_warps=4)
         if pl.may_split:
             combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
@@ -863,11 +900,11 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             return None
         bound = []
         for kind, launcher, key, _ in kernels:
-            grid, args = launch_args(pl, kind, o, l_out, seq, tab, op, lp)
+            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
             bound.append(launcher.bind(key, grid, args, (4, 6)))
         return tuple(bound) + ((combine,) if combine is not None else ())
 
-    run(plan, o_run, lse, seq_arg, table)
+    run(plan, o_run, o_stride, lse, seq_arg, table, cached)
     if o_run is not out:
         out.copy_(o_run)
     if replays is not None and cached:
@@ -879,8 +916,8 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
             o = rows_buffer()
             l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-            run(pl, o, l_out, seq_ptr if seq_ptr is not None else pl.items,
-                table_ptr if table_ptr is not None else pl.items)
+            run(pl, o, k, l_out, seq_ptr if seq_ptr is not None else pl.items,
+                table_ptr if table_ptr is not None else pl.items, True)
             return o, l_out
 
         if len(replays) > 256:
@@ -966,9 +1003,9 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
-        "kr_desc": desc(p, BLOCK_N), "o_ptr": f"*{dtype}", "op_ptr": "*fp32",
-        "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32", "items_ptr": "*i32",
-        "starts_ptr": "*i32", "packed_ptr": "*i64",
+        "kr_desc": desc(p, BLOCK_N), "o_desc": desc(k // 2, BLOCK_M), "op_desc": desc(k // 2, BLOCK_M, "fp32"),
+        "lse_ptr": "*fp32", "lse_part_ptr": "*fp32", "op_ptr": "*fp32", "seqlens_ptr": "*i32", "table_ptr": "*i32",
+        "items_ptr": "*i32", "starts_ptr": "*i32", "packed_ptr": "*i64",
         "ROWS": "i32", "S": "i32", "H": "i32", "T": "i32", "MAX_BLOCKS": "i32", "qk_scale_log2": "fp32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "stride_tb": "i32", "stride_tc": "i32",
         "K": "constexpr", "P": "constexpr", "CAUSAL": "constexpr", "PAGED": "constexpr", "HAS_SEQLENS": "constexpr",
@@ -977,7 +1014,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "PAGED": paged, "HAS_SEQLENS": has_seqlens or paged,
                   "HEAD_MAJOR": head_major, "PERSISTENT": persistent, "GATED": gated}
     # pointers 16-byte aligned, as every launch's are (torch allocations; the launch key holds the
-    # alignment of the caller's lengths and block table): the output stores are vectorised on it
+    # alignment of the caller's lengths and block table): the partials' stores are vectorised on it
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
     src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
