@@ -72,6 +72,7 @@ def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
 
     limit = decode_plan.PACKING_PAIRS_PER_SM
     seqlens = torch.randint(2048, 16385, (32,), generator=torch.Generator().manual_seed(5)).to(torch.int32)
+    seqlens = seqlens.to("cuda" if torch.cuda.is_available() else "cpu")   # the planner runs where the lengths lie
     auto = seesaw_ab.build_plan(seqlens, 4 * 128, 16384, "auto")
     wide = seesaw_ab.build_plan(seqlens, 4 * 128, 16384, "wide")
     assert auto.packed is None and auto.starts is None

@@ -13,9 +13,10 @@ Design
   output when the item covers the sequence, else as fp32 partials to its slot for
   :func:`mla_var3.kernel.combine.combine_planned`. With a plan that has program ``starts``
   (``PERSISTENT``: a packed plan, or the planner's item plan run one item per program) a
-  program runs items ``starts[p] .. starts[p + 1]`` in turn: after each item's epilogue both
-  warpgroups release the buffers (``seg_bar``) and a third partition, a loader warp, issues the
-  next item's prologue (its pages, query tile and first two key blocks), so the compute
+  program runs items ``starts[p] .. starts[p + 1]`` in turn: when an item's pair loop ends both
+  warpgroups release Q, X and the page list (``seg_bar[0]``), and once their output stores
+  (staged in Y) are done, Y (``seg_bar[1]``); a third partition, a loader warp, issues the next
+  item's prologue (its pages, query tile and first two key blocks) as they come free, so the compute
   warpgroups carry no query descriptors or block table across their pair loops (issued from
   WG0 instead, they spilled 384 B and ran 0.55–0.65x). Registers then: WG0 256, WG1 224, the
   loader's warpgroup 24 (the program is padded to 12 warps). A plan whose kind the GPU chose
@@ -64,7 +65,9 @@ Design
   stored there cannot reach the output.
 * **Epilogue.** WG1 computes the LSE (from the fp32 row sums of both warpgroups' ``p``; +inf for
   an empty sequence, as FlashMLA) and publishes ``l``; each warpgroup normalises its half and
-  stores it by TMA (WG1 through Q's buffer, WG0 through X's). Split items are merged by
+  stores it by TMA, staged in a free buffer: in the item kernel WG1 through Q's, WG0 through X's;
+  in the packed kernel both through Y's, so that the loader refills Q and X meanwhile (a split
+  item's fp32 partial half fills Y: WG0 stores its own from its registers). Split items are merged by
   :func:`mla_var3.kernel.combine.combine_planned`, a programmatic dependent launch: every program
   signals ``griddepcontrol.launch_dependents`` as it starts, so the combine is launched while the
   last programs run and waits for the grid before it reads a partial.
@@ -491,9 +494,9 @@ if GLUON_AVAILABLE:
                    MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
                    HEAD_MAJOR, HAS_SEQLENS, PERSISTENT: gl.constexpr):
         """One warpgroup's work: the program's item, or (``PERSISTENT``, a packed plan) its items
-        ``it0 .. it1`` in turn; after each item's epilogue both warpgroups release the buffers
-        (``seg_bar``, two arrivals) and the loader warp (:func:`_seesaw_loader`) issues the next
-        item's prologue."""
+        ``it0 .. it1`` in turn; each item's segment releases the buffers as it is done with them
+        (``seg_bar``, two arrivals each) and the loader warp (:func:`_seesaw_loader`) issues the
+        next item's prologue."""
         if PERSISTENT:
             cx = 0
             cy = 0
@@ -519,9 +522,11 @@ if GLUON_AVAILABLE:
                        seqlens_ptr, table_ptr, it0, it1, b, row0, slot, blk_lo, n_iter, n_blk, S, H, ROWS, L, T,
                        MAX_BLOCKS, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_tb, stride_tc, causal, PAGED,
                        HEAD_MAJOR, HAS_SEQLENS):
-        """A packed plan's loader (one warp): once both warpgroups have released the buffers after
-        an item (``seg_bar``), the next item's prologue (the first one is the program's, before
-        the partitions start). The compute warpgroups thus hold no query descriptors or block
+        """A packed plan's loader (one warp): the next item's prologue, in two parts: its pages,
+        query tile and block 0 once both warpgroups have released Q, X and the page list
+        (``seg_bar[0]``, when their pair loops end), block 1 once they have released Y
+        (``seg_bar[1]``, after the output stores staged there). The first item's prologue is the
+        program's, before the partitions start. The compute warpgroups thus hold no query descriptors or block
         table across their pair loops."""
         for it in range(it0 + 1, it1):
             b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
