@@ -10,6 +10,12 @@ details page and the SASS source page (CSV, one row per instruction with its sta
 and :func:`summarise` writes each pair loop's samples by cause to ``--out``. Where the GPU
 chooses the plan's kind, a call launches two seesaw kernels (``--our-launches 2`` profiles both).
 
+The sampler shares its samples among an SM's resident warps, so a warp of a 12-warp program is
+sampled 2/3 as often as one of an 8-warp program. Each launch's summary therefore carries its
+block size and theoretical active warps per SM (the details page), and each pair loop's numbers
+also come scaled to 8 resident warps (``scaled_per_1000_iterations``: × active warps / 8), the
+figure to compare between kernels.
+
     python benchmarks/stall_profile.py --out stall.json --flash-mla <folder of flash_mla> \\
         --dir <folder for the reports> [--point uniform:32:16:4096]
 """
@@ -117,6 +123,51 @@ def _category(op: str, row: dict, samples: float) -> str:
     return "other"
 
 
+#: the resident warps per SM the scaled numbers refer to: two warpgroups, one program per SM (the
+#: item kernel's and FlashMLA's)
+REFERENCE_WARPS = 8
+
+
+def launch_stats(details_csv: str) -> list[dict]:
+    """Per profiled launch of a details-page export (``ncu --page details --csv``), in launch
+    order: ``block_threads`` (the launch's block size) and ``active_warps_per_sm`` (theoretical
+    occupancy), None where the page lacks the metric."""
+    per: dict[str, dict] = {}
+    for r in csv.DictReader(io.StringIO(details_csv)):
+        if "ID" not in r or r.get("ID") == "ID":
+            continue
+        d = per.setdefault(r["ID"], {"block_threads": None, "active_warps_per_sm": None})
+        name = r.get("Metric Name")
+        if name == "Block Size":
+            d["block_threads"] = int(_number(r["Metric Value"]))
+        elif name == "Theoretical Active Warps per SM":
+            d["active_warps_per_sm"] = _number(r["Metric Value"])
+    return [per[k] for k in sorted(per, key=int)]
+
+
+def scale_to_reference(summary: dict, stats: dict) -> dict:
+    """``summary`` (of one launch) with its launch statistics and each pair loop's samples per
+    1,000 iterations also scaled to :data:`REFERENCE_WARPS` resident warps (× active warps / 8:
+    the sampler shares its samples among the resident warps). Unscaled when the occupancy is
+    unknown (then ``scale`` is None)."""
+    warps = stats.get("active_warps_per_sm")
+    scale = warps / REFERENCE_WARPS if warps else None
+    summary = dict(summary, launch=dict(stats, scale=scale))
+    if scale is not None:
+        summary["pair_loops"] = [dict(lp, scaled_per_1000_iterations={k: round(v * scale, 1) for k, v in
+                                                                      lp["per_1000_iterations"].items()})
+                                 for lp in summary.get("pair_loops", [])]
+    return summary
+
+
+def summarise_pages(pages: dict) -> list[dict]:
+    """Each launch's :func:`summarise` of a kernel's exported pages (``source``, and ``details``
+    when there is one), scaled by :func:`scale_to_reference`."""
+    parts = summarise_all(pages["source"])
+    stats = launch_stats(pages.get("details", ""))
+    return [scale_to_reference(p, stats[i] if i < len(stats) else {}) for i, p in enumerate(parts)]
+
+
 def summarise_all(source_csv: str, **kw) -> list[dict]:
     """:func:`summarise` of each kernel of a source-page export (one table per profiled launch,
     each opened by its ``"Kernel Name"`` row), in launch order."""
@@ -188,15 +239,20 @@ def summarise(source_csv: str, loop_hgmma: int = 44, top: int = 30) -> dict:
 
 
 def report(record: dict) -> None:
-    """Print each profiled kernel's pair loops: samples per 1,000 iterations by category."""
+    """Print each profiled kernel's pair loops: samples per 1,000 iterations by category, scaled
+    to 8 resident warps where the launch's occupancy is known."""
     for who, k in record["kernels"].items():
         for n, s in enumerate(k["summaries"]):
+            launch = s.get("launch", {})
             print(f"{who} (launch {n} of the call): {s.get('instructions')} instructions, "
-                  f"{s.get('samples', 0):.0f} samples")
+                  f"{s.get('samples', 0):.0f} samples, {launch.get('block_threads')} threads per program, "
+                  f"{launch.get('active_warps_per_sm')} active warps per SM")
             for lp in s.get("pair_loops", []):
-                cats = "  ".join(f"{c} {v}" for c, v in lp["per_1000_iterations"].items())
+                key = "scaled_per_1000_iterations" if "scaled_per_1000_iterations" in lp else "per_1000_iterations"
+                cats = "  ".join(f"{c} {v}" for c, v in lp[key].items())
                 print(f"  loop {lp['first']}-{lp['last']} ({lp['instructions']} instructions, {lp['share']:.1%} of "
-                      f"samples, {sum(lp['per_1000_iterations'].values()):.0f} per 1,000 iterations): {cats}")
+                      f"samples, {sum(lp[key].values()):.0f} per 1,000 iterations"
+                      f"{' at 8 resident warps' if key.startswith('scaled') else ''}): {cats}")
 
 
 def main() -> None:
@@ -212,7 +268,8 @@ def main() -> None:
                     help="our seesaw kernels per call, all profiled (2 where the GPU chooses the plan's kind: "
                          "the item kernel and the packed kernel)")
     ap.add_argument("--from-csv", action="store_true",
-                    help="summarise the source-page exports already in --dir (ours-source.csv, flashmla-source.csv)")
+                    help="summarise the exports already in --dir (ours-source.csv, ours-details.csv, "
+                         "flashmla-source.csv, ...)")
     args = ap.parse_args()
     args.launches = {"ours": args.our_launches, "flashmla": 1}
     if args.child:
@@ -221,10 +278,14 @@ def main() -> None:
     if args.from_csv:
         record = {"point": args.point, "kernels": {}}
         for who in KERNELS:
-            path = os.path.join(args.dir, f"{who}-source.csv")
-            if os.path.exists(path):
-                with open(path) as f:
-                    record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_all(f.read())}
+            pages = {}
+            for page in ("source", "details"):
+                path = os.path.join(args.dir, f"{who}-{page}.csv")
+                if os.path.exists(path):
+                    with open(path) as f:
+                        pages[page] = f.read()
+            if "source" in pages:
+                record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_pages(pages)}
         report(record)
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
@@ -236,7 +297,7 @@ def main() -> None:
         if who == "flashmla" and not args.flash_mla:
             continue
         pages = profile(who, args, ncu)
-        record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_all(pages["source"])}
+        record["kernels"][who] = {"name": KERNELS[who], "summaries": summarise_pages(pages)}
     report(record)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)

@@ -75,3 +75,37 @@ def test_each_profiled_launch_gets_its_own_summary():
     parts = stall_profile.summarise_all(one + two)      # a gated call: the item and the packed kernel
     assert [p["pair_loops"][0]["iterations"] for p in parts] == [2000, 1000]
     assert parts[1]["pair_loops"][0]["per_1000_iterations"]["mbarrier wait"] == pytest.approx(300.0)
+
+
+def _details(launches: list[tuple[int, str]]) -> str:
+    """A details-page CSV of ``(block threads, theoretical active warps per SM)`` per launch."""
+    out = io.StringIO()
+    cols = ["ID", "Kernel Name", "Block Size", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    w = csv.writer(out, quoting=csv.QUOTE_ALL)
+    w.writerow(cols)
+    for i, (threads, warps) in enumerate(launches):
+        w.writerow([str(i), "k", f"({threads}, 1, 1)", "Launch Statistics", "Block Size", "", str(threads)])
+        w.writerow([str(i), "k", f"({threads}, 1, 1)", "Launch Statistics", "Grid Size", "", "132"])
+        w.writerow([str(i), "k", f"({threads}, 1, 1)", "Occupancy", "Theoretical Active Warps per SM", "warp", warps])
+        w.writerow([str(i), "k", f"({threads}, 1, 1)", "Occupancy", "Achieved Active Warps Per SM", "warp", "7.62"])
+    return out.getvalue()
+
+
+def test_launch_statistics_scale_each_launch_to_eight_resident_warps():
+    """A gated call's item kernel (256 threads, 8 warps per SM) and packed kernel (384 threads,
+    12 warps): the sampler shares its samples among the resident warps, so the packed loop's
+    numbers are scaled by 12 / 8 and the item loop's are left as they are."""
+    assert stall_profile.launch_stats(_details([(256, "8"), (384, "12")])) == [
+        {"block_threads": 256, "active_warps_per_sm": 8.0}, {"block_threads": 384, "active_warps_per_sm": 12.0}]
+    pages = {"source": _export(_kernel(2000)) + _export(_kernel(1000)), "details": _details([(256, "8"), (384, "12")])}
+    item, packed = stall_profile.summarise_pages(pages)
+    assert item["launch"] == {"block_threads": 256, "active_warps_per_sm": 8.0, "scale": 1.0}
+    assert packed["launch"]["scale"] == pytest.approx(1.5)
+    assert item["pair_loops"][0]["scaled_per_1000_iterations"]["mbarrier wait"] == pytest.approx(150.0)
+    assert packed["pair_loops"][0]["per_1000_iterations"]["mbarrier wait"] == pytest.approx(300.0)
+    assert packed["pair_loops"][0]["scaled_per_1000_iterations"]["mbarrier wait"] == pytest.approx(450.0)
+
+
+def test_a_launch_without_occupancy_stays_unscaled():
+    (s,) = stall_profile.summarise_pages({"source": _export(_kernel(2000))})
+    assert s["launch"]["scale"] is None and "scaled_per_1000_iterations" not in s["pair_loops"][0]
