@@ -209,7 +209,10 @@ def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--base", default=None, help="a seesaw module file to run as variant 'base' (e.g. a commit's copy)")
     ap.add_argument("--base-combine", default=None, help="the combine module file the base copy uses")
-    ap.add_argument("--eager", action="store_true", help="also time plain (eager) calls between CUDA events")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time plain (eager) calls between CUDA events: seesaw_attention with its full set-up "
+                         "every call (no repeat path), so where the host is slower than the kernel they time that "
+                         "path, not the compat call's; serving_check times what users call")
     ap.add_argument("--variant", action="append", default=[],
                     help="name[@module file]:CONST=VALUE,... (the package's module, or a copy, with constants set)")
     ap.add_argument("--rounds", type=int, default=2)
