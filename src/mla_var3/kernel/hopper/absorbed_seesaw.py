@@ -526,8 +526,8 @@ if GLUON_AVAILABLE:
         query tile and block 0 once both warpgroups have released Q, X and the page list
         (``seg_bar[0]``, when their pair loops end), block 1 once they have released Y
         (``seg_bar[1]``, after the output stores staged there). The first item's prologue is the
-        program's, before the partitions start. The compute warpgroups thus hold no query descriptors or block
-        table across their pair loops."""
+        program's, before the partitions start. The compute warpgroups thus hold no query
+        descriptors or block table across their pair loops."""
         for it in range(it0 + 1, it1):
             b, blk_lo, n_iter, slot, L, n_blk = _item(items_ptr, seqlens_ptr, it, T, MAX_BLOCKS, HAS_SEQLENS)
             mbarrier.wait(seg_bar.index(0), (it - it0 - 1) & 1)
