@@ -145,6 +145,36 @@ def test_the_planner_packs_ragged_batches_and_not_balanced_ones():
     assert packing_may_pay(64, 128, 132) and not packing_may_pay(128, 128, 132) and not packing_may_pay(64, 256, 132)
 
 
+def test_a_gated_item_plan_holds_fewer_items_and_keeps_every_plan_the_gpu_runs():
+    """A batch whose plan kind the GPU chooses caps its item plan at ``max(batch, 2 * slots)``
+    items (the sm_90 item kernel launches one program per item slot even when the GPU packs):
+    b = 64, s = 1 gets 132 item slots per row tile instead of 196, so the gated grid is two waves
+    of programs, not three. On seeded gated batches the capped item plan differs from the uncapped
+    one only where the planner packs, so no item plan the GPU runs changes."""
+    assert plan_capacity(64, 128, 132, 128) == (66, 196, 132)
+    assert plan_capacity(64, 128, 132, 128, gated=True) == (66, 132, 132)
+    assert plan_capacity(200, 128, 132, 128, gated=True)[1] == 200          # every sequence keeps an item
+    assert plan_capacity(8, 128, 132, 2048, gated=True)[1] == 132           # cutting at MAX_ITEM_BLOCKS fits
+    g = torch.Generator().manual_seed(11)
+    checked = packed_where_differs = 0
+    for b, rows, t in [(64, 128, 8192), (64, 128, 32768), (48, 128, 8192), (96, 128, 16384), (32, 256, 16384),
+                       (24, 512, 16384), (16, 256, 32768), (32, 128, 4096), (8, 128, 32768), (1, 128, 4096)]:
+        for _ in range(4):
+            lengths = torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+            assert packing_may_pay(b, rows, 132)
+            full = plan_reference(lengths, rows, capacity=t)
+            capped = plan_reference(lengths, rows, capacity=t, gated=True)
+            chosen = auto_reference(lengths, rows, capacity=t)
+            _check_contract(capped["items"], capped["seqs"], lengths, t, capped["max_slots"])
+            assert len(capped["items"]) == plan_capacity(b, rows, 132, cdiv(t, 64), gated=True)[1]
+            checked += 1
+            live = lambda ref: [it for it in ref["items"] if it[0] >= 0]
+            if live(capped) != live(full) or capped["estimate"] != full["estimate"]:
+                assert chosen["packed"], (b, rows, t)
+                packed_where_differs += 1
+    assert checked == 40 and packed_where_differs > 0        # the cap binds on some of these batches
+
+
 def test_the_one_wave_cut_is_a_candidate():
     """Eight long ragged sequences (measured on an H200, ``serving/paths-de2176b.json``: 93.7 us
     at the best grid candidate, 90.8 at the one-wave cut): the planner takes the shortest item

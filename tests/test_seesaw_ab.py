@@ -80,7 +80,7 @@ def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
     assert decode_plan.PACKING_PAIRS_PER_SM == limit
     # what the GPU chose matches the host reference with the limit lifted: the estimate picks packing
     ref_i = decode_plan.plan_reference(seqlens.tolist(), 4 * 128, capacity=16384, sms=decode_plan._device_sms(
-        seqlens.device))
+        seqlens.device), gated=True)
     ref_p = decode_plan.packed_reference(seqlens.tolist(), 4 * 128, capacity=16384, sms=decode_plan._device_sms(
         seqlens.device))
     expect = 100 * ref_p["estimate"] <= decode_plan.PACKED_WHEN_BELOW * ref_i["estimate"]
