@@ -16,7 +16,7 @@ own column ``name/kind``):
    order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving] [--plans auto,item,packed,wide] \\
+        [--points default|serving] [--plans auto,item,packed,wide,uncapped] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -131,22 +131,26 @@ def points(quick: bool, which: str = "default"):
     return out
 
 
-#: ``--plans``: the plan a paged call runs: the planner's choice, one kind forced, or (``wide``) the
-#: planner's choice with packing weighed for every batch (``decode_plan.PACKING_PAIRS_PER_SM`` lifted)
-PLAN_KINDS = {"auto": None, "item": False, "packed": True, "wide": None}
+#: ``--plans``: the plan a paged call runs: the planner's choice, one kind forced, (``wide``) the
+#: planner's choice with packing weighed for every batch (``decode_plan.PACKING_PAIRS_PER_SM`` lifted),
+#: or (``uncapped``) the planner's choice with a gated item plan's items not capped
+#: (``plan_capacity(..., gated=True)`` sized as an ungated one: the gated item kernel's grid before)
+PLAN_KINDS = {"auto": None, "item": False, "packed": True, "wide": None, "uncapped": None}
 
 
 def build_plan(seqlens, rows: int, capacity: int, kind: str):
     """The decode plan of ``kind`` (see :data:`PLAN_KINDS`) for these lengths."""
     from mla_var3.kernel import decode_plan
 
-    limit = decode_plan.PACKING_PAIRS_PER_SM
+    limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
     if kind == "wide":
         decode_plan.PACKING_PAIRS_PER_SM = float("inf")
+    if kind == "uncapped":
+        decode_plan.plan_capacity = lambda *a, gated=False: capacity_fn(*a)
     try:
         return decode_plan.plan_decode(seqlens, rows, capacity=capacity, k=K, packed=PLAN_KINDS[kind])
     finally:
-        decode_plan.PACKING_PAIRS_PER_SM = limit
+        decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity = limit, capacity_fn
 
 
 def build_calls(mods: dict, point, fm, plans=("auto",)):
@@ -222,7 +226,8 @@ def main() -> None:
                     help="only the points whose label contains one of these comma-separated pieces (e.g. 'b32 s4,b48')")
     ap.add_argument("--plans", default="auto",
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
-                         "wide (the planner's, packing weighed for every batch)")
+                         "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated item plan's "
+                         "items not capped)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))

@@ -61,7 +61,7 @@ def test_plans_option_rejects_an_unknown_kind(monkeypatch, capsys):
         seesaw_ab.main()
     assert "--plans takes a comma list of auto, item, packed" in capsys.readouterr().err
     # each kind maps onto plan_decode's packed argument: the planner's choice, or one forced
-    assert seesaw_ab.PLAN_KINDS == {"auto": None, "item": False, "packed": True, "wide": None}
+    assert seesaw_ab.PLAN_KINDS == {"auto": None, "item": False, "packed": True, "wide": None, "uncapped": None}
 
 
 def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
@@ -85,3 +85,23 @@ def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
         seqlens.device))
     expect = 100 * ref_p["estimate"] <= decode_plan.PACKED_WHEN_BELOW * ref_i["estimate"]
     assert int(wide.packed.item()) == int(expect)
+
+
+def test_the_uncapped_plan_kind_sizes_a_gated_item_plan_as_before():
+    """``--plans uncapped``: a gated batch (b = 64, s = 1) whose item plan holds 196 item slots per
+    row tile, against the default's 132 (``plan_capacity(..., gated=True)``); the same plan
+    contents; the capacity function restored afterwards."""
+    from mla_var3.kernel import decode_plan
+
+    fn = decode_plan.plan_capacity
+    seqlens = torch.randint(1024, 8193, (64,), generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    seqlens = seqlens.to("cuda" if torch.cuda.is_available() else "cpu")
+    sms = decode_plan._device_sms(seqlens.device)
+    auto = seesaw_ab.build_plan(seqlens, 128, 8192, "auto")
+    uncapped = seesaw_ab.build_plan(seqlens, 128, 8192, "uncapped")
+    assert decode_plan.plan_capacity is fn
+    assert auto.packed is not None and uncapped.packed is not None
+    packed_items = decode_plan.packed_capacity(64, 128, sms, 128)[2]
+    assert auto.max_items == max(fn(64, 128, sms, 128, gated=True)[1], packed_items)
+    assert uncapped.max_items == max(fn(64, 128, sms, 128)[1], packed_items) > auto.max_items
+    assert int(auto.packed.item()) == int(uncapped.packed.item())
