@@ -16,7 +16,7 @@ own column ``name/kind``):
    order rotated), in rounds, and the median over rounds.
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving] [--plans auto,item,packed,wide,uncapped] \\
+        [--points default|serving|threshold] [--plans auto,item,packed,wide,uncapped] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -117,9 +117,46 @@ def paged_inputs(lengths, s, capacity, seed):
     return q.cuda(), cache.cuda(), table.cuda(), torch.tensor(lengths, dtype=torch.int32).cuda()
 
 
+#: ``--points threshold``: gated shapes (at most 1.5 (sequence, row tile) pairs per SM) drawn until
+#: the planner's estimate ratio (packed ÷ item) falls in each of :data:`THRESHOLD_BANDS`
+THRESHOLD_SHAPES = [(32, 1, 4096), (48, 1, 4096), (64, 1, 4096), (96, 1, 4096), (16, 2, 8192), (24, 2, 16384),
+                    (32, 2, 8192), (16, 4, 8192), (8, 1, 16384)]
+THRESHOLD_BANDS = [(0.85, 0.88), (0.88, 0.91), (0.91, 0.95)]
+
+
+def threshold_points(sms: int = 132, draws: int = 40) -> list:
+    """Ragged batches whose estimate ratio (``packed_reference`` ÷ the gated ``plan_reference``)
+    lies in each band of :data:`THRESHOLD_BANDS`, at most one per shape and band: the batches
+    on which to time both kinds forced (``--plans item,packed``) and place ``PACKED_WHEN_BELOW``.
+    Lengths uniform in ``[t / 8, t]`` or skewed (a fifth long, the rest short), seeded."""
+    from mla_var3.kernel import decode_plan as dp
+
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for b, s, t in THRESHOLD_SHAPES:
+        found = {}
+        for d in range(draws):
+            if d % 2:
+                lengths = torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
+            else:
+                long = torch.rand(b, generator=g) < 0.2
+                short = torch.randint(1, t // 8 + 1, (b,), generator=g)
+                lengths = torch.where(long, torch.full((b,), t), short).tolist()
+            ratio = (dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms)["estimate"]
+                     / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True)["estimate"])
+            for lo, hi in THRESHOLD_BANDS:
+                if lo <= ratio < hi and (lo, hi) not in found:
+                    found[(lo, hi)] = (f"paged ragged b{b} s{s} t{t} est {ratio:.3f}", "paged", b, s, t, lengths)
+        out += [found[band] for band in THRESHOLD_BANDS if band in found]
+    return out
+
+
 def points(quick: bool, which: str = "default"):
     """``[(label, kind, b, s, t, lengths)]`` with seeded ragged lengths: ``which`` "default" (the
-    dense and paged lists, their first two with ``quick``) or "serving" (:data:`SERVING`)."""
+    dense and paged lists, their first two with ``quick``), "serving" (:data:`SERVING`) or
+    "threshold" (:func:`threshold_points`)."""
+    if which == "threshold":
+        return threshold_points()
     g = torch.Generator().manual_seed(5)
     dense, paged = (DENSE[:2], PAGED[:2]) if quick else (DENSE, PAGED)
     if which == "serving":
@@ -221,13 +258,15 @@ def main() -> None:
                     help="name[@module file]:CONST=VALUE,... (the package's module, or a copy, with constants set)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--points", choices=["default", "serving"], default="default")
+    ap.add_argument("--points", choices=["default", "serving", "threshold"], default="default",
+                    help="default: dense and paged rows; serving: the serving rows; threshold: ragged batches "
+                         "whose planner estimate (packed / item) lies in 0.85-0.95, to time with --plans item,packed")
     ap.add_argument("--only", default=None,
                     help="only the points whose label contains one of these comma-separated pieces (e.g. 'b32 s4,b48')")
     ap.add_argument("--plans", default="auto",
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
-                         "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated item plan's "
-                         "items not capped)")
+                         "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated "
+                         "item plan's items not capped)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))

@@ -105,3 +105,23 @@ def test_the_uncapped_plan_kind_sizes_a_gated_item_plan_as_before():
     assert auto.max_items == max(fn(64, 128, sms, 128, gated=True)[1], packed_items)
     assert uncapped.max_items == max(fn(64, 128, sms, 128)[1], packed_items) > auto.max_items
     assert int(auto.packed.item()) == int(uncapped.packed.item())
+
+
+def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
+    """``--points threshold``: seeded ragged batches whose planner estimate ratio (packed ÷ the
+    gated item plan) lies in each band of 0.85-0.95, on shapes whose plan kind the GPU chooses,
+    every band represented and every label distinct (they key the record's rows)."""
+    from mla_var3.kernel import decode_plan
+
+    pts = seesaw_ab.points(False, "threshold")
+    assert len({p[0] for p in pts}) == len(pts) >= len(seesaw_ab.THRESHOLD_BANDS)
+    bands = set()
+    for label, kind, b, s, t, lengths in pts:
+        assert kind == "paged" and len(lengths) == b and all(1 <= n <= t for n in lengths)
+        assert decode_plan.packing_may_pay(b, s * 128, 132)
+        ratio = (decode_plan.packed_reference(lengths, s * 128, capacity=t)["estimate"]
+                 / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
+        band = next(bd for bd in seesaw_ab.THRESHOLD_BANDS if bd[0] <= ratio < bd[1])
+        assert label.endswith(f"est {ratio:.3f}")
+        bands.add(band)
+    assert bands == set(seesaw_ab.THRESHOLD_BANDS)
