@@ -128,14 +128,17 @@ def threshold_points(sms: int = 132, draws: int = 40) -> list:
     """Ragged batches whose estimate ratio (``packed_reference`` ÷ the gated ``plan_reference``)
     lies in each band of :data:`THRESHOLD_BANDS`, at most one per shape and band: the batches
     on which to time both kinds forced (``--plans item,packed``) and place ``PACKED_WHEN_BELOW``.
-    Lengths uniform in ``[t / 8, t]`` or skewed (a fifth long, the rest short), seeded."""
+    Lengths uniform in ``[t / 8, t]`` or skewed (a fifth long, the rest short), seeded per shape;
+    a shape's draws stop once every band has its batch."""
     from mla_var3.kernel import decode_plan as dp
 
-    g = torch.Generator().manual_seed(7)
     out = []
     for b, s, t in THRESHOLD_SHAPES:
+        g = torch.Generator().manual_seed(7 + b * 1000 + s * 100 + t)
         found = {}
         for d in range(draws):
+            if len(found) == len(THRESHOLD_BANDS):
+                break
             if d % 2:
                 lengths = torch.randint(t // 8, t + 1, (b,), generator=g).tolist()
             else:
