@@ -103,7 +103,23 @@ def plan_stats(meta) -> dict:
     tiles = -(-plan.rows // 64)
     return {"items": len(lens), "split_items": int((live[:, 3] >= 0).sum()), "programs": len(lens) * tiles,
             "item_blocks_max": max(lens, default=0), "item_blocks_min": min(lens, default=0),
-            "item_blocks_mean": sum(lens) / max(1, len(lens)), "row_tiles": tiles}
+            "item_blocks_mean": sum(lens) / max(1, len(lens)), "row_tiles": tiles,
+            "packed": None if plan.packed is None else int(plan.packed.item()),
+            "starts": None if plan.starts is None else plan.starts.tolist()}
+
+
+def _points(threshold: str | None) -> list:
+    """``[(kind, b, s, t, lengths)]``: :data:`POINTS` with serving_check's ragged lengths, or with
+    ``threshold`` the threshold batches of ``seesaw_ab.py`` (kind: their label) whose label
+    contains one of its comma-separated pieces ("all": every one)."""
+    if threshold is None:
+        ragged = ragged_lengths()
+        return [(kind, b, s, t, [t] * b if kind == "uniform" else ragged[(b, s, t)]) for kind, b, s, t in POINTS]
+    from seesaw_ab import threshold_points
+
+    pieces = [x.strip() for x in threshold.split(",")]
+    return [(label, b, s, t, lengths) for label, _, b, s, t, lengths in threshold_points()
+            if threshold == "all" or any(x in label for x in pieces)]
 
 
 def main() -> None:
@@ -112,27 +128,28 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true", help="also each call's kernels in order: grid, start, duration")
     ap.add_argument("--points", default=None,
                     help="only these points, e.g. 'ragged:64:1:8192,uniform:32:1:4096' (default: all)")
+    ap.add_argument("--threshold", default=None,
+                    help="instead, seesaw_ab.py's threshold batches whose label contains one of these comma-separated "
+                         "pieces (e.g. 'b32 s1,est 0.85'; 'all' for every one)")
     args = ap.parse_args()
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
 
     fm = import_flash_mla(args.flash_mla)
     scale = (K + 64) ** -0.5
-    ragged = ragged_lengths()
     rows = []
     only = None if args.points is None else {tuple(x.split(":")) for x in args.points.split(",")}
     known = {(kind, str(b), str(s), str(t)) for kind, b, s, t in POINTS}
     if only is not None and only - known:
         ap.error(f"--points: {', '.join(':'.join(x) for x in sorted(only - known))} not among the points "
                  f"({', '.join(':'.join(x) for x in sorted(known))})")
-    for kind, b, s, t in POINTS:
+    for kind, b, s, t, lengths in _points(args.threshold):
         if only is not None and (kind, str(b), str(s), str(t)) not in only:
             continue
-        lengths = [t] * b if kind == "uniform" else ragged[(b, s, t)]
         q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
         causal = s > 1
         meta, _ = get_mla_metadata()
         ours = lambda: flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
-        row = {"kind": kind, "b": b, "s": s, "t_max": t, "mean_len": sum(lengths) / b,
+        row = {"kind": kind, "b": b, "s": s, "t_max": t, "mean_len": sum(lengths) / b, "lengths": lengths,
                "ours": kernel_times(ours, args.calls)}
         row["plan"] = plan_stats(meta)
         if args.timeline:
