@@ -124,17 +124,19 @@ THRESHOLD_SHAPES = [(32, 1, 4096), (48, 1, 4096), (64, 1, 4096), (96, 1, 4096), 
 THRESHOLD_BANDS = [(0.85, 0.88), (0.88, 0.91), (0.91, 0.95)]
 
 
-def threshold_points(sms: int = 132, draws: int = 40) -> list:
+def threshold_points(sms: int = 132, draws: int = 40, seed: int = 7) -> list:
     """Ragged batches whose estimate ratio (``packed_reference`` ÷ the gated ``plan_reference``)
     lies in each band of :data:`THRESHOLD_BANDS`, at most one per shape and band: the batches
-    on which to time both kinds forced (``--plans item,packed``) and place ``PACKED_WHEN_BELOW``.
+    on which to time both kinds forced (``--plans item,packed``) against the planner's choice (the kind
+    prices of ``decode_plan``).
     Lengths uniform in ``[t / 8, t]`` or skewed (a fifth long, the rest short), seeded per shape;
-    a shape's draws stop once every band has its batch."""
+    a shape's draws stop once every band has its batch. ``seed`` 7 gives the batches the kind
+    prices were fitted on; another seed, fresh batches to check them on."""
     from mla_var3.kernel import decode_plan as dp
 
     out = []
     for b, s, t in THRESHOLD_SHAPES:
-        g = torch.Generator().manual_seed(7 + b * 1000 + s * 100 + t)
+        g = torch.Generator().manual_seed(seed + b * 1000 + s * 100 + t)
         found = {}
         for d in range(draws):
             if len(found) == len(THRESHOLD_BANDS):
@@ -154,12 +156,12 @@ def threshold_points(sms: int = 132, draws: int = 40) -> list:
     return out
 
 
-def points(quick: bool, which: str = "default"):
+def points(quick: bool, which: str = "default", seed: int = 7):
     """``[(label, kind, b, s, t, lengths)]`` with seeded ragged lengths: ``which`` "default" (the
     dense and paged lists, their first two with ``quick``), "serving" (:data:`SERVING`) or
-    "threshold" (:func:`threshold_points`)."""
+    "threshold" (:func:`threshold_points` drawn with ``seed``)."""
     if which == "threshold":
-        return threshold_points()
+        return threshold_points(seed=seed)
     g = torch.Generator().manual_seed(5)
     dense, paged = (DENSE[:2], PAGED[:2]) if quick else (DENSE, PAGED)
     if which == "serving":
@@ -264,6 +266,8 @@ def main() -> None:
     ap.add_argument("--points", choices=["default", "serving", "threshold"], default="default",
                     help="default: dense and paged rows; serving: the serving rows; threshold: ragged batches "
                          "whose planner estimate (packed / item) lies in 0.85-0.95, to time with --plans item,packed")
+    ap.add_argument("--seed", type=int, default=7,
+                    help="--points threshold: the batches' seed (7: those the plan kind prices were fitted on)")
     ap.add_argument("--only", default=None,
                     help="only the points whose label contains one of these comma-separated pieces (e.g. 'b32 s4,b48')")
     ap.add_argument("--plans", default="auto",
@@ -294,7 +298,7 @@ def main() -> None:
               "plans": list(plans), "flashmla": fm is not None,
               "checks": [], "times": []}
     only = None if args.only is None else [piece.strip() for piece in args.only.split(",") if piece.strip()]
-    for point in points(args.quick, args.points):
+    for point in points(args.quick, args.points, args.seed):
         label = point[0]
         if only is not None and not any(piece in label for piece in only):
             continue

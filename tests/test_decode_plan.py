@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel.combine import combine_planned
 from mla_var3.kernel.decode_plan import (
-    MAX_ITEM_BLOCKS, PACK_OVERHEAD, PLAN_BLOCK, auto_reference, packed_reference, packing_may_pay, plan_capacity,
-    plan_decode, plan_reference, uniform_plan,
+    ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PLAN_BLOCK, auto_reference, item_makespan,
+    kind_estimate, packed_makespan, packed_reference, packing_may_pay, plan_capacity, plan_decode, plan_reference,
+    uniform_plan,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -317,3 +318,64 @@ def test_unsplit_sequences_run_longest_first_whatever_the_item_length():
     order = [b for b, *_ in ref["items"] if b >= 0]
     assert order == sorted(range(len(lengths)), key=lambda b: -lengths[b])
     _check_longest_first(ref["items"])
+
+
+def test_item_makespan_in_closed_form():
+    """The item plan's busiest SM (units of 1/256 block; ``per_item`` 10, ``per_split`` 100 here):
+    one wave is its longest item; a second wave's items (longest first) join the shortest
+    first-wave items; short items that would stack on one SM are bounded by the mean load plus the
+    second wave's longest; beyond two waves, that bound."""
+    from mla_var3.kernel.decode_plan import KindPrice
+
+    pr = KindPrice(fixed=0, per_item=10, per_split=100)
+    it = lambda n, split=False: (0, 0, n, 0 if split else -1)
+    u = 256
+    assert item_makespan([it(2), it(3, True), (-1, -1, -1, -1)], 2, pr) == 3 * u + 110   # the split item
+    # two waves on 2 SMs: 8 + 2 and 5 + 4 -> 10 blocks; the bound (19 // 2 + 4) does not bind
+    assert item_makespan([it(8), it(5), it(4), it(2)], 2, pr) == max(8 * u + 10 + 2 * u + 10, 5 * u + 10 + 4 * u + 10)
+    # one long item and many short ones on 3 SMs: the pairs would put a short item on the long
+    # SM's; the bound (the mean load plus the longest second-wave item) wins, under the long item
+    items = [it(30), it(2), it(2)] + [it(1)] * 3
+    c = [30 * u + 10] + [2 * u + 10] * 2 + [u + 10] * 3
+    assert item_makespan(items, 3, pr) == max(c[0], min(c[0] + c[3], sum(c) // 3 + c[3])) == 30 * u + 10
+    # three waves on 1 SM: all of it
+    assert item_makespan([it(1)] * 3, 1, pr) == max(u + 10, 3 * (u + 10) // 1 + (u + 10))
+    assert item_makespan([], 4, pr) == 0
+
+
+def test_packed_makespan_is_the_widest_program_per_wave():
+    """Programs 0 and 1 hold two pieces, one of them split: each priced as its blocks plus
+    ``per_item`` (+ ``per_split``); three programs with work on two SMs take two waves."""
+    from mla_var3.kernel.decode_plan import KindPrice
+
+    pr = KindPrice(fixed=0, per_item=10, per_split=100)
+    items = [(0, 0, 5, 0), (1, 0, 3, -1), (0, 5, 9, 1), (2, 0, 1, -1)]
+    assert packed_makespan(items, [0, 2, 3, 4], 3, pr) == 8 * 256 + 20 + 100
+    assert packed_makespan(items, [0, 2, 3, 4], 2, pr) == 2 * (8 * 256 + 20 + 100)
+    assert kind_estimate(1000, PACKED_PRICE) == PACKED_PRICE.fixed + PACKED_PRICE.block_pct * 1000 // 100
+    assert kind_estimate(0, ITEM_PRICE) == ITEM_PRICE.fixed
+
+
+def test_the_gpu_chooses_the_kind_as_the_reference_on_close_batches():
+    """Seeded gated batches (uniform and skewed lengths, s = 1, 2, 4) whose item plans take one
+    wave, two, and stacked short items: the device planner's choice (``plan.packed``) and plans
+    are the reference's bit for bit, and both kinds are chosen among them."""
+    g = torch.Generator().manual_seed(19)
+    chosen = set()
+    for b, rows, t in [(32, 128, 4096), (48, 128, 4096), (64, 128, 4096), (96, 128, 4096), (16, 256, 8192),
+                       (32, 256, 8192), (16, 512, 8192), (64, 128, 8192), (8, 128, 32768)]:
+        for skew in (False, True):
+            if skew:
+                long = torch.rand(b, generator=g) < 0.2
+                lengths = torch.where(long, torch.full((b,), t), torch.randint(1, t // 8 + 1, (b,), generator=g))
+            else:
+                lengths = torch.randint(t // 8, t + 1, (b,), generator=g)
+            lengths = lengths.tolist()
+            assert packing_may_pay(b, rows, 132)
+            plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), rows, capacity=t, sms=132)
+            ref = auto_reference(lengths, rows, capacity=t, sms=132)
+            assert plan.packed.tolist() == [int(ref["packed"])], (b, rows, t, skew)
+            assert plan.items.tolist() == [list(x) for x in ref["items"]]
+            assert plan.starts.tolist() == ref["starts"]
+            chosen.add(ref["packed"])
+    assert chosen == {True, False}

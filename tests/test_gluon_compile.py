@@ -245,7 +245,7 @@ from triton.compiler import ASTSource
 from mla_var3.kernel import decode_plan as dp
 out = {}
 for fn, consts in ((dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
-                   (dp._packed_kernel, dp.packed_constexprs(True, 256, True))):
+                   (dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66))):
     sig = {n: "constexpr" if n in consts else ("*i64" if n == "est_ptr" else "*i32") if n.endswith("_ptr") else "i32"
            for n in fn.arg_names}
     c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),

@@ -83,7 +83,7 @@ def test_the_wide_plan_kind_weighs_packing_where_the_default_does_not():
         seqlens.device), gated=True)
     ref_p = decode_plan.packed_reference(seqlens.tolist(), 4 * 128, capacity=16384, sms=decode_plan._device_sms(
         seqlens.device))
-    expect = 100 * ref_p["estimate"] <= decode_plan.PACKED_WHEN_BELOW * ref_i["estimate"]
+    expect = decode_plan.packs(ref_i, ref_p, max(1, decode_plan._device_sms(seqlens.device) // 8))
     assert int(wide.packed.item()) == int(expect)
 
 
@@ -125,3 +125,38 @@ def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
         assert label.endswith(f"est {ratio:.3f}")
         bands.add(band)
     assert bands == set(seesaw_ab.THRESHOLD_BANDS)
+
+
+#: the measured records the kind prices (``decode_plan.ITEM_PRICE``, ``PACKED_PRICE``) were fitted on:
+#: (file under benchmarks/results/h200/seesaw/, the points' list) with both kinds forced
+_KIND_RECORDS = [("seesaw-threshold-4447964.json", "threshold"), ("seesaw-plans-faa1761.json", "serving")]
+#: the gate's cost on each kind (measured on an H200: the planner's gated call against the kind alone)
+_GATE_US = {False: 0.3, True: 2.1}
+
+
+def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches():
+    """Every gated batch of the two records whose both kinds were timed in CUDA graphs on an
+    H200: the planner's choice (the prices, host reference) runs within 5 % of the faster kind,
+    the gate's cost counted on each side, and picks the faster one on all but at most three (its
+    worst, ragged b16 s4 t8192 at 0.865, loses 4.6 %; the estimate ratio with the 0.86 threshold
+    before lost up to 8.5 %, on five). The points'
+    lengths are drawn again from their seeds, so a change to them fails here too."""
+    import json
+
+    from mla_var3.kernel import decode_plan as dp
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200" / "seesaw"
+    wrong, seen = [], 0
+    for name, which in _KIND_RECORDS:
+        times = {r["point"]: r["us"] for r in json.loads((root / name).read_text())["times"]}
+        for label, kind, b, s, t, lengths in seesaw_ab.points(False, which):
+            if kind != "paged" or not dp.packing_may_pay(b, s * 128, 132):
+                continue
+            us = times[label]
+            item, packed = us["head/item"] + _GATE_US[False], us["head/packed"] + _GATE_US[True]
+            chose = dp.auto_reference(lengths, s * 128, capacity=t, sms=132)["packed"]
+            ours, best = (packed if chose else item), min(item, packed)
+            assert ours <= 1.05 * best, (label, chose, item, packed)
+            wrong += [label] if ours > best else []
+            seen += 1
+    assert seen == 28 and len(wrong) <= 3, wrong

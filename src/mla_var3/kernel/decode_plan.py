@@ -55,6 +55,13 @@ sequence's overhead units moves to the sequence's start (so every piece holds a 
 (program, sequence) piece is an item. ``starts [programs + 1]`` says which items each program
 runs (``starts[p] .. starts[p + 1]``, in order); a sequence in several pieces is split as above.
 
+**Which kind** (``packed=None``, where :func:`packing_may_pay`): the GPU builds both plans and
+prices each with its kind's measured time model (:class:`KindPrice`): the item plan's busiest SM
+when its items start in plan order on the SM that frees first, the packed plan's widest program,
+each item or piece costing its blocks plus a per-item and a per-split price. The cut's own
+estimate above (the candidates' ranking) does not price the kinds against each other: as a
+ratio with a threshold it picked the slower kind on 7 of 28 batches measured with both forced.
+
 Example
 -------
 >>> plan = plan_decode(seqlens, rows=128 * 1, capacity=table.shape[1] * 64)   # doctest: +SKIP
@@ -73,9 +80,10 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["MAX_ITEM_BLOCKS", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "DecodePlan", "auto_reference",
-           "one_wave_cut", "packed_capacity", "packed_reference", "packing_may_pay", "plan_capacity", "plan_decode",
-           "plan_reference", "plan_tensors", "uniform_plan"]
+__all__ = ["ITEM_PRICE", "MAX_ITEM_BLOCKS", "PACKED_PRICE", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK",
+           "DecodePlan", "KindPrice", "auto_reference", "item_makespan", "kind_estimate", "one_wave_cut",
+           "packed_capacity", "packed_makespan", "packed_reference", "packing_may_pay", "packs", "plan_capacity",
+           "plan_decode", "plan_reference", "plan_tensors", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -98,11 +106,34 @@ _SIZE_CLASSES = 16
 _BIG = 9223372036854775807
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks
 PACK_OVERHEAD = 2
-#: the planner packs when the packed plan's estimate is at most this percentage of the item plan's:
-#: the estimate prices a packed program as W + 1.5 blocks per wave, which under-prices a program of many
-#: short pieces; fitted on 14 batches measured on an H200 (packed won at estimate ratios of
-#: 0.79-0.85, tied at 0.82-0.88, lost at 0.93 and above)
-PACKED_WHEN_BELOW = 86
+
+
+@dataclass(frozen=True)
+class KindPrice:
+    """A plan kind's time on the GPU, in units (1/256 of a block-time), as the planner prices it
+    to choose between the kinds: ``fixed + block_pct / 100 * makespan``, where the makespan is
+    the busiest SM's work when each item (a piece, in a packed program) costs its blocks plus
+    ``per_item``, plus ``per_split`` when it writes a partial for the combine. The item plan's
+    makespan is its items run in plan order on the next free SM (:func:`item_makespan`); a packed
+    plan's is its widest program (:func:`packed_makespan`)."""
+
+    fixed: int
+    per_item: int
+    per_split: int
+    block_pct: int = 100
+
+
+#: the prices of the two kinds (the choice of a gated plan): fitted on 28 gated batches measured on an
+#: H200 with both kinds forced (``seesaw/seesaw-threshold-4447964.json``, ``seesaw-plans-faa1761.json``,
+#: ``seesaw-cap-4447964.json``): 1.80 us per block-time, mean error 4.0 % for the item plan and 3.5 % for
+#: the packed one. A packed block costs 1 % more (the loader warp's registers), a piece 2.5 blocks, a
+#: split item 5.5 blocks in the item kernel; the fixed parts hold each kind's gate (the other kernel's
+#: exiting programs: 2.1 us before the packed kernel, 0.3 after the item kernel). Each batch left out
+#: of the fit in turn, the choice loses 0.3 % over the 28 against the faster kind each time (three
+#: batches, up to 4.6 %), where the estimate ratio with a threshold at 0.86 lost up to 8.5 % on five
+#: (``docs/kernels/flash-mla.md`` §8).
+ITEM_PRICE = KindPrice(fixed=1688, per_item=128, per_split=1408)
+PACKED_PRICE = KindPrice(fixed=2424, per_item=640, per_split=768, block_pct=101)
 #: :func:`packing_may_pay`'s limit, (sequence, row tile) pairs per SM. Measured on an H200 beyond
 #: it: ragged b = 32, s = 4, t <= 16,384 (256 pairs) ran 2.5 % faster packed, where the estimate
 #: (0.860 of the item plan's) would pick packing; uniform s >= 8 tied
@@ -349,6 +380,52 @@ def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 5
             "estimate": _packed_estimate(width, cdiv(cdiv(pos, width), slots), next_slot, _combine_units(rows, k))}
 
 
+def _item_cost(item: tuple, price: KindPrice) -> int:
+    """One item's (or packed piece's) price in units: its blocks, ``per_item``, ``per_split`` if split."""
+    return (item[2] - item[1]) * _UNIT + price.per_item + (price.per_split if item[3] >= 0 else 0)
+
+
+def item_makespan(items: list, slots: int, price: KindPrice = ITEM_PRICE) -> int:
+    """The busiest SM's work (units) when the live ``items`` (plan order) run one per program on
+    ``slots`` SMs, each started on the SM that frees first: in closed form, as the device planner
+    computes it. One wave: the longest item. Two: each of the second wave's items (longest first)
+    joins a first-wave item (shortest first), the sum bounded by the mean load plus the second
+    wave's longest item (short items stack on one SM); more: that bound."""
+    c = [_item_cost(it, price) for it in items if it[0] >= 0]
+    if not c:
+        return 0
+    top = max(c)
+    if len(c) <= slots:
+        return top
+    first, second = sorted(c[:slots]), sorted(c[slots:], reverse=True)
+    bound = sum(c) // slots + second[0]
+    if len(c) > 2 * slots:
+        return max(top, bound)
+    pairs = max(f + (second[i] if i < len(second) else 0) for i, f in enumerate(first))
+    return max(top, min(pairs, bound))
+
+
+def packed_makespan(items: list, starts: list, slots: int, price: KindPrice = PACKED_PRICE) -> int:
+    """A packed plan's widest program (units), times its waves when it has more programs with
+    work than ``slots``."""
+    widths = [sum(_item_cost(items[i], price) for i in range(starts[p], starts[p + 1])) for p in range(len(starts) - 1)]
+    used = sum(1 for p in range(len(starts) - 1) if starts[p + 1] > starts[p])
+    return max(widths, default=0) * max(1, cdiv(used, slots))
+
+
+def kind_estimate(makespan: int, price: KindPrice) -> int:
+    """A plan kind's time in units: ``price.fixed + price.block_pct / 100 * makespan``."""
+    return price.fixed + price.block_pct * makespan // 100
+
+
+def packs(ref_i: dict, ref_p: dict, slots: int) -> bool:
+    """Whether the GPU packs a gated batch: the packed plan ``ref_p`` (:func:`packed_reference`)
+    priced below the item plan ``ref_i`` (:func:`plan_reference`, ``gated=True``) on ``slots``
+    SMs per row tile (:data:`PACKED_PRICE`, :data:`ITEM_PRICE`)."""
+    return (kind_estimate(packed_makespan(ref_p["items"], ref_p["starts"], slots), PACKED_PRICE)
+            < kind_estimate(item_makespan(ref_i["items"], slots), ITEM_PRICE))
+
+
 def _packed_estimate(width: int, waves: int, n_split: int, comb: int) -> int:
     """A packed plan's time in units: its widest program (times the waves when the programs
     outnumber the slots: shares capped at ``MAX_ITEM_BLOCKS``) plus one piece's prologue, and
@@ -383,9 +460,8 @@ def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool
 
 def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
-    ``starts`` None) unless :func:`packing_may_pay`; then the packed plan when its estimate is
-    at most ``PACKED_WHEN_BELOW`` % of the item plan's, else the item plan run one item per
-    program (``starts[p] = min(p, items)``), in buffers sized for either.
+    ``starts`` None) unless :func:`packing_may_pay`; then the packed plan where :func:`packs`
+    (priced below the item plan), else the item plan run one item per program (``starts[p] = min(p, items)``), in buffers sized for either.
 
     Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
     device planner writes."""
@@ -396,7 +472,7 @@ def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
         return {"items": ref_i["items"], "seqs": ref_i["seqs"], "starts": None, "packed": False,
                 "max_slots": max_slots}
     ref_p = packed_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
-    packed = batch > 0 and 100 * ref_p["estimate"] <= PACKED_WHEN_BELOW * ref_i["estimate"]
+    packed = batch > 0 and packs(ref_i, ref_p, max(1, sms // max(1, cdiv(rows, ROW_TILE))))
     if packed:
         items, seqs, starts = ref_p["items"], ref_p["seqs"], ref_p["starts"]
         starts = starts + [starts[-1]] * (programs + 1 - len(starts))
@@ -642,15 +718,82 @@ def _kill_items(items_ptr, first, MAX_ITEMS, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, SLOTS, PROGRAMS, MAX_ITEMS, COMB,
+def _piece_cost(items_ptr, idx, ok, UNIT: tl.constexpr, PER: tl.constexpr, SPLIT: tl.constexpr):
+    """Items ``idx`` (where ``ok``): their price in units (:func:`_item_cost`), 0 elsewhere; int64."""
+    lo = tl.load(items_ptr + idx * 4 + 1, mask=ok, other=0)
+    hi = tl.load(items_ptr + idx * 4 + 2, mask=ok, other=0)
+    sl = tl.load(items_ptr + idx * 4 + 3, mask=ok, other=-1)
+    return tl.where(ok, (hi - lo).to(tl.int64) * UNIT + PER + tl.where(sl >= 0, SPLIT, 0), 0)
+
+
+@triton.jit
+def _item_makespan(items_ptr, N, SLOTS, UNIT: tl.constexpr, PER: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """:func:`item_makespan` of the ``N`` items at ``items_ptr`` on ``SLOTS`` (<= ``BLOCK_S``) SMs."""
+    ii = tl.arange(0, BLOCK)
+    work = tl.zeros([BLOCK], tl.int64)
+    top = tl.zeros([BLOCK], tl.int64)
+    top2 = tl.zeros([BLOCK], tl.int64)
+    for i0 in range(0, N, BLOCK):
+        idx = i0 + ii
+        c = _piece_cost(items_ptr, idx, idx < N, UNIT, PER, SPLIT)
+        work += c
+        top = tl.maximum(top, c)
+        top2 = tl.maximum(top2, tl.where(idx >= SLOTS, c, 0))
+    jj = tl.arange(0, BLOCK_S)
+    n1 = tl.minimum(N, SLOTS)
+    big = 9223372036854775807
+    first = tl.sort(tl.where(jj < n1, _piece_cost(items_ptr, jj, jj < n1, UNIT, PER, SPLIT), big))
+    ok2 = (jj < N - SLOTS) & (jj < SLOTS)
+    second = tl.sort(_piece_cost(items_ptr, SLOTS + jj, ok2, UNIT, PER, SPLIT), descending=True)
+    pairs = tl.max(tl.where(jj < n1, first + second, 0), 0)
+    t = tl.max(top, 0)
+    bound = tl.sum(work, 0) // SLOTS + tl.max(top2, 0)
+    m = tl.maximum(t, tl.minimum(pairs, bound))
+    m = tl.where(N > 2 * SLOTS, tl.maximum(t, bound), m)
+    return tl.where(N <= SLOTS, t, m)
+
+
+@triton.jit
+def _packed_widest(seqlens_ptr, B, T, PROGRAMS, W, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, OV: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, UNIT: tl.constexpr, PER: tl.constexpr,
+                   SPLIT: tl.constexpr):
+    """The packed plan at ``W`` units per program: (its widest program's price in units, the
+    programs with work), as :func:`packed_makespan` prices them, from the lengths."""
+    offs = tl.arange(0, BLOCK_B)
+    pp = tl.arange(0, BLOCK_W)
+    widest = tl.zeros([BLOCK_W], tl.int64)
+    used = tl.zeros([BLOCK_W], tl.int32)
+    for q0 in range(0, PROGRAMS, BLOCK_W):
+        acc = tl.zeros([BLOCK_W], tl.int64)
+        pos0 = 0
+        for b0 in range(0, B, BLOCK_B):
+            ok, n, pos, p0, cnt, pos0 = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
+            p = (q0 + pp)[:, None]
+            j = p - p0[None, :]
+            live = (j >= 0) & (j < cnt[None, :])
+            lo = tl.where(j == 0, 0, p * W - pos[None, :] - OV)
+            hi = tl.where(j == cnt[None, :] - 1, n[None, :], (p + 1) * W - pos[None, :] - OV)
+            c = (hi - lo).to(tl.int64) * UNIT + PER + tl.where(cnt[None, :] > 1, SPLIT, 0)
+            acc += tl.sum(tl.where(live, c, 0), 1)
+        widest = tl.maximum(widest, acc)
+        used += (acc > 0).to(tl.int32)
+    return tl.max(widest, 0), tl.sum(used, 0)
+
+
+@triton.jit
+def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, SLOTS, PROGRAMS, MAX_ITEMS,
                    HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, OV: tl.constexpr, MAX_C: tl.constexpr,
                    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, AUTO: tl.constexpr, UNIT: tl.constexpr,
-                   OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, GAIN: tl.constexpr):
+                   BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, I_FIXED: tl.constexpr, I_ITEM: tl.constexpr,
+                   I_SPLIT: tl.constexpr, I_PCT: tl.constexpr, P_FIXED: tl.constexpr, P_ITEM: tl.constexpr,
+                   P_SPLIT: tl.constexpr, P_PCT: tl.constexpr):
     """One program: the packed plan (module docstring). Reads B lengths three times plus once per
     ``BLOCK_P`` programs; writes MAX_ITEMS * 4 + B * 2 + PROGRAMS + 1 int32. With ``AUTO``, after
-    :func:`_plan_kernel` wrote the item plan and its estimate to ``est_ptr``: the packed plan
-    only when its estimate is at most ``GAIN`` % of the item plan's, else the item plan's
-    ``starts`` (one item per program); the choice (1: packed) goes to ``est_ptr[2]``."""
+    :func:`_plan_kernel` wrote the item plan and its item count (``est_ptr[1]``): the packed plan
+    only when :func:`kind_estimate` prices it below the item plan (``I_*``: :data:`ITEM_PRICE`,
+    ``P_*``: :data:`PACKED_PRICE`; ``BLOCK_S`` >= ``SLOTS``), else the item plan's ``starts``
+    (one item per program); the choice (1: packed) goes to ``est_ptr[2]``."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: the units per program
     total = tl.zeros([BLOCK_B], tl.int32)
@@ -660,14 +803,12 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
     tot = tl.sum(total, 0)
     W = tl.minimum(tl.maximum((tot + SLOTS - 1) // SLOTS, OV + 1), MAX_C)
     if AUTO:
-        pos0 = 0
-        n_split = 0
-        for b0 in range(0, B, BLOCK_B):
-            ok, n, pos, p0, cnt, pos0 = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
-            n_split += tl.sum(tl.where(cnt > 1, cnt, 0), 0)
-        waves = ((tot + W - 1) // W + SLOTS - 1) // SLOTS
-        est = (waves * W).to(tl.int64) * UNIT + OVH + tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
-        use = est.to(tl.float64) * 100 <= tl.load(est_ptr).to(tl.float64) * GAIN
+        n_items = tl.load(est_ptr + 1).to(tl.int32)
+        m_i = _item_makespan(items_ptr, n_items, SLOTS, UNIT, I_ITEM, I_SPLIT, BLOCK_P, BLOCK_S)
+        widest, used = _packed_widest(seqlens_ptr, B, T, PROGRAMS, W, HAS_SEQLENS, BLOCK, OV, BLOCK_B, BLOCK_W, UNIT,
+                                      P_ITEM, P_SPLIT)
+        m_p = widest * tl.maximum((used + SLOTS - 1) // SLOTS, 1)
+        use = P_FIXED + P_PCT * m_p // 100 < I_FIXED + I_PCT * m_i // 100
         tl.store(est_ptr + 2, use.to(tl.int64))
     else:
         use = True
@@ -737,11 +878,13 @@ def plan_constexprs(has_seqlens: bool, block: int, write_est: bool) -> dict:
                 BLOCK_B=block, BLOCK_I=block, WRITE_EST=write_est)
 
 
-def packed_constexprs(has_seqlens: bool, block: int, auto: bool) -> dict:
+def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int) -> dict:
     """The compile-time constants :func:`build_plan` launches ``_packed_kernel`` with."""
+    ip, pp = ITEM_PRICE, PACKED_PRICE
     return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD, MAX_C=MAX_ITEM_BLOCKS, BLOCK_B=block,
-                BLOCK_P=block, AUTO=auto, UNIT=_UNIT, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED,
-                GAIN=PACKED_WHEN_BELOW)
+                BLOCK_P=block, AUTO=auto, UNIT=_UNIT, BLOCK_S=triton.next_power_of_2(max(1, slots)), BLOCK_W=32,
+                I_FIXED=ip.fixed, I_ITEM=ip.per_item, I_SPLIT=ip.per_split, I_PCT=ip.block_pct,
+                P_FIXED=pp.fixed, P_ITEM=pp.per_item, P_SPLIT=pp.per_split, P_PCT=pp.block_pct)
 
 
 def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
@@ -759,8 +902,8 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
     sms : int, optional SMs to fill (default: the device's)
     packed : bool, optional  True: a packed plan (each program runs a range of the batch's
         blocks; see the module docstring); False: one program per item; None (default): when
-        :func:`packing_may_pay` (host-known sizes), the packed plan if its estimate is at most
-        ``PACKED_WHEN_BELOW`` % of the item plan's, else the item plan run one item per program
+        :func:`packing_may_pay` (host-known sizes), the packed plan where :func:`packs` (priced
+        below the item plan on the GPU), else the item plan run one item per program
         (two planning launches, no host synchronisation); otherwise one program per item
 
     Returns a :class:`DecodePlan`: one launch of a single program; its tensors are fresh
@@ -812,10 +955,10 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
         _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
                      plan_constexprs(seqlens is not None, block, packed is None), num_warps=4)
     if packed is None or packed:
-        ints = (batch, capacity, slots_p, programs, size, comb)
+        ints = (batch, capacity, slots_p, programs, size)
         _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
                        (dummy, items, seqs, starts, est, *ints),
-                       packed_constexprs(seqlens is not None, block, packed is None), num_warps=4)
+                       packed_constexprs(seqlens is not None, block, packed is None, slots_p), num_warps=4)
     return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
                       packed=est[2:] if packed is None else None, packed_programs=programs_p)
 
