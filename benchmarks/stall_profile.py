@@ -45,9 +45,14 @@ def child(who: str, point: str, warmup: int, flash_mla: str | None) -> None:
     from plan_order_sim import ragged_lengths
     from serving_check import K, make_paged
 
-    kind, b, s, t = point.split(":")
+    kind, b, s, t = point.split(":") if not point.startswith("threshold:") else (point.split(":") + ["0"])[:4]
     b, s, t = int(b), int(s), int(t)
-    if kind == "uniform":
+    if kind == "threshold":
+        # seesaw_ab.py's threshold batch number s of seed b
+        from seesaw_ab import threshold_points
+
+        _, _, b, s, t, lengths = threshold_points(seed=b)[s]
+    elif kind == "uniform":
         lengths = [t] * b
     else:
         # a serving_check row's own lengths; another row's drawn as its first row is
@@ -259,7 +264,8 @@ def main() -> None:
     from common import baseline_parser, environment
 
     ap = baseline_parser(__doc__)
-    ap.add_argument("--point", default="uniform:32:16:4096", help="kind:b:s:t_max (kind uniform or ragged)")
+    ap.add_argument("--point", default="uniform:32:16:4096", help="kind:b:s:t_max (kind uniform or ragged), or threshold:SEED:N "
+                    "(seesaw_ab.py's threshold batch N, from 0, of that seed)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dir", default="stall-reports", help="folder for the ncu reports and CSV exports")
     ap.add_argument("--child", choices=sorted(KERNELS), default=None)
