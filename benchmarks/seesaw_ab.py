@@ -180,10 +180,20 @@ def points(quick: bool, which: str = "default", seed: int = 7):
 PLAN_KINDS = {"auto": None, "item": False, "packed": True, "wide": None, "uncapped": None}
 
 
+def plan_kind_ok(kind: str) -> bool:
+    """A ``--plans`` entry: a key of :data:`PLAN_KINDS`, or ``packed@N``: the packed plan laid out
+    with ``N`` overhead blocks per sequence (``decode_plan.PACK_OVERHEAD``), built on the host."""
+    if kind.startswith("packed@"):
+        return kind[7:].isdigit() and int(kind[7:]) >= 1
+    return kind in PLAN_KINDS
+
+
 def build_plan(seqlens, rows: int, capacity: int, kind: str):
     """The decode plan of ``kind`` (see :data:`PLAN_KINDS`) for these lengths."""
     from mla_var3.kernel import decode_plan
 
+    if kind.startswith("packed@"):
+        return _packed_plan_with_overhead(decode_plan, seqlens, rows, capacity, int(kind[7:]))
     limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
     if kind == "wide":
         decode_plan.PACKING_PAIRS_PER_SM = float("inf")
@@ -193,6 +203,23 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
         return decode_plan.plan_decode(seqlens, rows, capacity=capacity, k=K, packed=PLAN_KINDS[kind])
     finally:
         decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity = limit, capacity_fn
+
+
+def _packed_plan_with_overhead(dp, seqlens, rows: int, capacity: int, overhead: int):
+    """The packed plan of these lengths with ``overhead`` blocks per sequence in its layout: the
+    host reference's plan (``PACK_OVERHEAD`` set for the call and restored), as device tensors."""
+    old = dp.PACK_OVERHEAD
+    dp.PACK_OVERHEAD = overhead
+    try:
+        ref = dp.packed_reference(seqlens.tolist(), rows, capacity=capacity, k=K, sms=dp._device_sms(seqlens.device))
+    finally:
+        dp.PACK_OVERHEAD = old
+    dev, batch = seqlens.device, len(ref["seqs"])
+    items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(dev)
+    seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(batch, 2).to(dev)
+    starts = torch.tensor(ref["starts"], dtype=torch.int32).to(dev)
+    return dp.DecodePlan(items, seqs, batch, rows, dp.cdiv(capacity, dp.PLAN_BLOCK), ref["max_slots"],
+                         starts=starts, packed_programs=len(ref["starts"]) - 1)
 
 
 def build_calls(mods: dict, point, fm, plans=("auto",)):
@@ -277,8 +304,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))
-    if not plans or any(k not in PLAN_KINDS for k in plans):
-        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)}, got {args.plans!r}")
+    if not plans or not all(plan_kind_ok(k) for k in plans):
+        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)} or packed@N, got {args.plans!r}")
     require_cuda()
     variants = parse_variants(args.variant, args.base)
     if args.smoke:

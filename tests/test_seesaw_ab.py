@@ -160,3 +160,29 @@ def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches():
             wrong += [label] if ours > best else []
             seen += 1
     assert seen == 28 and len(wrong) <= 3, wrong
+
+
+def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
+    """``--plans packed@N``: at N = ``PACK_OVERHEAD`` the device planner's packed plan bit for bit;
+    at N = 5 the host reference's with five overhead blocks per sequence (wider shares before a
+    sequence's start), ``PACK_OVERHEAD`` restored; ``packed@0`` and ``packed@x`` refused."""
+    from mla_var3.kernel import decode_plan as dp
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    lengths = torch.randint(64, 4097, (24,), generator=torch.Generator().manual_seed(4)).to(torch.int32).to(dev)
+    mine = seesaw_ab.build_plan(lengths, 128, 4096, f"packed@{dp.PACK_OVERHEAD}")
+    planned = seesaw_ab.build_plan(lengths, 128, 4096, "packed")
+    assert mine.items.tolist()[:mine.starts[-1]] == planned.items.tolist()[:planned.starts[-1]]
+    assert mine.starts.tolist()[:mine.packed_programs + 1] == planned.starts.tolist()[:mine.packed_programs + 1]
+    five = seesaw_ab.build_plan(lengths, 128, 4096, "packed@5")
+    assert dp.PACK_OVERHEAD == 2 and five.starts is not None and five.packed is None
+    old = dp.PACK_OVERHEAD
+    try:
+        dp.PACK_OVERHEAD = 5
+        ref = dp.packed_reference(lengths.tolist(), 128, capacity=4096, k=512, sms=dp._device_sms(lengths.device))
+    finally:
+        dp.PACK_OVERHEAD = old
+    assert five.items.tolist() == [list(x) for x in ref["items"]] and five.starts.tolist() == ref["starts"]
+    assert five.items.tolist() != mine.items.tolist()
+    assert seesaw_ab.plan_kind_ok("packed@5") and not seesaw_ab.plan_kind_ok("packed@0")
+    assert not seesaw_ab.plan_kind_ok("packed@x") and not seesaw_ab.plan_kind_ok("bogus")
