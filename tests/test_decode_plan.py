@@ -117,15 +117,15 @@ def test_packed_and_chosen_plans_match_reference_and_contract(lengths, rows, ext
 
 
 def test_packed_plan_cuts_at_program_shares():
-    """Two sequences of 100 blocks over 4 programs: (100 + 2) * 2 / 4 -> 51 units each; program 1
-    starts inside sequence 0, program 2 at sequence 1's start (its boundary fell in the
-    sequence's overhead units), so no piece is empty."""
+    """Two sequences of 100 blocks over 4 programs: (100 + 4) * 2 / 4 -> 52 units each; program 1
+    starts inside sequence 0 (48 blocks after its 4 overhead units), program 2 at sequence 1's
+    start, so no piece is empty."""
     ref = packed_reference([6400, 6400], 64, capacity=6400, sms=4)
-    assert ref["width"] == 51
-    assert [it for it in ref["items"] if it[0] >= 0] == [(0, 0, 49, 0), (0, 49, 100, 1), (1, 0, 49, 2),
-                                                         (1, 49, 100, 3)]
+    assert ref["width"] == 52
+    assert [it for it in ref["items"] if it[0] >= 0] == [(0, 0, 48, 0), (0, 48, 100, 1), (1, 0, 48, 2),
+                                                         (1, 48, 100, 3)]
     assert ref["starts"][:5] == [0, 1, 2, 3, 4]
-    assert PACK_OVERHEAD == 2
+    assert PACK_OVERHEAD == 4
 
 
 def test_the_planner_packs_ragged_batches_and_not_balanced_ones():

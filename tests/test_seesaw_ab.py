@@ -175,7 +175,7 @@ def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     assert mine.items.tolist()[:mine.starts[-1]] == planned.items.tolist()[:planned.starts[-1]]
     assert mine.starts.tolist()[:mine.packed_programs + 1] == planned.starts.tolist()[:mine.packed_programs + 1]
     five = seesaw_ab.build_plan(lengths, 128, 4096, "packed@5")
-    assert dp.PACK_OVERHEAD == 2 and five.starts is not None and five.packed is None
+    assert dp.PACK_OVERHEAD == 4 and five.starts is not None and five.packed is None
     old = dp.PACK_OVERHEAD
     try:
         dp.PACK_OVERHEAD = 5

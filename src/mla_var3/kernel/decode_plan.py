@@ -105,7 +105,7 @@ _NUM_CANDIDATES = 32
 _SIZE_CLASSES = 16
 _BIG = 9223372036854775807
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks
-PACK_OVERHEAD = 2
+PACK_OVERHEAD = 4
 
 
 @dataclass(frozen=True)
