@@ -13,10 +13,11 @@ own column ``name/kind``):
    (:mod:`mla_var3.reference`), dense and paged (pages in random order, lengths ragged).
 3. **Timing**: CUDA-graph time (``mla_var3.runtime.timing.time_interleaved``, L2 flushed) of
    every variant and of official FlashMLA at each point, all of them in every repetition (the
-   order rotated), in rounds, and the median over rounds.
+   order rotated), in rounds, and the median over rounds. Each row records its batch (b, s, t
+   and the lengths).
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving|threshold] [--plans auto,item,packed,wide,uncapped] \\
+        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -122,18 +123,35 @@ def paged_inputs(lengths, s, capacity, seed):
 THRESHOLD_SHAPES = [(32, 1, 4096), (48, 1, 4096), (64, 1, 4096), (96, 1, 4096), (16, 2, 8192), (24, 2, 16384),
                     (32, 2, 8192), (16, 4, 8192), (8, 1, 16384)]
 THRESHOLD_BANDS = [(0.85, 0.88), (0.88, 0.91), (0.91, 0.95)]
+#: the packed layout's overhead blocks per sequence that the bands' estimate ratio is computed with by
+#: default: 2, the planner's when the seeds' batches were recorded (4447964, 36c56ba), so that a seed keeps
+#: its batches whatever ``decode_plan.PACK_OVERHEAD`` is now; 19fd529 drew seed 8 with 4
+THRESHOLD_OVERHEAD = 2
 
 
-def threshold_points(sms: int = 132, draws: int = 40, seed: int = 7) -> list:
+def estimate_ratio(lengths: list, s: int, t: int, sms: int = 132, overhead: int = THRESHOLD_OVERHEAD) -> float:
+    """The planner's estimates, packed plan (laid out with ``overhead`` blocks per sequence) ÷ the
+    gated item plan, of a batch of ``s`` query tokens per sequence and capacity ``t``."""
+    from mla_var3.kernel import decode_plan as dp
+
+    old = dp.PACK_OVERHEAD
+    dp.PACK_OVERHEAD = overhead
+    try:
+        packed = dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms)["estimate"]
+    finally:
+        dp.PACK_OVERHEAD = old
+    return packed / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True)["estimate"]
+
+
+def threshold_points(sms: int = 132, draws: int = 40, seed: int = 7, overhead: int = THRESHOLD_OVERHEAD) -> list:
     """Ragged batches whose estimate ratio (``packed_reference`` ÷ the gated ``plan_reference``)
     lies in each band of :data:`THRESHOLD_BANDS`, at most one per shape and band: the batches
     on which to time both kinds forced (``--plans item,packed``) against the planner's choice (the kind
     prices of ``decode_plan``).
     Lengths uniform in ``[t / 8, t]`` or skewed (a fifth long, the rest short), seeded per shape;
     a shape's draws stop once every band has its batch. ``seed`` 7 gives the batches the kind
-    prices were fitted on; another seed, fresh batches to check them on."""
-    from mla_var3.kernel import decode_plan as dp
-
+    prices were fitted on; another seed, fresh batches to check them on. The ratio is
+    :func:`estimate_ratio` with ``overhead``."""
     out = []
     for b, s, t in THRESHOLD_SHAPES:
         g = torch.Generator().manual_seed(seed + b * 1000 + s * 100 + t)
@@ -147,8 +165,7 @@ def threshold_points(sms: int = 132, draws: int = 40, seed: int = 7) -> list:
                 long = torch.rand(b, generator=g) < 0.2
                 short = torch.randint(1, t // 8 + 1, (b,), generator=g)
                 lengths = torch.where(long, torch.full((b,), t), short).tolist()
-            ratio = (dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms)["estimate"]
-                     / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True)["estimate"])
+            ratio = estimate_ratio(lengths, s, t, sms, overhead)
             for lo, hi in THRESHOLD_BANDS:
                 if lo <= ratio < hi and (lo, hi) not in found:
                     found[(lo, hi)] = (f"paged ragged b{b} s{s} t{t} est {ratio:.3f}", "paged", b, s, t, lengths)
@@ -300,7 +317,8 @@ def main() -> None:
     ap.add_argument("--plans", default="auto",
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
                          "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated "
-                         "item plan's items not capped)")
+                         "item plan's items not capped), packed@N (the packed plan laid out with N overhead blocks "
+                         "per sequence)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))
@@ -339,7 +357,7 @@ def main() -> None:
                 record["checks"].append(dict(point=label, variant=name, rel_out=eo, rel_lse=el, ok=ok))
                 print(f"{'ok  ' if ok else 'FAIL'} {label} {name}: out {eo:.2e} lse {el:.2e}", flush=True)
             del ref
-            row = {"point": label, "us": {}}
+            row = {"point": label, "b": point[2], "s": point[3], "t": point[4], "lengths": point[5], "us": {}}
             timed = dict(calls, **({"flashmla": fm_call} if fm_call else {}))
             samples, eager = interleaved_rounds(timed, args.rounds, eager=args.eager)
             row["us"] = {n: statistics.median(v) for n, v in samples.items()}

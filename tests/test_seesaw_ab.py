@@ -107,7 +107,7 @@ def test_the_uncapped_plan_kind_sizes_a_gated_item_plan_as_before():
     assert int(auto.packed.item()) == int(uncapped.packed.item())
 
 
-def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
+def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes(monkeypatch):
     """``--points threshold``: seeded ragged batches whose planner estimate ratio (packed ÷ the
     gated item plan) lies in each band of 0.85-0.95, on shapes whose plan kind the GPU chooses,
     every band represented and every label distinct (they key the record's rows)."""
@@ -119,36 +119,47 @@ def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
     for label, kind, b, s, t, lengths in pts:
         assert kind == "paged" and len(lengths) == b and all(1 <= n <= t for n in lengths)
         assert decode_plan.packing_may_pay(b, s * 128, 132)
-        ratio = (decode_plan.packed_reference(lengths, s * 128, capacity=t)["estimate"]
-                 / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
+        ratio = seesaw_ab.estimate_ratio(lengths, s, t)
+        with monkeypatch.context() as m:   # the ratio of plans laid out with THRESHOLD_OVERHEAD blocks
+            m.setattr(decode_plan, "PACK_OVERHEAD", seesaw_ab.THRESHOLD_OVERHEAD)
+            assert ratio == (decode_plan.packed_reference(lengths, s * 128, capacity=t)["estimate"]
+                             / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
         band = next(bd for bd in seesaw_ab.THRESHOLD_BANDS if bd[0] <= ratio < bd[1])
         assert label.endswith(f"est {ratio:.3f}")
         bands.add(band)
     assert bands == set(seesaw_ab.THRESHOLD_BANDS)
+    assert decode_plan.PACK_OVERHEAD == 4          # estimate_ratio restores the planner's layout
 
 
 #: the measured records the kind prices (``decode_plan.ITEM_PRICE``, ``PACKED_PRICE``) were fitted on:
-#: (file under benchmarks/results/h200/seesaw/, the points' list) with both kinds forced
+#: (file under benchmarks/results/h200/seesaw/, the points' list) with both kinds forced, the packed
+#: plans laid out with 2 overhead blocks per sequence
 _KIND_RECORDS = [("seesaw-threshold-4447964.json", "threshold"), ("seesaw-plans-faa1761.json", "serving")]
 #: the gate's cost on each kind (measured on an H200: the planner's gated call against the kind alone)
 _GATE_US = {False: 0.3, True: 2.1}
 
 
-def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches():
-    """Every gated batch of the two records whose both kinds were timed in CUDA graphs on an
-    H200: the planner's choice (the prices, host reference) runs within 5 % of the faster kind,
-    the gate's cost counted on each side, and picks the faster one on all but at most three (its
-    worst, ragged b16 s4 t8192 at 0.865, loses 4.6 %; the estimate ratio with the 0.86 threshold
-    before lost up to 8.5 %, on five). The points'
-    lengths are drawn again from their seeds, so a change to them fails here too."""
+def _times(name: str) -> dict:
     import json
 
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200" / "seesaw"
+    return {r["point"]: r["us"] for r in json.loads((root / name).read_text())["times"]}
+
+
+def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches(monkeypatch):
+    """Every gated batch of the two records whose both kinds were timed in CUDA graphs on an
+    H200 (packed plans laid out with 2 overhead blocks, as then): the planner's choice (the prices,
+    host reference, on that layout) runs within 5 % of the faster kind, the gate's cost counted on
+    each side, and picks the faster one on all but at most three (its worst, ragged b16 s4 t8192 at
+    0.865, loses 4.6 %; the estimate ratio with the 0.86 threshold before lost up to 8.5 %, on
+    five). The points' lengths are drawn again from their seeds, so a change to them fails here
+    too."""
     from mla_var3.kernel import decode_plan as dp
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200" / "seesaw"
+    monkeypatch.setattr(dp, "PACK_OVERHEAD", 2)
     wrong, seen = [], 0
     for name, which in _KIND_RECORDS:
-        times = {r["point"]: r["us"] for r in json.loads((root / name).read_text())["times"]}
+        times = _times(name)
         for label, kind, b, s, t, lengths in seesaw_ab.points(False, which):
             if kind != "paged" or not dp.packing_may_pay(b, s * 128, 132):
                 continue
@@ -162,10 +173,30 @@ def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches():
     assert seen == 28 and len(wrong) <= 3, wrong
 
 
+def test_the_kind_prices_pack_where_the_four_block_layout_won():
+    """The packed plans laid out with 4 overhead blocks (``PACK_OVERHEAD`` now), timed forced on an
+    H200 (``seesaw-pack-overhead-*-944f3cd.json``) against the item plan's times on the same batches
+    (``seesaw-threshold-seed8-36c56ba.json``, ``seesaw-plans-faa1761.json``): packed won on all ten
+    with the gates counted, and the prices, fitted on the 2-block layout, pack all ten."""
+    from mla_var3.kernel import decode_plan as dp
+
+    assert dp.PACK_OVERHEAD == 4
+    item_us = {**_times("seesaw-threshold-seed8-36c56ba.json"), **_times("seesaw-plans-faa1761.json")}
+    pts = {p[0]: p for p in seesaw_ab.points(False, "threshold", 8) + seesaw_ab.points(False, "serving")}
+    seen = 0
+    for name in ("seesaw-pack-overhead-seed8-944f3cd.json", "seesaw-pack-overhead-serving-944f3cd.json"):
+        for label, us in _times(name).items():
+            _, _, b, s, t, lengths = pts[label]
+            assert us["head/packed@4"] + _GATE_US[True] < item_us[label]["head/item"] + _GATE_US[False], label
+            assert dp.auto_reference(lengths, s * 128, capacity=t, sms=132)["packed"], label
+            seen += 1
+    assert seen == 10
+
+
 def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     """``--plans packed@N``: at N = ``PACK_OVERHEAD`` the device planner's packed plan bit for bit;
-    at N = 5 the host reference's with five overhead blocks per sequence (wider shares before a
-    sequence's start), ``PACK_OVERHEAD`` restored; ``packed@0`` and ``packed@x`` refused."""
+    at N = 6 the host reference's with six overhead blocks per sequence, ``PACK_OVERHEAD``
+    restored; ``packed@0`` and ``packed@x`` refused."""
     from mla_var3.kernel import decode_plan as dp
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -174,15 +205,15 @@ def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     planned = seesaw_ab.build_plan(lengths, 128, 4096, "packed")
     assert mine.items.tolist()[:mine.starts[-1]] == planned.items.tolist()[:planned.starts[-1]]
     assert mine.starts.tolist()[:mine.packed_programs + 1] == planned.starts.tolist()[:mine.packed_programs + 1]
-    five = seesaw_ab.build_plan(lengths, 128, 4096, "packed@5")
-    assert dp.PACK_OVERHEAD == 4 and five.starts is not None and five.packed is None
+    six = seesaw_ab.build_plan(lengths, 128, 4096, "packed@6")
+    assert dp.PACK_OVERHEAD == 4 and six.starts is not None and six.packed is None
     old = dp.PACK_OVERHEAD
     try:
-        dp.PACK_OVERHEAD = 5
+        dp.PACK_OVERHEAD = 6
         ref = dp.packed_reference(lengths.tolist(), 128, capacity=4096, k=512, sms=dp._device_sms(lengths.device))
     finally:
         dp.PACK_OVERHEAD = old
-    assert five.items.tolist() == [list(x) for x in ref["items"]] and five.starts.tolist() == ref["starts"]
-    assert five.items.tolist() != mine.items.tolist()
-    assert seesaw_ab.plan_kind_ok("packed@5") and not seesaw_ab.plan_kind_ok("packed@0")
+    assert six.items.tolist() == [list(x) for x in ref["items"]] and six.starts.tolist() == ref["starts"]
+    assert six.items.tolist() != mine.items.tolist()
+    assert seesaw_ab.plan_kind_ok("packed@6") and not seesaw_ab.plan_kind_ok("packed@0")
     assert not seesaw_ab.plan_kind_ok("packed@x") and not seesaw_ab.plan_kind_ok("bogus")
