@@ -264,8 +264,9 @@ def main() -> None:
     from common import baseline_parser, environment
 
     ap = baseline_parser(__doc__)
-    ap.add_argument("--point", default="uniform:32:16:4096", help="kind:b:s:t_max (kind uniform or ragged), or threshold:SEED:N "
-                    "(seesaw_ab.py's threshold batch N, from 0, of that seed)")
+    ap.add_argument("--point", default="uniform:32:16:4096",
+                    help="kind:b:s:t_max (kind uniform or ragged), or threshold:SEED:N (seesaw_ab.py's threshold "
+                         "batch N, from 0, of that seed)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--dir", default="stall-reports", help="folder for the ncu reports and CSV exports")
     ap.add_argument("--child", choices=sorted(KERNELS), default=None)

@@ -104,7 +104,9 @@ _NUM_CANDIDATES = 32
 #: size classes of the items' order (a counting sort: one pass over the batch per class)
 _SIZE_CLASSES = 16
 _BIG = 9223372036854775807
-#: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks
+#: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
+#: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
+#: 0.5-3.1 % on the serving rows that pack; 6 slower than 4 (``seesaw/seesaw-pack-overhead-*-944f3cd.json``)
 PACK_OVERHEAD = 4
 
 
@@ -125,13 +127,14 @@ class KindPrice:
 
 #: the prices of the two kinds (the choice of a gated plan): fitted on 28 gated batches measured on an
 #: H200 with both kinds forced (``seesaw/seesaw-threshold-4447964.json``, ``seesaw-plans-faa1761.json``,
-#: ``seesaw-cap-4447964.json``): 1.80 us per block-time, mean error 4.0 % for the item plan and 3.5 % for
-#: the packed one. A packed block costs 1 % more (the loader warp's registers), a piece 2.5 blocks, a
-#: split item 5.5 blocks in the item kernel; the fixed parts hold each kind's gate (the other kernel's
-#: exiting programs: 2.1 us before the packed kernel, 0.3 after the item kernel). Each batch left out
-#: of the fit in turn, the choice loses 0.3 % over the 28 against the faster kind each time (three
-#: batches, up to 4.6 %), where the estimate ratio with a threshold at 0.86 lost up to 8.5 % on five
-#: (``docs/kernels/flash-mla.md`` §8).
+#: ``seesaw-cap-4447964.json``; packed plans laid out with 2 overhead blocks): 1.80 us per block-time,
+#: mean error 4.0 % for the item plan and 3.5 % for the packed one. A packed block costs 1 % more (the
+#: loader warp's registers), a piece 2.5 blocks, a split item 5.5 blocks in the item kernel; the fixed
+#: parts hold each kind's gate (the other kernel's exiting programs: 2.1 us before the packed kernel,
+#: 0.3 after the item kernel). Each batch left out of the fit in turn, the choice loses 0.3 % over the
+#: 28 against the faster kind (three batches, up to 4.6 %), where the estimate ratio with a threshold
+#: at 0.86 lost up to 8.5 % on five; on 19 fresh batches, 0.14 % (18 within 2 %, the worst 2.7 %;
+#: ``seesaw-threshold-seed8-36c56ba.json``; ``docs/kernels/flash-mla.md`` §8).
 ITEM_PRICE = KindPrice(fixed=1688, per_item=128, per_split=1408)
 PACKED_PRICE = KindPrice(fixed=2424, per_item=640, per_split=768, block_pct=101)
 #: :func:`packing_may_pay`'s limit, (sequence, row tile) pairs per SM. Measured on an H200 beyond
@@ -461,7 +464,8 @@ def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool
 def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
     ``starts`` None) unless :func:`packing_may_pay`; then the packed plan where :func:`packs`
-    (priced below the item plan), else the item plan run one item per program (``starts[p] = min(p, items)``), in buffers sized for either.
+    (priced below the item plan), else the item plan run one item per program (``starts[p] =
+    min(p, items)``), in buffers sized for either.
 
     Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
     device planner writes."""
