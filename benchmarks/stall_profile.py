@@ -37,27 +37,38 @@ SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpS
             "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 
 
+def point_batch(point: str) -> tuple[int, int, int, list]:
+    """``(b, s, t_max, lengths)`` of a ``--point``: ``uniform:B:S:T``; ``ragged:B:S:T``
+    (serving_check's own lengths for its rows, else lengths drawn as its first row's are); or
+    ``threshold:SEED:N``, seesaw_ab.py's threshold batch N (from 0) of that seed."""
+    import torch
+
+    from plan_order_sim import ragged_lengths
+
+    kind, *rest = point.split(":")
+    if kind == "threshold" and len(rest) == 2:
+        from seesaw_ab import threshold_points
+
+        _, _, b, s, t, lengths = threshold_points(seed=int(rest[0]))[int(rest[1])]
+        return b, s, t, lengths
+    if kind not in ("uniform", "ragged") or len(rest) != 3:
+        raise ValueError(f"--point must be uniform:B:S:T, ragged:B:S:T or threshold:SEED:N, got {point!r}")
+    b, s, t = (int(x) for x in rest)
+    if kind == "uniform":
+        return b, s, t, [t] * b
+    lengths = ragged_lengths().get((b, s, t)) or \
+        torch.randint(t // 8, t + 1, (b,), generator=torch.Generator().manual_seed(5)).tolist()
+    return b, s, t, lengths
+
+
 def child(who: str, point: str, warmup: int, flash_mla: str | None) -> None:
     """Build the point's inputs and make ``warmup + 1`` calls of ``who``'s decode."""
     import torch
 
     from common import import_flash_mla
-    from plan_order_sim import ragged_lengths
     from serving_check import K, make_paged
 
-    kind, b, s, t = point.split(":") if not point.startswith("threshold:") else (point.split(":") + ["0"])[:4]
-    b, s, t = int(b), int(s), int(t)
-    if kind == "threshold":
-        # seesaw_ab.py's threshold batch number s of seed b
-        from seesaw_ab import threshold_points
-
-        _, _, b, s, t, lengths = threshold_points(seed=b)[s]
-    elif kind == "uniform":
-        lengths = [t] * b
-    else:
-        # a serving_check row's own lengths; another row's drawn as its first row is
-        lengths = ragged_lengths().get((b, s, t)) or \
-            torch.randint(t // 8, t + 1, (b,), generator=torch.Generator().manual_seed(5)).tolist()
+    b, s, t, lengths = point_batch(point)
     q, cache, table, seqlens = make_paged(lengths, s, capacity=t, seed=b * 100 + s, poison=False)
     causal = s > 1
     if who == "ours":
@@ -278,6 +289,10 @@ def main() -> None:
                     help="summarise the exports already in --dir (ours-source.csv, ours-details.csv, "
                          "flashmla-source.csv, ...)")
     args = ap.parse_args()
+    try:
+        lengths = point_batch(args.point)[3]
+    except (ValueError, IndexError) as e:
+        ap.error(f"--point: {e}")
     args.launches = {"ours": args.our_launches, "flashmla": 1}
     if args.child:
         child(args.child, args.point, args.warmup, args.flash_mla)
@@ -299,7 +314,7 @@ def main() -> None:
         return
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     os.makedirs(args.dir, exist_ok=True)
-    record = {"env": environment(), "point": args.point, "warmup": args.warmup, "kernels": {}}
+    record = {"env": environment(), "point": args.point, "lengths": lengths, "warmup": args.warmup, "kernels": {}}
     for who in ("ours", "flashmla"):
         if who == "flashmla" and not args.flash_mla:
             continue

@@ -38,3 +38,19 @@ def test_timeline_refuses_calls_of_different_kernels():
     calls = [[("a", [1, 1, 1], 0.0, 1.0)], [("a", [1, 1, 1], 10.0, 1.0), ("b", [1, 1, 1], 12.0, 1.0)]]
     with pytest.raises(ValueError, match="not the same kernels per call"):
         serving_profile.call_timelines(_trace(calls), 2)
+
+
+def test_the_points_are_the_serving_rows_or_the_named_threshold_batches():
+    """By default the serving rows (uniform lengths, or serving_check's ragged ones); with
+    ``--threshold`` seesaw_ab.py's threshold batches whose label holds one of the pieces, labelled
+    by it and with its lengths ("all": every one)."""
+    import seesaw_ab
+    from plan_order_sim import ragged_lengths
+
+    rows = serving_profile._points(None)
+    assert [r[:4] for r in rows] == list(serving_profile.POINTS)
+    assert rows[0][4] == [4096] * 32 and rows[3][4] == ragged_lengths()[rows[3][1:4]]
+    every = seesaw_ab.threshold_points()
+    assert serving_profile._points("all") == [(p[0], p[2], p[3], p[4], p[5]) for p in every]
+    some = serving_profile._points("b16 s2, b96")
+    assert [r[0] for r in some] == [p[0] for p in every if "b16 s2" in p[0] or "b96" in p[0]] and len(some) == 4

@@ -109,3 +109,21 @@ def test_launch_statistics_scale_each_launch_to_eight_resident_warps():
 def test_a_launch_without_occupancy_stays_unscaled():
     (s,) = stall_profile.summarise_pages({"source": _export(_kernel(2000))})
     assert s["launch"]["scale"] is None and "scaled_per_1000_iterations" not in s["pair_loops"][0]
+
+
+def test_a_point_names_its_batch():
+    """``--point``: a uniform batch, a serving_check ragged row's own lengths, or seesaw_ab.py's
+    threshold batch N of a seed (the same lengths as its A/B rows); anything else refused."""
+    import seesaw_ab
+    from plan_order_sim import ragged_lengths
+
+    assert stall_profile.point_batch("uniform:32:16:4096") == (32, 16, 4096, [4096] * 32)
+    assert stall_profile.point_batch("ragged:64:1:8192") == (64, 1, 8192, ragged_lengths()[(64, 1, 8192)])
+    label, _, b, s, t, lengths = seesaw_ab.threshold_points(seed=7)[9]
+    assert label == "paged ragged b16 s2 t8192 est 0.853"
+    assert stall_profile.point_batch("threshold:7:9") == (b, s, t, lengths) == (16, 2, 8192, lengths)
+    for bad in ("dense:1:1:1", "uniform:32:16", "threshold:7"):
+        with pytest.raises(ValueError, match="--point must be"):
+            stall_profile.point_batch(bad)
+    with pytest.raises(IndexError):
+        stall_profile.point_batch("threshold:7:99")
