@@ -217,3 +217,20 @@ def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     assert six.items.tolist() != mine.items.tolist()
     assert seesaw_ab.plan_kind_ok("packed@6") and not seesaw_ab.plan_kind_ok("packed@0")
     assert not seesaw_ab.plan_kind_ok("packed@x") and not seesaw_ab.plan_kind_ok("bogus")
+
+
+def test_the_committed_kind_prices_are_the_fit_of_their_records():
+    """``benchmarks/fit_kind_prices.py`` on its default records (the measurements the prices cite)
+    gives ``decode_plan.ITEM_PRICE`` and ``PACKED_PRICE`` exactly, gates at 0.3 and 2.1 µs: the
+    prices are a fit, not hand-set numbers, and a change to the fit or to the planner's makespans
+    shows here."""
+    import fit_kind_prices
+
+    from mla_var3.kernel import decode_plan as dp
+
+    rows = fit_kind_prices.load_rows(fit_kind_prices.DEFAULT_RECORDS)
+    assert len(rows) == 37 and sum(r.item_us is not None for r in rows) == 28
+    fi, fp = fit_kind_prices.fit_kind(rows, False), fit_kind_prices.fit_kind(rows, True)
+    assert fi["mean_error"] < 0.05 and fp["mean_error"] < 0.05
+    assert fit_kind_prices.prices(fi, fp, 0.3, 2.1) == (dp.ITEM_PRICE, dp.PACKED_PRICE)
+    assert dp.PACK_OVERHEAD == 4                   # load_rows lays the records out as measured, then restores
