@@ -135,7 +135,8 @@ class KindPrice:
 #: 28 against the faster kind (three batches, up to 4.6 %), where the estimate ratio with a threshold
 #: at 0.86 lost up to 8.5 % on five; on 19 fresh batches, 0.14 % (18 within 2 %, the worst 2.7 %;
 #: ``seesaw-threshold-seed8-36c56ba.json``; ``docs/kernels/flash-mla.md`` §8). ``benchmarks/fit_kind_prices.py``
-#: computes them from those records.
+#: computes them from those records. Calibrated only where the GPU chooses (:func:`packing_may_pay`; item
+#: plans of at most two waves): a three-wave item plan (ragged b32 s4 t16384) is priced 34 % over its time.
 ITEM_PRICE = KindPrice(fixed=1688, per_item=128, per_split=1408)
 PACKED_PRICE = KindPrice(fixed=2424, per_item=640, per_split=768, block_pct=101)
 #: :func:`packing_may_pay`'s limit, (sequence, row tile) pairs per SM. Measured on an H200 beyond
