@@ -17,7 +17,7 @@ own column ``name/kind``):
    and the lengths).
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N] \\
+        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N,itemfit] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -198,11 +198,32 @@ PLAN_KINDS = {"auto": None, "item": False, "packed": True, "wide": None, "uncapp
 
 
 def plan_kind_ok(kind: str) -> bool:
-    """A ``--plans`` entry: a key of :data:`PLAN_KINDS`, or ``packed@N``: the packed plan laid out
-    with ``N`` overhead blocks per sequence (``decode_plan.PACK_OVERHEAD``), built on the host."""
+    """A ``--plans`` entry: a key of :data:`PLAN_KINDS`; ``packed@N``: the packed plan laid out
+    with ``N`` overhead blocks per sequence (``decode_plan.PACK_OVERHEAD``), built on the host; or
+    ``itemfit``: the item plan whose cut the item kind's price (``decode_plan.ITEM_PRICE``) ranks
+    cheapest among the planner's candidates (:func:`priced_item_cut`), built on the host."""
     if kind.startswith("packed@"):
         return kind[7:].isdigit() and int(kind[7:]) >= 1
-    return kind in PLAN_KINDS
+    return kind in PLAN_KINDS or kind == "itemfit"
+
+
+def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
+    """The item length C (blocks), among the planner's candidates that fit its buffers, whose item
+    plan ``decode_plan.item_makespan`` prices cheapest (ties: the planner's own C first)."""
+    from mla_var3.kernel import decode_plan as dp
+
+    own = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms)
+    slots = max(1, sms // dp.cdiv(rows, dp.ROW_TILE))
+    blocks = [dp.cdiv(min(max(0, n), capacity), dp.PLAN_BLOCK) for n in lengths]
+    best = (dp.item_makespan(own["items"], slots), own["item_blocks"])
+    for c in sorted(set(dp._candidates(blocks, slots))):
+        ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c)
+        if ref["slots_used"] > ref["max_slots"] or len(ref["items"]) > len(own["items"]):
+            continue
+        m = dp.item_makespan(ref["items"], slots)
+        if m < best[0]:
+            best = (m, c)
+    return best[1]
 
 
 def build_plan(seqlens, rows: int, capacity: int, kind: str):
@@ -211,6 +232,12 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
 
     if kind.startswith("packed@"):
         return _packed_plan_with_overhead(decode_plan, seqlens, rows, capacity, int(kind[7:]))
+    if kind == "itemfit":
+        sms = decode_plan._device_sms(seqlens.device)
+        lengths = seqlens.tolist()
+        c = priced_item_cut(lengths, rows, capacity, sms)
+        ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, item_blocks=c)
+        return decode_plan.plan_tensors(ref, rows, capacity, seqlens.device)
     limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
     if kind == "wide":
         decode_plan.PACKING_PAIRS_PER_SM = float("inf")
@@ -318,7 +345,7 @@ def main() -> None:
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
                          "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated "
                          "item plan's items not capped), packed@N (the packed plan laid out with N overhead blocks "
-                         "per sequence)")
+                         "per sequence), itemfit (the item plan cut where the item price ranks cheapest)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))

@@ -234,3 +234,28 @@ def test_the_committed_kind_prices_are_the_fit_of_their_records():
     assert fi["mean_error"] < 0.05 and fp["mean_error"] < 0.05
     assert fit_kind_prices.prices(fi, fp, 0.3, 2.1) == (dp.ITEM_PRICE, dp.PACKED_PRICE)
     assert dp.PACK_OVERHEAD == 4                   # load_rows lays the records out as measured, then restores
+
+
+def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():
+    """``--plans itemfit``: on a threshold batch whose planner cut the item price ranks above
+    another candidate (ragged b32 s2 t8192, seed 8's first), the plan is the reference's item plan
+    at that other cut, one program per item, which the price ranks cheapest of all candidates;
+    where the planner's own cut is the cheapest it is kept."""
+    from mla_var3.kernel import decode_plan as dp
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sms = dp._device_sms(torch.device(dev))
+    label, _, b, s, t, lengths = next(p for p in seesaw_ab.points(False, "threshold", 8) if "b32 s2" in p[0])
+    rows, slots = s * 128, max(1, sms // (s * 2))
+    own = dp.plan_reference(lengths, rows, capacity=t, sms=sms)
+    c = seesaw_ab.priced_item_cut(lengths, rows, t, sms)
+    ref = dp.plan_reference(lengths, rows, capacity=t, sms=sms, item_blocks=c)
+    assert c != own["item_blocks"] and dp.item_makespan(ref["items"], slots) < dp.item_makespan(own["items"], slots)
+    plan = seesaw_ab.build_plan(torch.tensor(lengths, dtype=torch.int32, device=dev), rows, t, "itemfit")
+    assert plan.starts is None and plan.packed is None
+    assert plan.items.tolist() == [list(x) for x in ref["items"]]
+    # a uniform batch: one item per sequence half, the planner's cut already the cheapest
+    uni = [4096] * 32
+    assert seesaw_ab.priced_item_cut(uni, 128, 4096, sms) == dp.plan_reference(uni, 128, capacity=4096,
+                                                                               sms=sms)["item_blocks"]
+    assert seesaw_ab.plan_kind_ok("itemfit")
