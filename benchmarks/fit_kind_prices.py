@@ -54,7 +54,6 @@ def load_rows(specs: list[str], sms: int = 132) -> list[Row]:
     ``results/h200/seesaw/`` or paths), their plans rebuilt from the points' seeded lengths."""
     import seesaw_ab
     from mla_var3.kernel import decode_plan as dp
-    from mla_var3.kernel._common import cdiv
 
     rows = []
     for spec in specs:
@@ -72,7 +71,7 @@ def load_rows(specs: list[str], sms: int = 132) -> list[Row]:
                 us = times[label]
                 ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True)
                 rp = dp.packed_reference(lengths, r, capacity=t, sms=sms)
-                rows.append(Row(label, max(1, sms // cdiv(r, 64)), ri["items"], rp["items"], rp["starts"],
+                rows.append(Row(label, dp.row_slots(r, sms), ri["items"], rp["items"], rp["starts"],
                                 us.get("head/item"), us.get("head/packed")))
         finally:
             dp.PACK_OVERHEAD = old

@@ -213,7 +213,7 @@ def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
     from mla_var3.kernel import decode_plan as dp
 
     own = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms)
-    slots = max(1, sms // dp.cdiv(rows, dp.ROW_TILE))
+    slots = dp.row_slots(rows, sms)
     blocks = [dp.cdiv(min(max(0, n), capacity), dp.PLAN_BLOCK) for n in lengths]
     best = (dp.item_makespan(own["items"], slots), own["item_blocks"])
     for c in sorted(set(dp._candidates(blocks, slots))):

@@ -83,7 +83,7 @@ from mla_var3.kernel._launch import CachedLaunch
 __all__ = ["ITEM_PRICE", "MAX_ITEM_BLOCKS", "PACKED_PRICE", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK",
            "DecodePlan", "KindPrice", "auto_reference", "item_makespan", "kind_estimate", "one_wave_cut",
            "packed_capacity", "packed_makespan", "packed_reference", "packing_may_pay", "packs", "plan_capacity",
-           "plan_decode", "plan_reference", "plan_tensors", "uniform_plan"]
+           "plan_decode", "plan_reference", "plan_tensors", "row_slots", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -203,6 +203,11 @@ class DecodePlan:
             raise ValueError(f"plan is on {self.items.device}, the inputs on {device}")
 
 
+def row_slots(rows: int, sms: int) -> int:
+    """Programs that run at once per row tile: one per SM and 64-row tile of ``rows`` query rows."""
+    return max(1, sms // max(1, cdiv(rows, ROW_TILE)))
+
+
 def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int, *, gated: bool = False) -> tuple[int, int, int]:
     """``(slots, max_items, max_slots)`` for a batch of sequences of up to ``max_blocks``
     blocks: ``slots`` items run at once (one program per SM and row tile); the buffers hold
@@ -218,8 +223,7 @@ def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int, *, gated: bo
     gated batches (b = 1-128, s = 1-4, t up to 32k, uniform, ragged and skewed lengths) the cap
     changed the item plan only where the planner packs anyway (23 batches, its estimate 0.5-5.4 %
     higher), so no item plan the GPU runs changes."""
-    tiles = max(1, cdiv(rows, ROW_TILE))
-    slots = max(1, sms // tiles)
+    slots = row_slots(rows, sms)
     pieces = max(1, cdiv(max_blocks, MAX_ITEM_BLOCKS))
     items = max(batch * pieces, 2 * slots) if gated else batch * pieces + 2 * slots
     return slots, items, 2 * slots + (batch * pieces if pieces > 1 else 0)
@@ -231,8 +235,7 @@ def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int) -> tuple[i
     would exceed ``MAX_ITEM_BLOCKS`` (the kernel keeps an item's pages in shared memory). Each
     program boundary cuts at most one sequence, so items number at most ``programs + batch`` and
     split items at most ``2 * programs``."""
-    tiles = max(1, cdiv(rows, ROW_TILE))
-    slots = max(1, sms // tiles)
+    slots = row_slots(rows, sms)
     programs = max(slots, cdiv(batch * (max_blocks + PACK_OVERHEAD), MAX_ITEM_BLOCKS))
     return slots, programs, programs + batch, 2 * programs
 
@@ -478,7 +481,7 @@ def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
         return {"items": ref_i["items"], "seqs": ref_i["seqs"], "starts": None, "packed": False,
                 "max_slots": max_slots}
     ref_p = packed_reference(lengths, rows, capacity=capacity, k=k, sms=sms)
-    packed = batch > 0 and packs(ref_i, ref_p, max(1, sms // max(1, cdiv(rows, ROW_TILE))))
+    packed = batch > 0 and packs(ref_i, ref_p, row_slots(rows, sms))
     if packed:
         items, seqs, starts = ref_p["items"], ref_p["seqs"], ref_p["starts"]
         starts = starts + [starts[-1]] * (programs + 1 - len(starts))
