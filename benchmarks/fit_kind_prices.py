@@ -61,20 +61,15 @@ def load_rows(specs: list[str], sms: int = 132) -> list[Row]:
         seed, overhead = (int(rest[0]) if rest else 7), (int(rest[1]) if len(rest) > 1 else 2)
         path = Path(name) if Path(name).exists() else RESULTS / name
         times = {r["point"]: r["us"] for r in json.loads(path.read_text())["times"]}
-        old = dp.PACK_OVERHEAD
-        dp.PACK_OVERHEAD = overhead
-        try:
-            for label, kind, b, s, t, lengths in seesaw_ab.points(False, which, seed):
-                r = s * seesaw_ab.H
-                if kind != "paged" or label not in times or not dp.packing_may_pay(b, r, sms):
-                    continue
-                us = times[label]
-                ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True)
-                rp = dp.packed_reference(lengths, r, capacity=t, sms=sms)
-                rows.append(Row(label, dp.row_slots(r, sms), ri["items"], rp["items"], rp["starts"],
-                                us.get("head/item"), us.get("head/packed")))
-        finally:
-            dp.PACK_OVERHEAD = old
+        for label, kind, b, s, t, lengths in seesaw_ab.points(False, which, seed):
+            r = s * seesaw_ab.H
+            if kind != "paged" or label not in times or not dp.packing_may_pay(b, r, sms):
+                continue
+            us = times[label]
+            ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True)
+            rp = dp.packed_reference(lengths, r, capacity=t, sms=sms, overhead=overhead)
+            rows.append(Row(label, dp.row_slots(r, sms), ri["items"], rp["items"], rp["starts"],
+                            us.get("head/item"), us.get("head/packed")))
     return rows
 
 

@@ -134,12 +134,7 @@ def estimate_ratio(lengths: list, s: int, t: int, sms: int = 132, overhead: int 
     gated item plan, of a batch of ``s`` query tokens per sequence and capacity ``t``."""
     from mla_var3.kernel import decode_plan as dp
 
-    old = dp.PACK_OVERHEAD
-    dp.PACK_OVERHEAD = overhead
-    try:
-        packed = dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms)["estimate"]
-    finally:
-        dp.PACK_OVERHEAD = old
+    packed = dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms, overhead=overhead)["estimate"]
     return packed / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True)["estimate"]
 
 
@@ -251,13 +246,9 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
 
 def _packed_plan_with_overhead(dp, seqlens, rows: int, capacity: int, overhead: int):
     """The packed plan of these lengths with ``overhead`` blocks per sequence in its layout: the
-    host reference's plan (``PACK_OVERHEAD`` set for the call and restored), as device tensors."""
-    old = dp.PACK_OVERHEAD
-    dp.PACK_OVERHEAD = overhead
-    try:
-        ref = dp.packed_reference(seqlens.tolist(), rows, capacity=capacity, k=K, sms=dp._device_sms(seqlens.device))
-    finally:
-        dp.PACK_OVERHEAD = old
+    host reference's plan, as device tensors."""
+    ref = dp.packed_reference(seqlens.tolist(), rows, capacity=capacity, k=K, sms=dp._device_sms(seqlens.device),
+                              overhead=overhead)
     dev, batch = seqlens.device, len(ref["seqs"])
     items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(dev)
     seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(batch, 2).to(dev)

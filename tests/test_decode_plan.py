@@ -379,3 +379,15 @@ def test_the_gpu_chooses_the_kind_as_the_reference_on_close_batches():
             assert plan.starts.tolist() == ref["starts"]
             chosen.add(ref["packed"])
     assert chosen == {True, False}
+
+
+def test_a_packed_reference_with_its_own_overhead_is_the_planner_at_that_overhead(monkeypatch):
+    """``packed_reference(..., overhead=N)`` lays the plan out as the planner would with
+    ``PACK_OVERHEAD = N``, and leaves ``PACK_OVERHEAD`` as it is."""
+    import mla_var3.kernel.decode_plan as dp
+
+    lengths = torch.randint(1, 4097, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    mine = packed_reference(lengths, 128, capacity=4096, overhead=6)
+    assert dp.PACK_OVERHEAD == 4 and mine != packed_reference(lengths, 128, capacity=4096)
+    monkeypatch.setattr(dp, "PACK_OVERHEAD", 6)
+    assert mine == packed_reference(lengths, 128, capacity=4096)

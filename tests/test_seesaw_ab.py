@@ -107,7 +107,7 @@ def test_the_uncapped_plan_kind_sizes_a_gated_item_plan_as_before():
     assert int(auto.packed.item()) == int(uncapped.packed.item())
 
 
-def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes(monkeypatch):
+def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
     """``--points threshold``: seeded ragged batches whose planner estimate ratio (packed ÷ the
     gated item plan) lies in each band of 0.85-0.95, on shapes whose plan kind the GPU chooses,
     every band represented and every label distinct (they key the record's rows)."""
@@ -120,15 +120,15 @@ def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes(monkeypat
         assert kind == "paged" and len(lengths) == b and all(1 <= n <= t for n in lengths)
         assert decode_plan.packing_may_pay(b, s * 128, 132)
         ratio = seesaw_ab.estimate_ratio(lengths, s, t)
-        with monkeypatch.context() as m:   # the ratio of plans laid out with THRESHOLD_OVERHEAD blocks
-            m.setattr(decode_plan, "PACK_OVERHEAD", seesaw_ab.THRESHOLD_OVERHEAD)
-            assert ratio == (decode_plan.packed_reference(lengths, s * 128, capacity=t)["estimate"]
-                             / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
+        # the ratio of plans laid out with THRESHOLD_OVERHEAD blocks
+        assert ratio == (decode_plan.packed_reference(lengths, s * 128, capacity=t,
+                                                      overhead=seesaw_ab.THRESHOLD_OVERHEAD)["estimate"]
+                         / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
         band = next(bd for bd in seesaw_ab.THRESHOLD_BANDS if bd[0] <= ratio < bd[1])
         assert label.endswith(f"est {ratio:.3f}")
         bands.add(band)
     assert bands == set(seesaw_ab.THRESHOLD_BANDS)
-    assert decode_plan.PACK_OVERHEAD == 4          # estimate_ratio restores the planner's layout
+    assert decode_plan.PACK_OVERHEAD == 4          # estimate_ratio leaves the planner's layout alone
 
 
 #: the measured records the kind prices (``decode_plan.ITEM_PRICE``, ``PACKED_PRICE``) were fitted on:
@@ -196,7 +196,7 @@ def test_the_kind_prices_pack_where_the_four_block_layout_won():
 def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     """``--plans packed@N``: at N = ``PACK_OVERHEAD`` the device planner's packed plan bit for bit;
     at N = 6 the host reference's with six overhead blocks per sequence, ``PACK_OVERHEAD``
-    restored; ``packed@0`` and ``packed@x`` refused."""
+    untouched; ``packed@0`` and ``packed@x`` refused."""
     from mla_var3.kernel import decode_plan as dp
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -207,12 +207,8 @@ def test_packed_at_n_lays_the_packed_plan_out_with_n_overhead_blocks():
     assert mine.starts.tolist()[:mine.packed_programs + 1] == planned.starts.tolist()[:mine.packed_programs + 1]
     six = seesaw_ab.build_plan(lengths, 128, 4096, "packed@6")
     assert dp.PACK_OVERHEAD == 4 and six.starts is not None and six.packed is None
-    old = dp.PACK_OVERHEAD
-    try:
-        dp.PACK_OVERHEAD = 6
-        ref = dp.packed_reference(lengths.tolist(), 128, capacity=4096, k=512, sms=dp._device_sms(lengths.device))
-    finally:
-        dp.PACK_OVERHEAD = old
+    ref = dp.packed_reference(lengths.tolist(), 128, capacity=4096, k=512, sms=dp._device_sms(lengths.device),
+                              overhead=6)
     assert six.items.tolist() == [list(x) for x in ref["items"]] and six.starts.tolist() == ref["starts"]
     assert six.items.tolist() != mine.items.tolist()
     assert seesaw_ab.plan_kind_ok("packed@6") and not seesaw_ab.plan_kind_ok("packed@0")
@@ -233,7 +229,7 @@ def test_the_committed_kind_prices_are_the_fit_of_their_records():
     fi, fp = fit_kind_prices.fit_kind(rows, False), fit_kind_prices.fit_kind(rows, True)
     assert fi["mean_error"] < 0.05 and fp["mean_error"] < 0.05
     assert fit_kind_prices.prices(fi, fp, 0.3, 2.1) == (dp.ITEM_PRICE, dp.PACKED_PRICE)
-    assert dp.PACK_OVERHEAD == 4                   # load_rows lays the records out as measured, then restores
+    assert dp.PACK_OVERHEAD == 4                   # load_rows lays the records out as measured, the planner untouched
 
 
 def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():

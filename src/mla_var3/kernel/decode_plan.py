@@ -229,14 +229,17 @@ def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int, *, gated: bo
     return slots, items, 2 * slots + (batch * pieces if pieces > 1 else 0)
 
 
-def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int) -> tuple[int, int, int, int]:
+def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int,
+                    overhead: int | None = None) -> tuple[int, int, int, int]:
     """``(slots, programs, max_items, max_slots)`` of a packed plan: ``slots`` programs run at
     once (one per SM and row tile) and share the batch's blocks; more programs only when a share
     would exceed ``MAX_ITEM_BLOCKS`` (the kernel keeps an item's pages in shared memory). Each
     program boundary cuts at most one sequence, so items number at most ``programs + batch`` and
-    split items at most ``2 * programs``."""
+    split items at most ``2 * programs``. ``overhead``: the layout's blocks per sequence
+    (default ``PACK_OVERHEAD``)."""
     slots = row_slots(rows, sms)
-    programs = max(slots, cdiv(batch * (max_blocks + PACK_OVERHEAD), MAX_ITEM_BLOCKS))
+    ov = PACK_OVERHEAD if overhead is None else overhead
+    programs = max(slots, cdiv(batch * (max_blocks + ov), MAX_ITEM_BLOCKS))
     return slots, programs, programs + batch, 2 * programs
 
 
@@ -348,18 +351,20 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
             "estimate": best[0] if best else _BIG}
 
 
-def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
+def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
+                     overhead: int | None = None) -> dict:
     """The packed plan of :func:`plan_decode` (``packed=True``), computed in Python from host
-    lengths (the test oracle of the device planner; see the module docstring).
+    lengths (the test oracle of the device planner; see the module docstring). ``overhead``
+    lays it out with that many blocks per sequence instead of ``PACK_OVERHEAD`` (for A/Bs of it).
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
     "starts": [programs + 1 item indices], "width": W (units per program), "max_slots": ...,
     "estimate": its time in 1/256 block-times (as the item plan's)}``.
     """
     batch = len(lengths)
-    slots, programs, max_items, max_slots = packed_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK))
+    ov = PACK_OVERHEAD if overhead is None else overhead
+    slots, programs, max_items, max_slots = packed_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), ov)
     blocks = [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
-    ov = PACK_OVERHEAD
     width = min(max(cdiv(sum(blocks) + ov * batch, slots), ov + 1), MAX_ITEM_BLOCKS)
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = []
