@@ -15,7 +15,9 @@ the faster kind: the loss a user would see.
 
 ``POINTS`` is ``serving`` or ``threshold`` (``seesaw_ab.points``), ``SEED`` the threshold seed
 (7), ``OVERHEAD`` the packed layout's blocks per sequence the packed times were measured with
-(2). The default records are those the committed prices were fitted on.
+(2); a record's ``head/packed@OVERHEAD`` column, where it has one, is the packed time. A row the
+points do not regenerate is an error. The default records are those the committed prices were
+fitted on.
 """
 
 from __future__ import annotations
@@ -61,15 +63,21 @@ def load_rows(specs: list[str], sms: int = 132) -> list[Row]:
         seed, overhead = (int(rest[0]) if rest else 7), (int(rest[1]) if len(rest) > 1 else 2)
         path = Path(name) if Path(name).exists() else RESULTS / name
         times = {r["point"]: r["us"] for r in json.loads(path.read_text())["times"]}
-        for label, kind, b, s, t, lengths in seesaw_ab.points(False, which, seed):
+        pts = {p[0]: p for p in seesaw_ab.points(False, which, seed)}
+        lost = sorted(set(times) - set(pts))
+        if lost:
+            raise ValueError(f"{name}: rows not among the {which} points of seed {seed} (drawn otherwise?): "
+                             f"{', '.join(lost)}")
+        for label, us in times.items():
+            _, kind, b, s, t, lengths = pts[label]
             r = s * seesaw_ab.H
-            if kind != "paged" or label not in times or not dp.packing_may_pay(b, r, sms):
+            if kind != "paged" or not dp.packing_may_pay(b, r, sms):
                 continue
-            us = times[label]
             ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True)
             rp = dp.packed_reference(lengths, r, capacity=t, sms=sms, overhead=overhead)
+            # the packed column: the layout's own (packed@N) where the record forced it, else the planner's
             rows.append(Row(label, dp.row_slots(r, sms), ri["items"], rp["items"], rp["starts"],
-                            us.get("head/item"), us.get("head/packed")))
+                            us.get("head/item"), us.get(f"head/packed@{overhead}", us.get("head/packed"))))
     return rows
 
 
