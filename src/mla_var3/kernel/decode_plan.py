@@ -586,9 +586,9 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr):
     """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe and once
-    per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and,
-    with ``WRITE_EST``, its estimate and item count as two int64 at ``est_ptr``). Lengths are
-    clamped to [0, T] (T: the capacity)."""
+    per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
+    item count as an int64 at ``est_ptr[0]``, which the packed planner reads to price the item
+    plan). Lengths are clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: total and longest sequence, in blocks
     total = tl.zeros([BLOCK_B], tl.int64)
@@ -641,8 +641,6 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     c_len = tl.max(tl.where(est == best, cand, 0), 0)
     if best == big:
         c_len = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
-    if WRITE_EST:
-        tl.store(est_ptr, best)
     # the cut's longest item (the size classes are relative to it): pass 2's, for the candidate
     # chosen (the fallback, the longest sequence, is candidate j = 1)
     l_top = tl.max(tl.where(cand == c_len, longest, 0), 0)
@@ -671,7 +669,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
             next_item += tl.sum(cnt, 0)
             next_slot += tl.sum(scnt, 0)
     if WRITE_EST:
-        tl.store(est_ptr + 1, next_item.to(tl.int64))
+        tl.store(est_ptr, next_item.to(tl.int64))
     tl.debug_barrier()
     # ---- pass 4: every item finds its sequence (the last start at or before it) and its range
     carry = 0
@@ -804,10 +802,10 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
                    P_SPLIT: tl.constexpr, P_PCT: tl.constexpr):
     """One program: the packed plan (module docstring). Reads B lengths three times plus once per
     ``BLOCK_P`` programs; writes MAX_ITEMS * 4 + B * 2 + PROGRAMS + 1 int32. With ``AUTO``, after
-    :func:`_plan_kernel` wrote the item plan and its item count (``est_ptr[1]``): the packed plan
+    :func:`_plan_kernel` wrote the item plan and its item count (``est_ptr[0]``): the packed plan
     only when :func:`kind_estimate` prices it below the item plan (``I_*``: :data:`ITEM_PRICE`,
     ``P_*``: :data:`PACKED_PRICE`; ``BLOCK_S`` >= ``SLOTS``), else the item plan's ``starts``
-    (one item per program); the choice (1: packed) goes to ``est_ptr[2]``."""
+    (one item per program); the choice (1: packed) goes to ``est_ptr[1]``."""
     offs = tl.arange(0, BLOCK_B)
     # ---- pass 1: the units per program
     total = tl.zeros([BLOCK_B], tl.int32)
@@ -817,20 +815,20 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
     tot = tl.sum(total, 0)
     W = tl.minimum(tl.maximum((tot + SLOTS - 1) // SLOTS, OV + 1), MAX_C)
     if AUTO:
-        n_items = tl.load(est_ptr + 1).to(tl.int32)
+        n_items = tl.load(est_ptr).to(tl.int32)
         m_i = _item_makespan(items_ptr, n_items, SLOTS, UNIT, I_ITEM, I_SPLIT, BLOCK_P, BLOCK_S)
         widest, used = _packed_widest(seqlens_ptr, B, T, PROGRAMS, W, HAS_SEQLENS, BLOCK, OV, BLOCK_B, BLOCK_W, UNIT,
                                       P_ITEM, P_SPLIT)
         m_p = widest * tl.maximum((used + SLOTS - 1) // SLOTS, 1)
         use = P_FIXED + P_PCT * m_p // 100 < I_FIXED + I_PCT * m_i // 100
-        tl.store(est_ptr + 2, use.to(tl.int64))
+        tl.store(est_ptr + 1, use.to(tl.int64))
     else:
         use = True
     if use:
         _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, MAX_ITEMS, W, HAS_SEQLENS, BLOCK,
                       OV, BLOCK_B, BLOCK_P)
     else:
-        n_items = tl.load(est_ptr + 1).to(tl.int32)
+        n_items = tl.load(est_ptr).to(tl.int32)
         _kill_items(items_ptr, n_items, MAX_ITEMS, BLOCK_P)
         pp = tl.arange(0, BLOCK_P)
         for q0 in range(0, PROGRAMS + 1, BLOCK_P):
@@ -963,7 +961,7 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
     block = 128 if interpreting() else 256
     comb = _combine_units(rows, k)
-    est = torch.empty((3,), dtype=torch.int64, device=device) if packed is None else items
+    est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
     if not packed:
         ints = (batch, capacity, slots, max_items, max_slots, comb)
         _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
@@ -974,5 +972,5 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
                        (dummy, items, seqs, starts, est, *ints),
                        packed_constexprs(seqlens is not None, block, packed is None, slots_p), num_warps=4)
     return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
-                      packed=est[2:] if packed is None else None, packed_programs=programs_p)
+                      packed=est[1:] if packed is None else None, packed_programs=programs_p)
 
