@@ -209,9 +209,8 @@ def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
 
     own = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms)
     slots = dp.row_slots(rows, sms)
-    blocks = [dp.cdiv(min(max(0, n), capacity), dp.PLAN_BLOCK) for n in lengths]
     best = (dp.item_makespan(own["items"], slots), own["item_blocks"])
-    for c in sorted(set(dp._candidates(blocks, slots))):
+    for c in sorted(set(dp.cut_candidates(lengths, rows, capacity=capacity, sms=sms))):
         ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c)
         if ref["slots_used"] > ref["max_slots"] or len(ref["items"]) > len(own["items"]):
             continue

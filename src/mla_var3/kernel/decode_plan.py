@@ -80,10 +80,10 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["ITEM_PRICE", "MAX_ITEM_BLOCKS", "PACKED_PRICE", "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK",
-           "DecodePlan", "KindPrice", "auto_reference", "item_makespan", "kind_estimate", "one_wave_cut",
-           "packed_capacity", "packed_makespan", "packed_reference", "packing_may_pay", "packs", "plan_capacity",
-           "plan_decode", "plan_reference", "plan_tensors", "row_slots", "uniform_plan"]
+__all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "MAX_ITEM_BLOCKS", "PACKED_PRICE", "PACKING_PAIRS_PER_SM",
+           "PACK_OVERHEAD", "PLAN_BLOCK", "auto_reference", "cut_candidates", "item_makespan", "kind_estimate",
+           "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference", "packing_may_pay", "packs",
+           "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -275,6 +275,16 @@ def one_wave_cut(blocks: list[int], slots: int) -> int:
     return hi
 
 
+def seq_blocks(lengths: list[int], capacity: int) -> list[int]:
+    """Each sequence's key blocks, its length clamped to ``[0, capacity]`` (as the planners read it)."""
+    return [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
+
+
+def cut_candidates(lengths: list[int], rows: int, *, capacity: int, sms: int = 132) -> list[int]:
+    """The item lengths C (blocks) :func:`plan_reference` chooses among (with repeats), in order."""
+    return _candidates(seq_blocks(lengths, capacity), row_slots(rows, sms))
+
+
 def _candidates(blocks: list[int], slots: int) -> list[int]:
     total, top = sum(blocks), max(blocks, default=0)
     cands = [cdiv(total, k * slots) for k in range(1, 9)]
@@ -317,7 +327,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     """
     batch = len(lengths)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), gated=gated)
-    blocks = [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
+    blocks = seq_blocks(lengths, capacity)
     top = max(blocks, default=0)
     comb = _combine_units(rows, k)
     best = None
@@ -364,7 +374,7 @@ def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 5
     batch = len(lengths)
     ov = PACK_OVERHEAD if overhead is None else overhead
     slots, programs, max_items, max_slots = packed_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), ov)
-    blocks = [cdiv(min(max(0, int(n)), capacity), PLAN_BLOCK) for n in lengths]
+    blocks = seq_blocks(lengths, capacity)
     width = min(max(cdiv(sum(blocks) + ov * batch, slots), ov + 1), MAX_ITEM_BLOCKS)
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = []
