@@ -261,13 +261,10 @@ def test_fit_rows_take_the_layouts_packed_column_and_refuse_rows_drawn_otherwise
     """``fit_kind_prices.load_rows``: a record that forced ``packed@4`` gives that column as the
     packed time; a record whose rows the points do not regenerate (19fd529's, drawn with the
     4-block selection) is refused, not silently dropped."""
-    import json
-
     import fit_kind_prices
 
     rows = fit_kind_prices.load_rows(["seesaw-pack-overhead-seed8-944f3cd.json:threshold:8:4"])
-    times = {r["point"]: r["us"] for r in json.loads(
-        (fit_kind_prices.RESULTS / "seesaw-pack-overhead-seed8-944f3cd.json").read_text())["times"]}
+    times = _times("seesaw-pack-overhead-seed8-944f3cd.json")
     assert len(rows) == 7 and all(r.packed_us == times[r.label]["head/packed@4"] and r.item_us is None for r in rows)
     with pytest.raises(ValueError, match="not among the threshold points"):
         fit_kind_prices.load_rows(["seesaw-threshold-seed8-ov4-19fd529.json:threshold:8:4"])
