@@ -6,6 +6,8 @@ The planner runs under Triton's interpreter on the CPU (a single program), so le
 freely; hypothesis picks batches, lengths, rows and capacities.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel.combine import combine_planned
 from mla_var3.kernel.decode_plan import (
-    ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PLAN_BLOCK, auto_reference, item_makespan,
+    ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PLAN_BLOCK, KindReadback, auto_reference, item_makespan,
     kind_estimate, packed_makespan, packed_reference, packing_may_pay, plan_capacity, plan_decode, plan_reference,
     uniform_plan,
 )
@@ -391,3 +393,50 @@ def test_a_packed_reference_with_its_own_overhead_is_the_planner_at_that_overhea
     assert dp.PACK_OVERHEAD == 4 and mine != packed_reference(lengths, 128, capacity=4096)
     monkeypatch.setattr(dp, "PACK_OVERHEAD", 6)
     assert mine == packed_reference(lengths, 128, capacity=4096)
+
+
+class _Event:
+    """A stand-in for ``torch.cuda.Event`` (``query`` only), completed by the test."""
+
+    def __init__(self) -> None:
+        self.done, self.queries = False, 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done
+
+
+def test_the_kind_reaches_the_host_only_once_its_copy_has_landed():
+    """``KindReadback.get`` is None until the copy's event completes (it never waits), then the
+    copied flag, kept without asking the event again; ``DecodePlan.known_kind`` passes it on,
+    and is None for a plan without one."""
+    for flag, kind in ((1, True), (0, False)):
+        event = _Event()
+        rb = KindReadback(torch.tensor([flag], dtype=torch.int64), event)
+        plan = plan_decode(torch.tensor([100, 3000], dtype=torch.int32), 128, capacity=4096, sms=132)
+        assert plan.kind_readback is None and plan.known_kind() is None        # on the CPU: no readback
+        plan = dataclasses.replace(plan, kind_readback=rb)
+        assert rb.get() is None and plan.known_kind() is None and event.queries == 2
+        event.done = True
+        assert plan.known_kind() is kind and rb.get() is kind
+        assert event.queries == 3 and rb.event is None
+    # a plan whose kind the host fixed has none, whatever it is asked
+    fixed = plan_decode(torch.tensor([100, 3000], dtype=torch.int32), 128, capacity=4096, packed=True)
+    assert fixed.known_kind() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the readback is a CUDA copy")
+def test_a_chosen_kind_is_read_back_without_waiting_and_not_during_a_capture():
+    """On CUDA a gated plan copies its choice to the host: once the planner has run it is the
+    device flag's value; ``readback=False`` makes none, and a capture never uses one."""
+    lengths = torch.randint(1024, 8193, (64,), generator=torch.Generator().manual_seed(0), dtype=torch.int32).cuda()
+    plan = plan_decode(lengths, 128, capacity=8192)
+    assert plan.kind_readback is not None
+    torch.cuda.synchronize()
+    assert plan.known_kind() is bool(plan.packed.item())
+    assert plan_decode(lengths, 128, capacity=8192, readback=False).kind_readback is None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan_decode(lengths, 128, capacity=8192)
+        assert captured.kind_readback is None and plan.known_kind() is None
+    assert plan.known_kind() is bool(plan.packed.item())

@@ -15,6 +15,9 @@ import triton.language as tl
 from mla_var3.kernel import _launch
 from mla_var3.kernel._launch import Address, BoundLaunch, CachedLaunch
 
+#: the plan of a repeat whose kind the host fixed (nothing to read back)
+_NO_READBACK = SimpleNamespace(kind_readback=None)
+
 
 @triton.jit
 def _toy(a_desc, o_desc, x_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -123,6 +126,29 @@ def test_bound_launch_keeps_one_argument_tuple_per_stream_and_addresses(direct):
     assert calls == [first]
 
 
+def test_prepare_compiles_without_launching_then_the_key_binds(direct, monkeypatch):
+    """``prepare`` compiles through the kernel's warm-up (no launch), once per key; the key is
+    then ready and binds; under the interpreter it does nothing."""
+    launch, calls, _ = direct
+    warmed: list = []
+    compiled = SimpleNamespace(function="cufunction-2")
+    monkeypatch.setattr(_launch, "_direct_launcher", lambda c: (lambda *a: calls.append(a), ("coop", "pdl"),
+                                                                  {0: "meta-a", 1: "meta-o"}))
+    monkeypatch.setattr(launch, "fn", SimpleNamespace(warmup=lambda *args, grid, **kw: warmed.append((grid, kw))
+                                                      or compiled))
+    launch._const_names = ["BLOCK"]
+    assert not launch.ready("new key")
+    for _ in range(2):
+        launch.prepare("new key", (2, 3, 1), _args(0x2000, 0x4000), dict(BLOCK=64), num_warps=4)
+    assert warmed == [((2, 3, 1), dict(BLOCK=64, num_warps=4))] and calls == []
+    assert launch.ready("new key")
+    launch.bind("new key", (2, 3, 1), _args(0x2000, 0x4000), (1, 3))(0xABC, 0x2000, 0x4000)
+    assert calls[0][4] == "cufunction-2" and calls[0][-1] == 64
+    monkeypatch.setattr(_launch, "interpreting", lambda: True)
+    launch.prepare("third key", (1, 1, 1), _args(0x2000, 0x4000), dict(BLOCK=64), num_warps=4)
+    assert len(warmed) == 1
+
+
 def test_bind_refuses_what_is_not_on_the_direct_path(direct, monkeypatch):
     launch, _, _ = direct
     with pytest.raises(ValueError, match="compiled for this key"):
@@ -153,7 +179,7 @@ def test_repeat_binds_after_its_first_run_and_falls_back_when_the_context_change
         return (lambda stream, o_ptr, l_ptr: log.append(("kernel", stream)),
                 lambda stream, o_ptr, l_ptr: log.append(("combine", stream)))
 
-    rep = ss._Repeat(slow, binder, (2, 3, 1, 8), True, torch.float32, torch.device("cpu"))
+    rep = ss._Repeat(slow, binder, (2, 3, 1, 8), True, torch.float32, torch.device("cpu"), _NO_READBACK)
     o, lse = rep()
     assert log == ["slow", "bind"] and o.shape == (2, 3, 1, 8)
     log.clear()
@@ -178,6 +204,41 @@ def test_repeat_binds_after_its_first_run_and_falls_back_when_the_context_change
     rep()
     rep()
     assert log == ["slow", "bind", ("kernel", 2), ("combine", 2)]
+
+
+def test_repeat_binds_again_once_the_plan_kind_has_landed(monkeypatch):
+    """Launches bound while the plan's kind was on its way to the host are bound once more when
+    it lands (the binder then binds the chosen kernel alone), and never again after that."""
+    from mla_var3.kernel.decode_plan import KindReadback
+
+    ss = pytest.importorskip("mla_var3.kernel.hopper.absorbed_seesaw")
+    monkeypatch.setattr(ss, "current_stream", lambda index: 1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(ss, "_WORKSPACES", {(None, 1): "ws"})
+    event = SimpleNamespace(done=False)
+    event.query = lambda: event.done
+    plan = SimpleNamespace(kind_readback=KindReadback(torch.tensor([1]), event))
+    log: list = []
+
+    def slow():
+        log.append("slow")
+        return torch.zeros(2, 3, 1, 8), torch.zeros(2, 3, 1)
+
+    def binder(o, l_out):
+        kind = plan.kind_readback.get()
+        log.append(("bind", kind))
+        return (lambda stream, o_ptr, l_ptr: log.append(("kernels", kind)),)
+
+    rep = ss._Repeat(slow, binder, (2, 3, 1, 8), True, torch.float32, torch.device("cpu"), plan)
+    rep()
+    rep()
+    assert log == ["slow", ("bind", None), ("kernels", None)]
+    log.clear()
+    event.done = True
+    rep()
+    rep()
+    rep()
+    assert log == ["slow", ("bind", True), ("kernels", True), ("kernels", True)]
 
 
 @pytest.mark.parametrize("head_major", [True, False])
@@ -207,7 +268,8 @@ def test_repeat_returns_both_row_orders(monkeypatch, head_major, s):
     allocated: list = []
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: allocated.append(real_empty(*a, **kw)) or allocated[-1])
-    rep = ss._Repeat(slow, lambda o, l_out: (fill,), (b, h, s, k), head_major, torch.float32, torch.device("cpu"))
+    rep = ss._Repeat(slow, lambda o, l_out: (fill,), (b, h, s, k), head_major, torch.float32, torch.device("cpu"),
+                     _NO_READBACK)
     for _ in range(2):                 # ordinary, then bound
         o, lse = rep()
         assert o.shape == (b, h, s, k) and torch.equal(o, written) and lse.shape == (b, h, s)

@@ -134,6 +134,58 @@ def test_compat_captured_in_a_cuda_graph(s):
     assert_close(out_g.transpose(1, 2), ro, BF, name="out")
 
 
+def _seesaw_launches(fn) -> int:
+    """How many seesaw kernels one call of ``fn`` runs (the profiler's CUDA kernel records)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "seesaw" in e.name)
+
+
+@pytest.mark.parametrize("b,t", [(64, 8192), (32, 4096)], ids=["packs", "items"])
+def test_a_landed_plan_kind_launches_the_chosen_kernel_alone(b, t):
+    """A plan whose kind the GPU chose, run eagerly by a decode step's layers: before its choice
+    reaches the host a call launches both seesaw kernels; once it has, one (the chosen kind's),
+    with the reference's result on NaN-poisoned pages and new queries. A call captured in a CUDA
+    graph with that plan leaves the choice to the GPU and replays right."""
+    import random
+
+    from mla_var3.kernel.decode_plan import auto_reference
+
+    rnd = random.Random(0)
+    lengths = [rnd.randint(t // 8, t) for _ in range(b)]
+    want = auto_reference(lengths, 128, capacity=t, sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    x, q, cache, table, seqlens = _paged(lengths, 1, t, seed=5)
+    meta, _ = get_mla_metadata()
+    qt = q.transpose(1, 2)
+
+    def call():
+        return flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, softmax_scale=x.scale, causal=True)
+
+    def check(o, lse):
+        ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
+        assert_close(o.transpose(1, 2), ro, BF, name="out")
+        assert_close(lse, rl, tol=1e-4, name="lse")
+
+    assert _seesaw_launches(call) == 2           # the plan is built by this call: its kind is on its way
+    torch.cuda.synchronize()
+    assert meta.plan.known_kind() is want["packed"] is bool(meta.plan.packed.item())
+    for i in range(4):                           # the ordinary repeat, then bound launches
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(i)).to(BF))
+        assert _seesaw_launches(call) == 1
+        check(*call())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, lse_g = call()
+    q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(BF))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out_g, lse_g)
+    assert _seesaw_launches(call) == 1           # eager again after the capture
+
+
 def test_dense_and_paged_captured_in_a_cuda_graph():
     x = ref.make_inputs(DIMS, Problem(b=8, s=2, t=2048), dtype=BF, device="cuda", seed=4)
     args = [x.qc.clone(), x.qpe.clone(), x.z.clone(), x.kpe.clone()]

@@ -96,6 +96,21 @@ class CachedLaunch:
                 flat.extend(self._encode(a, meta))
         raw(grid[0], grid[1], grid[2], stream, compiled.function, *base, *flat, *const_vals)
 
+    def prepare(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
+                *, num_warps: int) -> None:
+        """Compile the kernel for ``key`` as :meth:`__call__` would, without launching it (the
+        first launch compiles with real tensors; this lets a later launch of a kernel the call
+        does not run yet, on addresses alone, take the direct path). Nothing under the
+        interpreter or a launch hook, or when already compiled."""
+        if interpreting() or _hooked():
+            return
+        device = driver.active.get_current_device()
+        if (device, key) in self._compiled:
+            return
+        compiled = self.fn.warmup(*args, grid=grid, **constexprs, num_warps=num_warps, **self.options)
+        const_vals = tuple(constexprs[n] for n in self._constexpr_names())
+        self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
+
     def _encode(self, desc, meta) -> tuple:
         """A host descriptor's launch arguments (the CUtensorMap, shape, strides), encoded once
         per descriptor object."""

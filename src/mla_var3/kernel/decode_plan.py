@@ -80,10 +80,10 @@ import triton.language as tl
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "MAX_ITEM_BLOCKS", "PACKED_PRICE", "PACKING_PAIRS_PER_SM",
-           "PACK_OVERHEAD", "PLAN_BLOCK", "auto_reference", "cut_candidates", "item_makespan", "kind_estimate",
-           "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference", "packing_may_pay", "packs",
-           "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_plan"]
+__all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BLOCKS", "PACKED_PRICE",
+           "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "auto_reference", "cut_candidates", "item_makespan",
+           "kind_estimate", "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference",
+           "packing_may_pay", "packs", "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -167,6 +167,9 @@ class DecodePlan:
         kind (the host cannot read the choice without a synchronisation).
     packed_programs : programs per row tile a packed plan uses (the packed kernel's grid when
         ``packed`` is set; ``starts`` is longer, for the item plan run one item per program).
+    kind_readback : the GPU's choice on its way to the host (:class:`KindReadback`), for a plan
+        whose kind the GPU chose eagerly on CUDA; None otherwise. Once it has arrived, an eager
+        call launches the chosen kind's kernel alone (:meth:`known_kind`).
     """
 
     items: torch.Tensor
@@ -179,6 +182,7 @@ class DecodePlan:
     starts: torch.Tensor | None = None
     packed: torch.Tensor | None = None
     packed_programs: int = 0
+    kind_readback: "KindReadback | None" = None
 
     @property
     def max_items(self) -> int:
@@ -188,6 +192,19 @@ class DecodePlan:
     def programs(self) -> int:
         """Programs per row tile the kernel launches: one per item, or a packed plan's count."""
         return self.items.shape[0] if self.starts is None else self.starts.shape[0] - 1
+
+    def known_kind(self) -> bool | None:
+        """The kind the GPU chose for this plan where the host already has it without waiting
+        (True: packed), else None: a plan whose kind the host fixed, a choice still on its way,
+        or a CUDA-graph capture (a graph replays the plan with other lengths, so a captured call
+        must leave the choice to the GPU)."""
+        rb = self.kind_readback
+        if rb is None:
+            return None
+        kind = rb.get()
+        if kind is None or (self.items.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        return kind
 
     def check_for(self, batch: int, rows: int, max_blocks: int, device: torch.device) -> None:
         """Raise ValueError unless the plan was built for ``batch`` sequences of ``rows`` rows,
@@ -201,6 +218,45 @@ class DecodePlan:
                              f"holds up to {max_blocks * PLAN_BLOCK}; pass capacity= to plan_decode")
         if self.items.device != device:
             raise ValueError(f"plan is on {self.items.device}, the inputs on {device}")
+
+
+class KindReadback:
+    """A plan's kind as the GPU chose it (``DecodePlan.packed``), copied to pinned host memory
+    behind the planner without a synchronisation: :meth:`get` gives it once the copy has landed
+    (its event has completed), None before, and never waits.
+
+    Why: the GPU's choice costs a plan whose kind it chose both kernels, the item kernel first
+    and the packed kernel as its programmatic dependent, each exiting unless the plan is its kind
+    (about 2 us of a packed call's GPU time, and a launch of host time, measured on an H200). A
+    decode step builds its plan once and calls it once per layer; by the time the host issues
+    the layers the planner has usually run, and an eager call can then launch the chosen kernel
+    alone. The choice itself is unchanged: the host copy is the device flag's value. CUDA-graph
+    captures never use it (:meth:`DecodePlan.known_kind`).
+
+    ``host``: a [1] int64 CPU tensor (pinned) the copy lands in; ``event``: completes when it has
+    landed (anything with ``query() -> bool``)."""
+
+    __slots__ = ("host", "event", "value")
+
+    def __init__(self, host: torch.Tensor, event) -> None:
+        self.host, self.event, self.value = host, event, None
+
+    @classmethod
+    def start(cls, flag: torch.Tensor) -> "KindReadback":
+        """Queue the copy of ``flag`` ([1] int64 on a CUDA device) on the current stream."""
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, event)
+
+    def get(self) -> bool | None:
+        """True (packed) / False (item plan) once the copy has landed, None before."""
+        if self.value is None:
+            if not self.event.query():
+                return None
+            self.value, self.event = bool(self.host[0]), None
+        return self.value
 
 
 def row_slots(rows: int, sms: int) -> int:
@@ -910,7 +966,7 @@ def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int) -> 
 
 
 def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: int = 512, batch: int | None = None,
-                sms: int | None = None, packed: bool | None = None) -> DecodePlan:
+                sms: int | None = None, packed: bool | None = None, readback: bool = True) -> DecodePlan:
     """Build the decode plan on ``seqlens``' device, without a host synchronisation.
 
     Parameters
@@ -927,6 +983,10 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         :func:`packing_may_pay` (host-known sizes), the packed plan where :func:`packs` (priced
         below the item plan on the GPU), else the item plan run one item per program
         (two planning launches, no host synchronisation); otherwise one program per item
+    readback : bool     where the GPU chooses the kind, on CUDA outside a graph capture, also
+        copy the choice to the host behind the planner (:class:`KindReadback`; no
+        synchronisation): for a plan reused by several calls (a decode step's layers), whose
+        eager calls then launch one kernel instead of both once it has landed
 
     Returns a :class:`DecodePlan`: one launch of a single program; its tensors are fresh
     allocations (inside a CUDA graph, the graph's pool), so a captured plan is rebuilt on replay.
@@ -947,11 +1007,12 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         raise ValueError(f"rows (h * s) must be >= 1, got {rows}")
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0 keys, got {capacity}")
-    return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device, packed=packed)
+    return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device, packed=packed,
+                      readback=readback)
 
 
 def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device: torch.device,
-               sms: int | None = None, packed: bool | None = None) -> DecodePlan:
+               sms: int | None = None, packed: bool | None = None, readback: bool = False) -> DecodePlan:
     """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor, the address of
     one (an int: a replayed call holds no tensor), or None."""
     sms = sms if sms is not None else _device_sms(device)
@@ -981,6 +1042,10 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
         _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
                        (dummy, items, seqs, starts, est, *ints),
                        packed_constexprs(seqlens is not None, block, packed is None, slots_p), num_warps=4)
+    kind_readback = None
+    if packed is None and readback and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        kind_readback = KindReadback.start(est[1:])
     return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
-                      packed=est[1:] if packed is None else None, packed_programs=programs_p)
+                      packed=est[1:] if packed is None else None, packed_programs=programs_p,
+                      kind_readback=kind_readback)
 

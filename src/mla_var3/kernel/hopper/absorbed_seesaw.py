@@ -844,7 +844,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     plan_given = plan is not None
     if plan is None:
         if seqlens is not None:
-            plan = plan_decode(seqlens, rows, capacity=t, k=k)
+            plan = plan_decode(seqlens, rows, capacity=t, k=k, readback=False)
         else:
             plan = uniform_plan(b, rows, t, k=k, device=dev, num_splits=num_splits)
     else:
@@ -853,42 +853,68 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
     seq_arg = seqlens if seqlens is not None else plan.items
     table = block_table if paged else plan.items
     tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
-    # the kernels to launch, in order: (PERSISTENT, GATED); a plan whose kind the GPU chose runs
-    # through both, the item kernel first (see DecodePlan.packed and the kernel's GATED)
-    gated = plan.starts is not None and plan.packed is not None
+    # the kernels to launch, in order: (kind, launcher, launch key, constexprs), kind = (PERSISTENT,
+    # GATED). A plan whose kind the GPU chose runs through both, the item kernel first and the
+    # packed kernel as its programmatic dependent (see DecodePlan.packed and the kernel's GATED),
+    # or, once the host has the choice (DecodePlan.known_kind: eager calls), through the chosen
+    # one alone, launched plainly (a programmatic dependent launch after another kernel could read
+    # what that kernel is still writing)
     base_key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
                 table.data_ptr() % 16, seq_arg.data_ptr() % 16)
-    # per kernel: (kind, launcher, launch key, constexprs); the packed kernel after the item
-    # kernel is a programmatic dependent launch
-    kernels = [(kind, _launch_pdl if kind == (True, True) else _launch, base_key + kind,
+
+    def kernel(kind: tuple, launcher) -> tuple:
+        return (kind, launcher, base_key + kind,
                 dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
                      HEAD_MAJOR=head_major, PERSISTENT=kind[0], GATED=kind[1]))
-               for kind in (((False, True), (True, True)) if gated else ((plan.starts is not None, False),))]
+
+    gated_pair = (kernel((False, True), _launch), kernel((True, True), _launch_pdl))
+    packed_alone = kernel((True, True), _launch)
+
+    def kernels_for(pl: DecodePlan) -> tuple:
+        """The launches plan ``pl`` takes now (see above); a repeat launches on addresses alone,
+        so the packed kernel alone only once it is compiled (the first call prepares it)."""
+        if pl.starts is None or pl.packed is None:
+            return (kernel((pl.starts is not None, False), _launch),)
+        known = pl.known_kind()
+        if known is None or (known and not packed_alone[1].ready(packed_alone[2])):
+            return gated_pair
+        return (packed_alone,) if known else gated_pair[:1]
+
+    kernels = kernels_for(plan)
     cached = all(launcher.ready(key) for _, launcher, key, _ in kernels)
-    if paged:
-        cs = cache.stride()
-        z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), cached)
-        kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p), cached)
-    else:
-        z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), cached)
-        kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), cached)
-    inputs = (_rows_desc(qc, order[1], k // 2, cached), _rows_desc(qpe, _row_order(qpe)[1], p, cached), z_desc, kr_desc)
+
+    def input_descs(descs_cached: bool) -> tuple:
+        """The queries' and keys' TMA descriptors (see :func:`_desc` for ``descs_cached``)."""
+        if paged:
+            cs = cache.stride()
+            z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), descs_cached)
+            kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p), descs_cached)
+        else:
+            z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), descs_cached)
+            kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), descs_cached)
+        return (_rows_desc(qc, order[1], k // 2, descs_cached), _rows_desc(qpe, _row_order(qpe)[1], p, descs_cached),
+                z_desc, kr_desc)
+
+    inputs = input_descs(cached)
 
     def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
                     descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
         """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
         persistent, g = kind
         programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
+        ins = inputs if descs_cached == cached else input_descs(descs_cached)
         return (cdiv(rows, BLOCK_M), programs, 1), (
-            *inputs, _rows_desc(o, o_stride, k // 2, descs_cached),
+            *ins, _rows_desc(o, o_stride, k // 2, descs_cached),
             _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
             l_out, lp, op, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
             pl.packed if g else pl.items, *tail)
 
-    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool) -> None:
-        """Launch the kernels for plan ``pl`` into ``o`` / ``l_out``, then the combine."""
+    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool,
+            launches: tuple | None = None) -> None:
+        """Launch the kernels for plan ``pl`` (``launches``, default: :func:`kernels_for`) into
+        ``o`` / ``l_out``, then the combine."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
-        for kind, launcher, key, consts in kernels:
+        for kind, launcher, key, consts in launches or kernels_for(pl):
             grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
             launcher(key, grid, args, consts, num_warps=4)
         if pl.may_split:
@@ -901,15 +927,22 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
         path."""
         op, lp = _partials(pl.max_slots, rows, k, dev)
         combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
-        if not all(launcher.ready(key) for _, launcher, key, _ in kernels) or (pl.may_split and combine is None):
+        launches = kernels_for(pl)
+        if not all(launcher.ready(key) for _, launcher, key, _ in launches) or (pl.may_split and combine is None):
             return None
         bound = []
-        for kind, launcher, key, _ in kernels:
+        for kind, launcher, key, _ in launches:
             grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
             bound.append(launcher.bind(key, grid, args, (4, 6)))
         return tuple(bound) + ((combine,) if combine is not None else ())
 
-    run(plan, o_run, o_stride, lse, seq_arg, table, cached)
+    run(plan, o_run, o_stride, lse, seq_arg, table, cached, kernels)
+    if plan.kind_readback is not None and not packed_alone[1].ready(packed_alone[2]):
+        # the calls repeating this one launch the packed kernel alone once the plan's kind has
+        # reached the host, on addresses only: compile it now, on this call's tensors (no launch)
+        op, lp = _partials(plan.max_slots, rows, k, dev)
+        grid, args = launch_args(plan, (True, True), o_run, o_stride, lse, seq_arg, table, False, op, lp)
+        packed_alone[1].prepare(packed_alone[2], grid, args, packed_alone[3], num_warps=4)
     if o_run is not out:
         out.copy_(o_run)
     if replays is not None and cached:
@@ -934,7 +967,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tens
             tab_fixed = table_ptr if table_ptr is not None else per_call_plan.items
             replays[replay_key] = _Repeat(
                 run_again, lambda o, l_out: bind(per_call_plan, o, l_out, seq_fixed, tab_fixed), (b, h, s, k),
-                head_major, qc.dtype, dev)
+                head_major, qc.dtype, dev, per_call_plan)
     return out, lse
 
 
@@ -942,16 +975,22 @@ class _Repeat:
     """The repeat of a seesaw call with a fixed plan (a decode step's later layers): fresh
     outputs, then the kernels and the combine as bound launches (no Python set-up), while the
     current stream and its workspace are those they were bound with; otherwise (another stream,
-    a grown workspace, a CUDA-graph capture) the ordinary repeat, which binds anew.
+    a grown workspace, a CUDA-graph capture) the ordinary repeat, which binds anew. Launches
+    bound while the plan's kind was still on its way to the host (``DecodePlan.known_kind``)
+    are bound anew once it has landed, to the chosen kernel alone.
 
     ``repeat()`` returns ``(o_latent [B, H, S, K], lse [B, H, S])`` like the call;
     ``repeat.token_major()`` gives ``o_latent`` as ``[B, S, H, K]`` (FlashMLA's order, a plain
     tensor when the kernel wrote that order, or when S = 1, where both orders are one layout)."""
 
-    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound", "tm_shape")
+    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound", "tm_shape",
+                 "plan", "pending")
 
-    def __init__(self, slow, binder, shape: tuple, head_major: bool, dtype: torch.dtype, dev: torch.device) -> None:
+    def __init__(self, slow, binder, shape: tuple, head_major: bool, dtype: torch.dtype, dev: torch.device,
+                 plan: DecodePlan) -> None:
         self.slow, self.binder, self.head_major, self.dtype, self.dev = slow, binder, head_major, dtype, dev
+        # the plan while its bound launches wait for its kind to reach the host (see above)
+        self.plan, self.pending = plan, None
         b, h, s, k = shape
         self.shape = shape if head_major else (b, s, h, k)     # the order the kernel writes
         # S = 1: a contiguous [B, H, 1, K] is a contiguous [B, 1, H, K], so a token-major repeat
@@ -963,6 +1002,8 @@ class _Repeat:
         """(the output, lse, whether the output has ``shape``): on the bound launches an output
         of ``shape`` (default: the order the kernel writes), else the kernel's order."""
         stream = current_stream(self.index)
+        if self.pending is not None and self.pending.kind_readback.get() is not None:
+            self.pending = self.bound = None           # the kind has landed: bind the chosen kernel alone
         bound = self.bound
         if bound is not None and BOUND_REPEATS and bound[0] == stream and \
                 _WORKSPACES.get((self.index, stream)) is bound[1] and not torch.cuda.is_current_stream_capturing():
@@ -978,6 +1019,8 @@ class _Repeat:
             launches = self.binder(o, l_out)
             if launches is not None:
                 self.bound = (stream, _WORKSPACES.get((self.index, stream)), launches)
+                rb = self.plan.kind_readback
+                self.pending = self.plan if rb is not None and rb.value is None else None
         return (o if self.head_major else o.transpose(1, 2)), l_out, False
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
