@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -449,6 +450,10 @@ def table(r: Runner) -> None:
     print(f"\nchecks: {sum(1 for c in r.checks if c.get('ok'))} ok, {len(bad)} failed {bad}")
 
 
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -475,8 +480,13 @@ def main() -> None:
             traceback.print_exc()
             r.checks.append({"name": step.__name__, "ok": False, "error": traceback.format_exc()[-800:]})
     if not args.skip_timing:
+        # a run stopped from outside (SIGTERM: a time limit) still writes the points timed so far
+        signal.signal(signal.SIGTERM, _stop)
         try:
             timing(r, args.quick, args.rounds, args.cool)
+        except KeyboardInterrupt:
+            record["partial"] = True
+            print(f"stopped: {len(r.times)} points timed", file=sys.stderr)
         except Exception:
             traceback.print_exc()
     record.update(checks=r.checks, times=r.times)
