@@ -29,6 +29,17 @@ def environment(**extra) -> dict:
     return {**package_environment(), **extra}
 
 
+def stop_on_sigterm() -> None:
+    """Raise KeyboardInterrupt in the main thread on SIGTERM (a time limit's ``timeout``), so a
+    script can write the points it has measured before it exits."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def error_text(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {exc}"[:limit]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from common import (baseline_parser, environment, import_flash_mla, interleaved_rounds, print_ratio_table, rel,
-                    require_cuda, write_json)
+                    require_cuda, stop_on_sigterm, write_json)
 
 H, K, P, PAGE = 128, 512, 64, 64
 DENSE = [(32, 1), (32, 4), (32, 16), (64, 1), (64, 16)]                 # (b, s), t = 4096
@@ -360,6 +360,25 @@ def main() -> None:
               "plans": list(plans), "flashmla": fm is not None,
               "checks": [], "times": []}
     only = None if args.only is None else [piece.strip() for piece in args.only.split(",") if piece.strip()]
+    stop_on_sigterm()       # a run stopped by its time limit writes the points measured so far
+    try:
+        measure_points(args, mods, fm, plans, only, record)
+    except KeyboardInterrupt:
+        record["partial"] = True
+        print(f"stopped: {len(record['times'])} points timed", file=sys.stderr)
+    write_json(args.out, record)
+    names = list(dict.fromkeys(n for row in record["times"] for n in row["us"] if n != "flashmla"))
+    for kind in ("us", "eager_us"):
+        if not any(kind in row for row in record["times"]):
+            continue
+        print_ratio_table(f"{'CUDA-graph' if kind == 'us' else 'eager'} us (FlashMLA / ours)", record["times"], kind,
+                          names, digits=3)
+    bad = [c for c in record["checks"] if not c.get("ok")]
+    print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
+
+
+def measure_points(args, mods, fm, plans, only, record) -> None:
+    """Check and time every selected point, appending to ``record``'s checks and times."""
     for point in points(args.quick, args.points, args.seed):
         label = point[0]
         if only is not None and not any(piece in label for piece in only):
@@ -388,15 +407,6 @@ def main() -> None:
         except Exception:
             traceback.print_exc()
             record["checks"].append(dict(point=label, ok=False, error=traceback.format_exc()[-600:]))
-    write_json(args.out, record)
-    names = list(dict.fromkeys(n for row in record["times"] for n in row["us"] if n != "flashmla"))
-    for kind in ("us", "eager_us"):
-        if not any(kind in row for row in record["times"]):
-            continue
-        print_ratio_table(f"{'CUDA-graph' if kind == 'us' else 'eager'} us (FlashMLA / ours)", record["times"], kind,
-                          names, digits=3)
-    bad = [c for c in record["checks"] if not c.get("ok")]
-    print(f"\nchecks: {len(record['checks']) - len(bad)} ok, {len(bad)} failed")
 
 
 def argparse_suppress():

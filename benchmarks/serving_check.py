@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import traceback
 
 import torch
 
-from common import baseline_parser, import_flash_mla, rel
+from common import baseline_parser, import_flash_mla, rel, stop_on_sigterm
 
 H, K, P, PAGE = 128, 512, 64, 64
 UNIFORM = [(b, s) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)]
@@ -450,10 +449,6 @@ def table(r: Runner) -> None:
     print(f"\nchecks: {sum(1 for c in r.checks if c.get('ok'))} ok, {len(bad)} failed {bad}")
 
 
-def _stop(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -481,7 +476,7 @@ def main() -> None:
             r.checks.append({"name": step.__name__, "ok": False, "error": traceback.format_exc()[-800:]})
     if not args.skip_timing:
         # a run stopped from outside (SIGTERM: a time limit) still writes the points timed so far
-        signal.signal(signal.SIGTERM, _stop)
+        stop_on_sigterm()
         try:
             timing(r, args.quick, args.rounds, args.cool)
         except KeyboardInterrupt:

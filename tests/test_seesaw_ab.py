@@ -268,3 +268,20 @@ def test_fit_rows_take_the_layouts_packed_column_and_refuse_rows_drawn_otherwise
     assert len(rows) == 7 and all(r.packed_us == times[r.label]["head/packed@4"] and r.item_us is None for r in rows)
     with pytest.raises(ValueError, match="not among the threshold points"):
         fit_kind_prices.load_rows(["seesaw-threshold-seed8-ov4-19fd529.json:threshold:8:4"])
+
+
+def test_a_benchmark_stopped_by_sigterm_gets_keyboardinterrupt():
+    """``common.stop_on_sigterm``: a time limit's SIGTERM reaches the script as KeyboardInterrupt,
+    which the GPU scripts catch to write the points measured so far."""
+    import os
+    import signal
+
+    import common
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        common.stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)     # the handler runs before the next bytecode
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -146,33 +146,40 @@ def _seesaw_launches(fn) -> int:
 
 @pytest.mark.parametrize("b,t", [(64, 8192), (32, 4096)], ids=["packs", "items"])
 def test_a_landed_plan_kind_launches_the_chosen_kernel_alone(b, t):
-    """A plan whose kind the GPU chose, run eagerly by a decode step's layers: before its choice
-    reaches the host a call launches both seesaw kernels; once it has, one (the chosen kind's),
-    with the reference's result on NaN-poisoned pages and new queries. A call captured in a CUDA
-    graph with that plan leaves the choice to the GPU and replays right."""
+    """A plan whose kind the GPU chose, run eagerly by a decode step's layers: while its choice
+    is on its way to the host a call launches both seesaw kernels; once it has landed, one (the
+    chosen kind's). Either way the result is the reference's, on NaN-poisoned pages and new
+    queries. A call captured in a CUDA graph with that plan leaves the choice to the GPU and
+    replays right."""
+    import dataclasses
     import random
+    from types import SimpleNamespace
 
-    from mla_var3.kernel.decode_plan import auto_reference
+    from mla_var3.kernel.decode_plan import KindReadback, auto_reference, plan_decode
 
     rnd = random.Random(0)
     lengths = [rnd.randint(t // 8, t) for _ in range(b)]
     want = auto_reference(lengths, 128, capacity=t, sms=torch.cuda.get_device_properties(0).multi_processor_count)
     x, q, cache, table, seqlens = _paged(lengths, 1, t, seed=5)
-    meta, _ = get_mla_metadata()
     qt = q.transpose(1, 2)
+    plan = plan_decode(seqlens, 128, capacity=table.shape[1] * 64)
+    on_its_way = dataclasses.replace(plan, kind_readback=KindReadback(torch.zeros(1, dtype=torch.int64),
+                                                                      SimpleNamespace(query=lambda: False)))
 
-    def call():
-        return flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, softmax_scale=x.scale, causal=True)
+    def call(pl=plan):
+        return flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, scale=x.scale, plan=pl)
 
     def check(o, lse):
         ro, rl = ref.flash_mla_paged(qt[..., :512], qt[..., 512:], cache, table, seqlens, x.scale, True)
-        assert_close(o.transpose(1, 2), ro, BF, name="out")
+        assert_close(o, ro, BF, name="out")
         assert_close(lse, rl, tol=1e-4, name="lse")
 
-    assert _seesaw_launches(call) == 2           # the plan is built by this call: its kind is on its way
+    for _ in range(3):                           # the first call, the ordinary repeat, bound launches
+        assert _seesaw_launches(lambda: call(on_its_way)) == 2
+        check(*call(on_its_way))
     torch.cuda.synchronize()
-    assert meta.plan.known_kind() is want["packed"] is bool(meta.plan.packed.item())
-    for i in range(4):                           # the ordinary repeat, then bound launches
+    assert plan.known_kind() is want["packed"] is bool(plan.packed.item())
+    for i in range(4):
         q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(i)).to(BF))
         assert _seesaw_launches(call) == 1
         check(*call())
