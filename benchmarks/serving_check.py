@@ -267,7 +267,7 @@ def graphs(r: Runner) -> None:
     r.check("graph dense replay == eager", (o_g, l_g), flash_mla(*x, scale=scale), tol=1e-6)
 
 
-def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
+def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0, threshold: int | None = None) -> None:
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.runtime.timing import host_time_us, time_interleaved
@@ -288,9 +288,11 @@ def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
                 out[name]["fm_ratio_graph"] = graph.ratio("flashmla", name)
         return out
 
-    def point(kind, b, s, lengths, cap, dense_too):
+    def point(kind, b, s, lengths, cap, dense_too, label=None):
         q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=b * 100 + s, poison=False)
         row = {"kind": kind, "b": b, "s": s, "t_max": cap, "mean_len": sum(lengths) / len(lengths)}
+        if label is not None:
+            row.update(label=label, lengths=lengths)
         causal = s > 1
         fns = {}
         if r.fm is not None:
@@ -324,6 +326,12 @@ def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0) -> None:
                        for k, v in row.items() if isinstance(v, dict))
         print(f"{kind} b{b} s{s} t{cap}: {msg}", flush=True)
 
+    if threshold is not None:   # seesaw_ab.py's threshold batches of that seed, instead of the grid
+        from seesaw_ab import threshold_points
+
+        for label, _, b, s, t, lengths in threshold_points(seed=threshold):
+            point("threshold", b, s, lengths, t, False, label=label)
+        return
     uniform = UNIFORM if not quick else [(32, 1), (64, 1), (32, 16)]
     for b, s in uniform:
         point("uniform", b, s, [4096] * b, 4096, True)
@@ -456,6 +464,9 @@ def main() -> None:
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds per point, the calls interleaved")
     ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point's timing")
+    ap.add_argument("--threshold", type=int, default=None, metavar="SEED",
+                    help="time seesaw_ab.py's threshold batches of this seed (short-item ragged batches whose plan "
+                         "kind the GPU chooses) instead of the uniform and ragged rows")
     args = ap.parse_args()
     if args.smoke:
         smoke()
@@ -478,7 +489,7 @@ def main() -> None:
         # a run stopped from outside (SIGTERM: a time limit) still writes the points timed so far
         stop_on_sigterm()
         try:
-            timing(r, args.quick, args.rounds, args.cool)
+            timing(r, args.quick, args.rounds, args.cool, args.threshold)
         except KeyboardInterrupt:
             record["partial"] = True
             print(f"stopped: {len(r.times)} points timed", file=sys.stderr)

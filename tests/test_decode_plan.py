@@ -410,18 +410,21 @@ def test_the_kind_reaches_the_host_only_once_its_copy_has_landed():
     """``KindReadback.get`` is None until the copy's event completes (it never waits), then the
     copied flag, kept without asking the event again; ``DecodePlan.known_kind`` passes it on,
     and is None for a plan without one."""
+    lengths = torch.tensor([100, 3000], dtype=torch.int32, device=DEVICE)
     for flag, kind in ((1, True), (0, False)):
         event = _Event()
         rb = KindReadback(torch.tensor([flag], dtype=torch.int64), event)
-        plan = plan_decode(torch.tensor([100, 3000], dtype=torch.int32), 128, capacity=4096, sms=132)
-        assert plan.kind_readback is None and plan.known_kind() is None        # on the CPU: no readback
+        plan = plan_decode(lengths, 128, capacity=4096, sms=132, readback=False)
+        assert plan.kind_readback is None and plan.known_kind() is None
+        if DEVICE == "cpu":     # a CPU plan never reads back
+            assert plan_decode(lengths, 128, capacity=4096, sms=132).kind_readback is None
         plan = dataclasses.replace(plan, kind_readback=rb)
         assert rb.get() is None and plan.known_kind() is None and event.queries == 2
         event.done = True
         assert plan.known_kind() is kind and rb.get() is kind
         assert event.queries == 3 and rb.event is None
     # a plan whose kind the host fixed has none, whatever it is asked
-    fixed = plan_decode(torch.tensor([100, 3000], dtype=torch.int32), 128, capacity=4096, packed=True)
+    fixed = plan_decode(lengths, 128, capacity=4096, packed=True)
     assert fixed.known_kind() is None
 
 
