@@ -18,6 +18,10 @@ synchronisation. ``get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)`` buil
 (FlashMLA's older interface); ``get_mla_metadata()`` returns an empty object that the first
 call fills (FlashMLA's current interface). Either way it is built once per decode step and
 reused by every layer; reusing it with other shapes raises ValueError, as FlashMLA refuses it.
+Where the GPU chooses the plan's kind (packed or one item per program), the choice is also copied
+to the host behind the planner, never waited for: eager calls made after it has landed (a step's
+later layers) launch the chosen kernel alone, calls before it and calls captured in a CUDA graph
+launch both, each exiting unless the plan is its kind (``mla_var3.kernel.decode_plan.KindReadback``).
 
 Not supported (raise NotImplementedError): fp8 KV cache, sparse attention (``indices``,
 ``topk_length``), attention sinks, extra KV caches. The fast path (the sm_90 Gluon kernel) takes
