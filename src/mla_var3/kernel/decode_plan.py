@@ -83,7 +83,8 @@ from mla_var3.kernel._launch import CachedLaunch
 __all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BLOCKS", "PACKED_PRICE",
            "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "auto_reference", "cut_candidates", "item_makespan",
            "kind_estimate", "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference",
-           "packing_may_pay", "packs", "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_plan"]
+           "packing_may_pay", "packs", "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots",
+           "seq_blocks", "uniform_plan"]
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
 PLAN_BLOCK = 64
@@ -164,7 +165,8 @@ class DecodePlan:
         (``plan_decode(..., packed=None)`` where :func:`packing_may_pay`): 1 when it packed, 0
         when it kept the item plan; None when the kind was fixed on the host. The sm_90 kernel
         runs such a plan with both of its kernels, each exiting at once unless the plan is its
-        kind (the host cannot read the choice without a synchronisation).
+        kind (the host cannot read the choice without a synchronisation), or, in an eager call
+        once the choice's copy has landed on the host (``kind_readback``), with the chosen one.
     packed_programs : programs per row tile a packed plan uses (the packed kernel's grid when
         ``packed`` is set; ``starts`` is longer, for the item plan run one item per program).
     kind_readback : the GPU's choice on its way to the host (:class:`KindReadback`), for a plan

@@ -25,6 +25,8 @@ Design
   unless the plan is its kernel's kind (one of the packed kernel's only after the item kernel
   has ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
   without the loader warp's cost, and an eager call's later launches are issued while it runs.
+  An eager call made once the choice has reached the host (``DecodePlan.known_kind``, copied
+  behind the planner without a synchronisation) launches the chosen kernel alone instead.
   Rows are ``head * S + token`` (the native layout) or ``token * H + head`` (FlashMLA's
   ``[b, s, h, 576]``), as the queries lie, so neither the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
