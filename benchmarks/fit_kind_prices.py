@@ -73,7 +73,8 @@ def load_rows(specs: list[str], sms: int = 132) -> list[Row]:
             r = s * seesaw_ab.H
             if kind != "paged" or not dp.packing_may_pay(b, r, sms):
                 continue
-            ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True)
+            # the item plans those records ran: cut by the ranking of their time ("spread")
+            ri = dp.plan_reference(lengths, r, capacity=t, sms=sms, gated=True, ranking=seesaw_ab.THRESHOLD_RANKING)
             rp = dp.packed_reference(lengths, r, capacity=t, sms=sms, overhead=overhead)
             # the packed column: the layout's own (packed@N) where the record forced it, else the planner's
             rows.append(Row(label, dp.row_slots(r, sms), ri["items"], rp["items"], rp["starts"],

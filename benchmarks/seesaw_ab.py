@@ -17,7 +17,7 @@ own column ``name/kind``):
    and the lengths).
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N,itemfit] \\
+        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N,itemfit,item@R] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -127,6 +127,9 @@ THRESHOLD_BANDS = [(0.85, 0.88), (0.88, 0.91), (0.91, 0.95)]
 #: default: 2, the planner's when the seeds' batches were recorded (4447964, 36c56ba), so that a seed keeps
 #: its batches whatever ``decode_plan.PACK_OVERHEAD`` is now; 19fd529 drew seed 8 with 4
 THRESHOLD_OVERHEAD = 2
+#: the item cut ranking the bands' estimate ratio is computed with: "spread", the planner's when the
+#: seeds' batches were recorded (up to bd5d463), so that a seed keeps its batches
+THRESHOLD_RANKING = "spread"
 
 
 def estimate_ratio(lengths: list, s: int, t: int, sms: int = 132, overhead: int = THRESHOLD_OVERHEAD) -> float:
@@ -135,7 +138,8 @@ def estimate_ratio(lengths: list, s: int, t: int, sms: int = 132, overhead: int 
     from mla_var3.kernel import decode_plan as dp
 
     packed = dp.packed_reference(lengths, s * H, capacity=t, k=K, sms=sms, overhead=overhead)["estimate"]
-    return packed / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True)["estimate"]
+    return packed / dp.plan_reference(lengths, s * H, capacity=t, k=K, sms=sms, gated=True,
+                                      ranking=THRESHOLD_RANKING)["estimate"]
 
 
 def threshold_points(sms: int = 132, draws: int = 40, seed: int = 7, overhead: int = THRESHOLD_OVERHEAD) -> list:
@@ -196,9 +200,14 @@ def plan_kind_ok(kind: str) -> bool:
     """A ``--plans`` entry: a key of :data:`PLAN_KINDS`; ``packed@N``: the packed plan laid out
     with ``N`` overhead blocks per sequence (``decode_plan.PACK_OVERHEAD``), built on the host; or
     ``itemfit``: the item plan whose cut the item kind's price (``decode_plan.ITEM_PRICE``) ranks
-    cheapest among the planner's candidates (:func:`priced_item_cut`), built on the host."""
+    cheapest among the planner's candidates (:func:`priced_item_cut`), built on the host; or
+    ``item@R``: the item plan cut by ranking ``R`` of ``decode_plan.RANKINGS`` (e.g. ``item@spread``,
+    the planner's ranking before "pairs"), built on the host."""
     if kind.startswith("packed@"):
         return kind[7:].isdigit() and int(kind[7:]) >= 1
+    if kind.startswith("item@"):
+        from mla_var3.kernel.decode_plan import RANKINGS
+        return kind[5:] in RANKINGS
     return kind in PLAN_KINDS or kind == "itemfit"
 
 
@@ -226,11 +235,14 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
 
     if kind.startswith("packed@"):
         return _packed_plan_with_overhead(decode_plan, seqlens, rows, capacity, int(kind[7:]))
-    if kind == "itemfit":
+    if kind == "itemfit" or kind.startswith("item@"):
         sms = decode_plan._device_sms(seqlens.device)
         lengths = seqlens.tolist()
-        c = priced_item_cut(lengths, rows, capacity, sms)
-        ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, item_blocks=c)
+        if kind == "itemfit":
+            ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms,
+                                             item_blocks=priced_item_cut(lengths, rows, capacity, sms))
+        else:
+            ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=kind[5:])
         return decode_plan.plan_tensors(ref, rows, capacity, seqlens.device)
     limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
     if kind == "wide":
@@ -335,12 +347,13 @@ def main() -> None:
                     help="paged points: the plan kinds to time, a comma list of auto (the planner's), item, packed, "
                          "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated "
                          "item plan's items not capped), packed@N (the packed plan laid out with N overhead blocks "
-                         "per sequence), itemfit (the item plan cut where the item price ranks cheapest)")
+                         "per sequence), itemfit (the item plan cut where the item price ranks cheapest), item@R (the "
+                         "item plan cut by ranking R of decode_plan.RANKINGS, e.g. item@spread)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))
     if not plans or not all(plan_kind_ok(k) for k in plans):
-        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)} or packed@N, got {args.plans!r}")
+        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)}, packed@N, itemfit or item@R, got {args.plans!r}")
     require_cuda()
     variants = parse_variants(args.variant, args.base)
     if args.smoke:

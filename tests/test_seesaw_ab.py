@@ -120,10 +120,11 @@ def test_the_threshold_points_cover_each_estimate_band_on_gated_shapes():
         assert kind == "paged" and len(lengths) == b and all(1 <= n <= t for n in lengths)
         assert decode_plan.packing_may_pay(b, s * 128, 132)
         ratio = seesaw_ab.estimate_ratio(lengths, s, t)
-        # the ratio of plans laid out with THRESHOLD_OVERHEAD blocks
+        # the ratio of plans laid out with THRESHOLD_OVERHEAD blocks, the item plan cut by THRESHOLD_RANKING
         assert ratio == (decode_plan.packed_reference(lengths, s * 128, capacity=t,
                                                       overhead=seesaw_ab.THRESHOLD_OVERHEAD)["estimate"]
-                         / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True)["estimate"])
+                         / decode_plan.plan_reference(lengths, s * 128, capacity=t, gated=True,
+                                                      ranking=seesaw_ab.THRESHOLD_RANKING)["estimate"])
         band = next(bd for bd in seesaw_ab.THRESHOLD_BANDS if bd[0] <= ratio < bd[1])
         assert label.endswith(f"est {ratio:.3f}")
         bands.add(band)
@@ -165,7 +166,8 @@ def test_the_kind_prices_pick_the_faster_kind_on_the_measured_batches(monkeypatc
                 continue
             us = times[label]
             item, packed = us["head/item"] + _GATE_US[False], us["head/packed"] + _GATE_US[True]
-            chose = dp.auto_reference(lengths, s * 128, capacity=t, sms=132)["packed"]
+            chose = dp.auto_reference(lengths, s * 128, capacity=t, sms=132,
+                                      ranking=seesaw_ab.THRESHOLD_RANKING)["packed"]   # the item plans timed
             ours, best = (packed if chose else item), min(item, packed)
             assert ours <= 1.05 * best, (label, chose, item, packed)
             wrong += [label] if ours > best else []
@@ -188,7 +190,8 @@ def test_the_kind_prices_pack_where_the_four_block_layout_won():
         for label, us in _times(name).items():
             _, _, b, s, t, lengths = pts[label]
             assert us["head/packed@4"] + _GATE_US[True] < item_us[label]["head/item"] + _GATE_US[False], label
-            assert dp.auto_reference(lengths, s * 128, capacity=t, sms=132)["packed"], label
+            assert dp.auto_reference(lengths, s * 128, capacity=t, sms=132,
+                                     ranking=seesaw_ab.THRESHOLD_RANKING)["packed"], label
             seen += 1
     assert seen == 10
 
@@ -234,14 +237,15 @@ def test_the_committed_kind_prices_are_the_fit_of_their_records():
 
 def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():
     """``--plans itemfit``: on a threshold batch whose planner cut the item price ranks above
-    another candidate (ragged b32 s2 t8192, seed 8's first), the plan is the reference's item plan
+    another candidate (ragged b64 s1 t4096 at 0.896, seed 8), the plan is the reference's item plan
     at that other cut, one program per item, which the price ranks cheapest of all candidates;
     where the planner's own cut is the cheapest it is kept."""
     from mla_var3.kernel import decode_plan as dp
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     sms = dp._device_sms(torch.device(dev))
-    label, _, b, s, t, lengths = next(p for p in seesaw_ab.points(False, "threshold", 8) if "b32 s2" in p[0])
+    label, _, b, s, t, lengths = next(p for p in seesaw_ab.points(False, "threshold", 8)
+                                      if "b64 s1 t4096 est 0.896" in p[0])
     rows, slots = s * 128, max(1, sms // (s * 2))
     own = dp.plan_reference(lengths, rows, capacity=t, sms=sms)
     c = seesaw_ab.priced_item_cut(lengths, rows, t, sms)
@@ -255,6 +259,26 @@ def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():
     assert seesaw_ab.priced_item_cut(uni, 128, 4096, sms) == dp.plan_reference(uni, 128, capacity=4096,
                                                                                sms=sms)["item_blocks"]
     assert seesaw_ab.plan_kind_ok("itemfit")
+
+
+def test_item_at_a_ranking_cuts_the_item_plan_as_that_ranking_does():
+    """``--plans item@spread``: the item plan the planner cut before the "pairs" ranking (a
+    shorter second wave charged half a mean item), built on the host, one program per item; on
+    seed 9's ragged b16 s2 t8192 batch of three long sequences it differs from the planner's."""
+    from mla_var3.kernel import decode_plan as dp
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sms = dp._device_sms(torch.device(dev))
+    label, _, b, s, t, lengths = next(p for p in seesaw_ab.points(False, "threshold", 9) if "b16 s2" in p[0]
+                                      and "0.910" in p[0])
+    rows = s * 128
+    spread = dp.plan_reference(lengths, rows, capacity=t, sms=sms, ranking="spread")
+    plan = seesaw_ab.build_plan(torch.tensor(lengths, dtype=torch.int32, device=dev), rows, t, "item@spread")
+    assert plan.starts is None and plan.packed is None
+    assert plan.items.tolist() == [list(x) for x in spread["items"]]
+    assert spread["item_blocks"] != dp.plan_reference(lengths, rows, capacity=t, sms=sms)["item_blocks"]
+    assert seesaw_ab.plan_kind_ok("item@spread") and seesaw_ab.plan_kind_ok("item@pairs")
+    assert not seesaw_ab.plan_kind_ok("item@best")
 
 
 def test_fit_rows_take_the_layouts_packed_column_and_refuse_rows_drawn_otherwise():

@@ -115,9 +115,10 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
     """Items per sequence of the sm_90 absorbed kernel's dense call: ``kernel.decode_plan.uniform_plan
     (b, rows, t).seqs[:, 1]`` (``plan_reference`` for b sequences of t keys). The planner tries
     item lengths C (``ceil(total / (j * slots))``, ``ceil(blocks / j)``, no split), estimates each
-    as the longest item or the load per slot (items run ``slots = SMs // row tiles`` at a time,
-    each with an overhead), plus the combine when anything splits, and keeps the cheapest (ties:
-    the longer items)."""
+    as the longest item, or where the items take more than one wave (``slots = SMs // row tiles``
+    at a time, each with an overhead) the ``slots``-th longest item plus the next (two waves) or
+    the load per slot plus the next (more), plus the combine when anything splits, and keeps the
+    cheapest (ties: the longer items)."""
     n = cdiv(t, GLUON_LATENT_BLOCK_N)
     slots = max(1, sms // max(1, cdiv(rows, GLUON_LATENT_BLOCK_M)))
     pieces = max(1, cdiv(n, PLAN_MAX_ITEM_BLOCKS))
@@ -131,8 +132,12 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
         if items > max_items or split > max_slots:
             continue
         work = b * n * PLAN_UNIT + items * PLAN_ITEM_OVERHEAD
-        est = max(cdiv(n, count) * PLAN_UNIT + PLAN_ITEM_OVERHEAD,
-                  work // slots + (work // (2 * items) if items > slots else 0))
+        longest = cdiv(n, count) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
+        est = longest
+        if items > slots:       # the slots-th and next longest items: b * (n % count) of the longer size first
+            kth = lambda r: (n // count + (r < b * (n % count))) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
+            bound = work // slots + kth(slots)
+            est = max(est, bound if items > 2 * slots else min(bound, max(kth(slots - 1) + kth(slots), work // slots)))
         est += PLAN_COMBINE_FIXED + split * comb if split else 0
         if best is None or est < best[0] or (est == best[0] and c > best[1]):
             best = (est, c)

@@ -26,11 +26,16 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   bisection; none of the grid's candidates need hit it, and one item over the SMs costs a second
   wave — measured on an H200, ragged b = 8, s = 1, t <= 32k: 93.7 us at the best grid candidate,
   90.8 at the one-wave cut); all within ``[MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]``;
-* each candidate's time is estimated in block-times (integer units of 1/256 block): the
-  longest item, or the load per slot (``sum n_b + N * ITEM_OVERHEAD``) over ``slots`` plus half
-  a mean item when the ``N`` items take more than one wave, plus the combine (a fixed cost and
-  the fp32 partials written and read: ``rows * K * 8`` bytes per split item) when anything is
-  split; candidates that need more items or slots than the buffers hold are excluded;
+* each candidate's time is estimated in block-times (integer units of 1/256 block, each item
+  costing its blocks + ``ITEM_OVERHEAD``): the longest item; where the ``N`` items take two
+  waves (``slots < N <= 2 slots``), at least the ``slots``-th longest item plus the next (the SM
+  that frees first takes the next item), at most the load per slot plus that next item; beyond
+  two waves, that upper bound; plus the combine (a fixed cost and the fp32 partials written and
+  read: ``rows * K * 8`` bytes per split item) when anything is split; candidates that need more
+  items or slots than the buffers hold are excluded. (The ranking before, "spread", charged a
+  second wave half a mean item over the load per slot: too dear where the second wave is short
+  items, measured on an H200 on seed 9's threshold batches: the cut this ranking picks ran 7-18 %
+  faster on five of them, 3-7 % slower on two; ``seesaw/seesaw-itemfit-seed9-bd5d463.json``);
 * the cheapest candidate wins (ties: the longer items); items are emitted longest first (a
   counting sort over sixteen size classes, sizes relative to the cut's longest item), because
   the GPU starts programs in grid order and a long item started last would end last. Classes
@@ -81,7 +86,7 @@ from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
 __all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BLOCKS", "PACKED_PRICE",
-           "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "auto_reference", "cut_candidates", "item_makespan",
+           "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "RANKINGS", "auto_reference", "cut_candidates", "item_makespan",
            "kind_estimate", "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference",
            "packing_may_pay", "packs", "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots",
            "seq_blocks", "uniform_plan"]
@@ -105,6 +110,11 @@ _NUM_CANDIDATES = 32
 #: size classes of the items' order (a counting sort: one pass over the batch per class)
 _SIZE_CLASSES = 16
 _BIG = 9223372036854775807
+#: how the item cut's estimate charges a second wave of items: "pairs" (the device planner's) pairs
+#: the ``slots``-th longest item with the next, as the SM that frees first takes the next item;
+#: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
+#: is short items too dear (measured on an H200, ``seesaw/seesaw-itemfit-seed9-bd5d463.json``)
+RANKINGS = ("pairs", "spread")
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
 #: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
 #: 0.5-3.1 % on the serving rows that pack; 6 slower than 4 (``seesaw/seesaw-pack-overhead-*-944f3cd.json``)
@@ -351,7 +361,27 @@ def _candidates(blocks: list[int], slots: int) -> list[int]:
     return cands + [one_wave_cut(blocks, slots)]
 
 
-def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: int, max_slots: int):
+def _items_at_least(blocks: list[int], counts: list[int], x: int) -> int:
+    """Items of at least ``x`` blocks when sequence ``b`` of ``blocks[b]`` blocks is cut into
+    ``counts[b]`` near-equal items (``n - c * (x - 1)`` of them, clamped to ``[0, c]``)."""
+    return sum(min(c, max(0, n - c * (x - 1))) for n, c in zip(blocks, counts))
+
+
+def _kth_item(blocks: list[int], counts: list[int], r: int, longest: int) -> int:
+    """The ``r``-th longest item (0: the longest), in blocks, by bisection on its size as the
+    device planner finds it; 0 when there are at most ``r`` items."""
+    lo, hi = 0, longest
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _items_at_least(blocks, counts, mid) > r:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: int, max_slots: int,
+              ranking: str = "pairs"):
     counts = [max(1, cdiv(n, c_len)) for n in blocks]
     n_items = sum(counts)
     n_split = sum(c for c in counts if c > 1)
@@ -359,7 +389,15 @@ def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: i
         return None
     longest = max(cdiv(n, c) for n, c in zip(blocks, counts))
     work = sum(blocks) * _UNIT + n_items * ITEM_OVERHEAD
-    est = max(longest * _UNIT + ITEM_OVERHEAD, work // slots + (work // (2 * n_items) if n_items > slots else 0))
+    if ranking == "spread":
+        est = max(longest * _UNIT + ITEM_OVERHEAD, work // slots + (work // (2 * n_items) if n_items > slots else 0))
+    else:
+        est = longest * _UNIT + ITEM_OVERHEAD
+        if n_items > slots:
+            last = _kth_item(blocks, counts, slots - 1, longest) * _UNIT + ITEM_OVERHEAD
+            second = _kth_item(blocks, counts, slots, longest) * _UNIT + ITEM_OVERHEAD
+            bound = work // slots + second
+            est = max(est, bound if n_items > 2 * slots else min(bound, max(last + second, work // slots)))
     if n_split:
         est += COMBINE_FIXED + n_split * comb
     return est
@@ -372,17 +410,22 @@ def _size_class(size: int, longest: int) -> int:
 
 
 def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   item_blocks: int | None = None, gated: bool = False) -> dict:
+                   item_blocks: int | None = None, gated: bool = False, ranking: str = "pairs") -> dict:
     """The plan of :func:`plan_decode`, computed in Python from host lengths. ``item_blocks``
     forces the item length C (in blocks, within [MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]) instead of
     the estimate's choice: for measuring the estimate against other cuts. ``gated``: the item
     plan of a batch whose kind the GPU chooses (its items capped, see :func:`plan_capacity`).
+    ``ranking``: how the candidate cuts' estimates charge a second wave (:data:`RANKINGS`;
+    "spread" is the ranking the planner used before "pairs", kept to rebuild the plans that
+    earlier records measured; the device planner ranks by "pairs").
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
     "item_blocks": C, "max_slots": ..., "slots_used": ...}`` — bit-for-bit the tensors the device
     planner writes (a forced C may need more items or slots than the buffers hold: then the
     items are not padded and ``slots_used`` exceeds ``max_slots``).
     """
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
     batch = len(lengths)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), gated=gated)
     blocks = seq_blocks(lengths, capacity)
@@ -390,7 +433,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     comb = _combine_units(rows, k)
     best = None
     for c_len in _candidates(blocks, slots):
-        est = _estimate(blocks, c_len, slots, comb, max_items, max_slots) if batch else 0
+        est = _estimate(blocks, c_len, slots, comb, max_items, max_slots, ranking) if batch else 0
         if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
             best = (est, c_len)
     c_len = best[1] if best else min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
@@ -539,17 +582,19 @@ def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool
     return False, max_items, None, max_slots
 
 
-def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132) -> dict:
+def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
+                   ranking: str = "pairs") -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
     ``starts`` None) unless :func:`packing_may_pay`; then the packed plan where :func:`packs`
     (priced below the item plan), else the item plan run one item per program (``starts[p] =
-    min(p, items)``), in buffers sized for either.
+    min(p, items)``), in buffers sized for either. ``ranking``: the item cut's (see
+    :func:`plan_reference`; "spread" for the plans of earlier records).
 
     Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
     device planner writes."""
     batch = len(lengths)
     choice, size, programs, max_slots = _plan_buffers(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), None)
-    ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms, gated=choice is None)
+    ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms, gated=choice is None, ranking=ranking)
     if choice is False:
         return {"items": ref_i["items"], "seqs": ref_i["seqs"], "starts": None, "packed": False,
                 "max_slots": max_slots}
@@ -652,9 +697,10 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr):
-    """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe and once
-    per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
+                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr, PROBES: tl.constexpr):
+    """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe of the
+    one-wave cut and of the ranks of pass 2b (``PROBES``, where a cut takes two waves or more) and
+    once per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
     item count as an int64 at ``est_ptr[0]``, which the packed planner reads to price the item
     plan). Lengths are clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
@@ -700,8 +746,39 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         n_split += tl.sum(tl.where(c > 1, c, 0), 1)
         longest = tl.maximum(longest, tl.max((n[None, :] + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), 1))
     work = tot * UNIT + n_items.to(tl.int64) * OVH
-    spill = tl.where(n_items > SLOTS, work // (2 * tl.maximum(n_items, 1)).to(tl.int64), 0)
-    est = tl.maximum(longest.to(tl.int64) * UNIT + OVH, work // SLOTS + spill)
+    # ---- pass 2b: where a cut's items take more than one wave, its SLOTS-th and (SLOTS + 1)-th
+    # longest items (bisection on the size, both ranks and all candidates at once; a pass per probe)
+    est = longest.to(tl.int64) * UNIT + OVH
+    if tl.max(n_items, 0) > SLOTS:
+        lo1 = tl.zeros([NC], tl.int32)
+        hi1 = longest
+        lo2 = tl.zeros([NC], tl.int32)
+        hi2 = longest
+        for _ in range(PROBES):
+            mid1 = (lo1 + hi1 + 1) // 2
+            mid2 = (lo2 + hi2 + 1) // 2
+            at1 = tl.zeros([NC], tl.int32)
+            at2 = tl.zeros([NC], tl.int32)
+            for b0 in range(0, B, BLOCK_B):
+                ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+                c = tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1)
+                at1 += tl.sum(tl.where(ok[None, :], tl.minimum(tl.maximum(n[None, :] - c * (mid1[:, None] - 1), 0), c),
+                                       0), 1)
+                at2 += tl.sum(tl.where(ok[None, :], tl.minimum(tl.maximum(n[None, :] - c * (mid2[:, None] - 1), 0), c),
+                                       0), 1)
+            up1 = (lo1 < hi1) & (at1 > SLOTS - 1)
+            dn1 = (lo1 < hi1) & (at1 <= SLOTS - 1)
+            lo1 = tl.where(up1, mid1, lo1)
+            hi1 = tl.where(dn1, mid1 - 1, hi1)
+            up2 = (lo2 < hi2) & (at2 > SLOTS)
+            dn2 = (lo2 < hi2) & (at2 <= SLOTS)
+            lo2 = tl.where(up2, mid2, lo2)
+            hi2 = tl.where(dn2, mid2 - 1, hi2)
+        last = lo1.to(tl.int64) * UNIT + OVH
+        second = lo2.to(tl.int64) * UNIT + OVH
+        bound = work // SLOTS + second
+        two = tl.minimum(bound, tl.maximum(last + second, work // SLOTS))
+        est = tl.where(n_items > SLOTS, tl.maximum(est, tl.where(n_items > 2 * SLOTS, bound, two)), est)
     est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
     big = 9223372036854775807
     est = tl.where((n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS), est, big)
@@ -955,7 +1032,7 @@ def plan_constexprs(has_seqlens: bool, block: int, write_est: bool) -> dict:
     """The compile-time constants :func:`build_plan` launches ``_plan_kernel`` with."""
     return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
                 NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT,
-                BLOCK_B=block, BLOCK_I=block, WRITE_EST=write_est)
+                BLOCK_B=block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length())
 
 
 def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int) -> dict:
