@@ -66,6 +66,24 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
     _check_longest_first(ref["items"])
 
 
+@pytest.mark.parametrize("packed", [False, None])
+def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
+    """The planners read a batch longer than their pass (``_seq_block``) in several passes, the
+    ranks of a two-wave cut too; the plan is the same: 40 ragged sequences, 16 per pass."""
+    import mla_var3.kernel.decode_plan as dp
+
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.where(torch.rand(40, generator=g) < 0.2, 8192, torch.randint(1, 1024, (40,), generator=g)).tolist()
+    ref = plan_reference(lengths, 256, capacity=8192) if packed is False else auto_reference(lengths, 256,
+                                                                                                capacity=8192)
+    assert sum(1 for it in ref["items"] if it[0] >= 0) > dp.row_slots(256, 132)      # two waves: pass 2b's ranks
+    monkeypatch.setattr(dp, "_seq_block", lambda batch, block: 16)
+    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), 256, capacity=8192, sms=132,
+                       packed=packed)
+    assert plan.items.tolist() == [list(x) for x in ref["items"]]
+    assert plan.seqs.tolist() == [list(x) for x in ref["seqs"]]
+
+
 def _check_longest_first(items):
     """An item plan's items in order of their sequence's item length, coarsest to a sixteenth of
     the longest item (the GPU starts programs in grid order: a long item started last ends last)."""

@@ -244,13 +244,15 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mla_var3.kernel import decode_plan as dp
 out = {}
-for fn, consts in ((dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
-                   (dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66))):
+for name, fn, consts in (("plan", dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
+                         ("plan_b32", dp._plan_kernel, dp.plan_constexprs(True, 256, True, 32)),
+                         ("packed", dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66)),
+                         ("packed_b32", dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66, 32))):
     sig = {n: "constexpr" if n in consts else ("*i64" if n == "est_ptr" else "*i32") if n.endswith("_ptr") else "i32"
            for n in fn.arg_names}
     c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
-    out[fn.__name__] = len(c.asm["cubin"])
+    out[name] = len(c.asm["cubin"])
 print(json.dumps(out))
 """
 
@@ -258,13 +260,14 @@ print(json.dumps(out))
 def test_the_decode_planners_compile_for_sm90(tmp_path):
     """The interpreter runs the planners' tests on the CPU but does not type-check them as the
     compiler does (a loop-carried scalar re-bound to a tensor passes there and fails to
-    compile): both planners compile for sm_90 with the constants the GPU launch uses."""
+    compile): both planners compile for sm_90 with the constants the GPU launch uses, a pass of
+    256 sequences and of 32 (``_seq_block``: a batch of 32)."""
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", _PLANNER_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
     sizes = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(sizes) == {"_plan_kernel", "_packed_kernel"} and all(n > 0 for n in sizes.values())
+    assert set(sizes) == {"plan", "plan_b32", "packed", "packed_b32"} and all(n > 0 for n in sizes.values())
 
 
 def test_planned_combine_is_a_dependent_launch_that_waits_first(tmp_path):

@@ -693,6 +693,22 @@ def _cut_items(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS: tl.constexpr, BLOCK:
 
 
 @triton.jit
+def _at_least(n, c, x):
+    """Per candidate (rows of ``c [NC, BLOCK_B]``, 0 where no sequence): its items of at least
+    ``x [NC]`` blocks, sequences of ``n [BLOCK_B]`` blocks cut into ``c`` near-equal items each."""
+    return tl.sum(tl.minimum(tl.maximum(n[None, :] - c * (x[:, None] - 1), 0), c), 1)
+
+
+@triton.jit
+def _rank_probe(lo, hi, at_mid, r):
+    """One bisection step for the ``r``-th longest item in ``[lo, hi]`` (per candidate), given the
+    items of at least the midpoint ``(lo + hi + 1) // 2``; a settled range stays."""
+    mid = (lo + hi + 1) // 2
+    live = lo < hi
+    return tl.where(live & (at_mid > r), mid, lo), tl.where(live & (at_mid <= r), mid - 1, hi)
+
+
+@triton.jit
 def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
@@ -754,26 +770,23 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         hi1 = longest
         lo2 = tl.zeros([NC], tl.int32)
         hi2 = longest
-        for _ in range(PROBES):
-            mid1 = (lo1 + hi1 + 1) // 2
-            mid2 = (lo2 + hi2 + 1) // 2
-            at1 = tl.zeros([NC], tl.int32)
-            at2 = tl.zeros([NC], tl.int32)
-            for b0 in range(0, B, BLOCK_B):
-                ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-                c = tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1)
-                at1 += tl.sum(tl.where(ok[None, :], tl.minimum(tl.maximum(n[None, :] - c * (mid1[:, None] - 1), 0), c),
-                                       0), 1)
-                at2 += tl.sum(tl.where(ok[None, :], tl.minimum(tl.maximum(n[None, :] - c * (mid2[:, None] - 1), 0), c),
-                                       0), 1)
-            up1 = (lo1 < hi1) & (at1 > SLOTS - 1)
-            dn1 = (lo1 < hi1) & (at1 <= SLOTS - 1)
-            lo1 = tl.where(up1, mid1, lo1)
-            hi1 = tl.where(dn1, mid1 - 1, hi1)
-            up2 = (lo2 < hi2) & (at2 > SLOTS)
-            dn2 = (lo2 < hi2) & (at2 <= SLOTS)
-            lo2 = tl.where(up2, mid2, lo2)
-            hi2 = tl.where(dn2, mid2 - 1, hi2)
+        if B <= BLOCK_B:        # the batch in registers: the cut's item counts once, not once per probe
+            ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
+            c = tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
+            for _ in range(PROBES):
+                lo1, hi1 = _rank_probe(lo1, hi1, _at_least(n, c, (lo1 + hi1 + 1) // 2), SLOTS - 1)
+                lo2, hi2 = _rank_probe(lo2, hi2, _at_least(n, c, (lo2 + hi2 + 1) // 2), SLOTS)
+        else:
+            for _ in range(PROBES):
+                at1 = tl.zeros([NC], tl.int32)
+                at2 = tl.zeros([NC], tl.int32)
+                for b0 in range(0, B, BLOCK_B):
+                    ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+                    c = tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
+                    at1 += _at_least(n, c, (lo1 + hi1 + 1) // 2)
+                    at2 += _at_least(n, c, (lo2 + hi2 + 1) // 2)
+                lo1, hi1 = _rank_probe(lo1, hi1, at1, SLOTS - 1)
+                lo2, hi2 = _rank_probe(lo2, hi2, at2, SLOTS)
         last = lo1.to(tl.int64) * UNIT + OVH
         second = lo2.to(tl.int64) * UNIT + OVH
         bound = work // SLOTS + second
@@ -1028,18 +1041,28 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
 _packed_launch = CachedLaunch(_packed_kernel)
 
 
-def plan_constexprs(has_seqlens: bool, block: int, write_est: bool) -> dict:
-    """The compile-time constants :func:`build_plan` launches ``_plan_kernel`` with."""
+def _seq_block(batch: int, block: int) -> int:
+    """Sequences per pass of the planners: the batch's own power of two up to ``block`` (a
+    [candidates x sequences] pass over 256 lanes for 32 sequences is mostly masked work), so a
+    batch of up to ``block`` sequences sits in one pass."""
+    return min(block, max(16, triton.next_power_of_2(batch)))
+
+
+def plan_constexprs(has_seqlens: bool, block: int, write_est: bool, block_b: int | None = None) -> dict:
+    """The compile-time constants :func:`build_plan` launches ``_plan_kernel`` with: ``block``
+    items per pass, ``block_b`` (default ``block``) sequences per pass."""
     return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
                 NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT,
-                BLOCK_B=block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length())
+                BLOCK_B=block_b or block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length())
 
 
-def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int) -> dict:
-    """The compile-time constants :func:`build_plan` launches ``_packed_kernel`` with."""
+def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int, block_b: int | None = None) -> dict:
+    """The compile-time constants :func:`build_plan` launches ``_packed_kernel`` with: ``block``
+    items or programs per pass, ``block_b`` (default ``block``) sequences per pass."""
     ip, pp = ITEM_PRICE, PACKED_PRICE
-    return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD, MAX_C=MAX_ITEM_BLOCKS, BLOCK_B=block,
-                BLOCK_P=block, AUTO=auto, UNIT=_UNIT, BLOCK_S=triton.next_power_of_2(max(1, slots)), BLOCK_W=32,
+    return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, OV=PACK_OVERHEAD, MAX_C=MAX_ITEM_BLOCKS,
+                BLOCK_B=block_b or block, BLOCK_P=block, AUTO=auto, UNIT=_UNIT,
+                BLOCK_S=triton.next_power_of_2(max(1, slots)), BLOCK_W=32,
                 I_FIXED=ip.fixed, I_ITEM=ip.per_item, I_SPLIT=ip.per_split, I_PCT=ip.block_pct,
                 P_FIXED=pp.fixed, P_ITEM=pp.per_item, P_SPLIT=pp.per_split, P_PCT=pp.block_pct)
 
@@ -1110,17 +1133,20 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     dummy = seqlens if seqlens is not None else seqs
     align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
     block = 128 if interpreting() else 256
+    block_b = _seq_block(batch, block)
     comb = _combine_units(rows, k)
     est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
     if not packed:
         ints = (batch, capacity, slots, max_items, max_slots, comb)
-        _plan_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1), (dummy, items, seqs, est, *ints),
-                     plan_constexprs(seqlens is not None, block, packed is None), num_warps=4)
+        _plan_launch((seqlens is not None, ints, align, packed is None, block_b), (1, 1, 1),
+                     (dummy, items, seqs, est, *ints),
+                     plan_constexprs(seqlens is not None, block, packed is None, block_b), num_warps=4)
     if packed is None or packed:
         ints = (batch, capacity, slots_p, programs, size)
-        _packed_launch((seqlens is not None, ints, align, packed is None), (1, 1, 1),
+        _packed_launch((seqlens is not None, ints, align, packed is None, block_b), (1, 1, 1),
                        (dummy, items, seqs, starts, est, *ints),
-                       packed_constexprs(seqlens is not None, block, packed is None, slots_p), num_warps=4)
+                       packed_constexprs(seqlens is not None, block, packed is None, slots_p, block_b),
+                       num_warps=4)
     kind_readback = None
     if packed is None and readback and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         kind_readback = KindReadback.start(est[1:])
