@@ -159,8 +159,7 @@ def _combine_planned_kernel(
     ROWS, S, H, V,
     stride_ob, stride_oh, stride_os, stride_ov,
     stride_lb, stride_lh, stride_ls,
-    HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr,
-    UNROLL: tl.constexpr, PDL: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (B, row blocks, value blocks). With ``PDL`` (on a GPU) it is launched as a
     programmatic dependent launch, so its launch and start overlap the last programs of the
@@ -169,11 +168,6 @@ def _combine_planned_kernel(
     the kernel's order); a sequence of one item was written directly and its programs exit at
     once, before the wait (as FlashMLA's combine does): ``seqs`` was written by the planner,
     which ended before that kernel began (an ordinary launch), so only the partials need it.
-
-    The partial LSEs are read ``BLOCK_N`` items at a time (one load, a running max and sum), and
-    the partial outputs in an unrolled group of ``UNROLL`` items (their loads independent of the
-    sums), so a program waits on memory about ``n / BLOCK_N + n / UNROLL`` times rather than
-    ``2 n``.
 
     Reads n * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ LSE).
     """
@@ -187,32 +181,22 @@ def _combine_planned_kernel(
         cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < ROWS
         col_ok = cols < V
-        # ---- the LSEs: running max m and sum d of exp(lse_i - m) over the items
-        ii = tl.arange(0, BLOCK_N)
         m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        d = tl.zeros([BLOCK_R], tl.float32)
-        for i0 in range(0, n, BLOCK_N):
-            slot = (first + i0 + ii).to(tl.int64)
-            lse = tl.load(lse_part_ptr + slot[:, None] * ROWS + rows[None, :],
-                          mask=(i0 + ii < n)[:, None] & row_ok[None, :], other=float("-inf"))
-            m_new = tl.maximum(m, tl.max(lse, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            d = d * tl.exp2((m - m_safe) * LOG2E) + tl.sum(tl.exp2((lse - m_safe[None, :]) * LOG2E), 0)
-            m = m_new
+        for i in range(n):
+            lse_i = tl.load(lse_part_ptr + (first + i).to(tl.int64) * ROWS + rows, mask=row_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_i)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
-        # ---- the outputs, UNROLL items' tiles loaded before they are summed
-        tile = rows[:, None] * V + cols[None, :]
-        tile_ok = row_ok[:, None] & col_ok[None, :]
         acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        for i0 in range(0, n, UNROLL):
-            for u in tl.static_range(UNROLL):
-                live = i0 + u < n
-                slot = (first + i0 + u).to(tl.int64)
-                lse = tl.load(lse_part_ptr + slot * ROWS + rows, mask=row_ok & live, other=float("-inf"))
-                w = tl.exp2((lse - m_safe) * LOG2E)
-                o_i = tl.load(o_part_ptr + slot * ROWS * V + tile, mask=tile_ok & live, other=0.0)
-                acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
-        out = acc / tl.where(d > 0, d, 1.0)[:, None]
+        denom = tl.zeros([BLOCK_R], tl.float32)
+        for i in range(n):
+            slot = (first + i).to(tl.int64)
+            lse_i = tl.load(lse_part_ptr + slot * ROWS + rows, mask=row_ok, other=float("-inf"))
+            w = tl.exp2((lse_i - m_safe) * LOG2E)
+            o_i = tl.load(o_part_ptr + (slot * ROWS + rows[:, None]) * V + cols[None, :],
+                          mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
+            denom += w
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
         if HEAD_MAJOR:
             head = rows // S
             tok = rows % S
@@ -223,7 +207,7 @@ def _combine_planned_kernel(
         tl.store(out_ptr + o_rows[:, None] + cols[None, :] * stride_ov, out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
         if tl.program_id(2) == 0:
-            lse = tl.where(d > 0, m_safe + tl.log2(tl.where(d > 0, d, 1.0)) / LOG2E, float("-inf"))
+            lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
             tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
 
 
@@ -263,8 +247,7 @@ def _planned_launch(o_part, lse_part, seqs, out, lse, head_major):
     key = (out.dtype, bool(head_major), ints, out.data_ptr() % 16, lse.data_ptr() % 16, o_part.data_ptr() % 16,
            lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
     return key, grid, (o_part, lse_part, seqs, out, lse, *ints), dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r,
-                                                                       BLOCK_V=block_v, BLOCK_N=16, UNROLL=4,
-                                                                       PDL=not interpreting())
+                                                                       BLOCK_V=block_v, PDL=not interpreting())
 
 
 def bind_combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
