@@ -333,6 +333,35 @@ def test_combine_planned_merges_many_split_sequences():
         assert torch.allclose(lse[b].double(), ref_l, atol=1e-5), b
 
 
+def test_combine_planned_merges_many_items_and_ignores_those_without_keys():
+    """A sequence of 37 split items beside one of 5 (b = 1 at t = 4,096 splits 26 ways): the
+    float64 log-sum-exp mean; items that saw no key for some rows (LSE -inf) hold NaN there and
+    are ignored; rows no item saw get 0 and -inf."""
+    g = torch.Generator().manual_seed(2)
+    h, s, v = 4, 2, 48
+    rows = h * s
+    counts = [37, 5]
+    o_part = torch.randn(42, rows, v, generator=g).to(DEVICE)
+    lse_part = (torch.randn(42, rows, generator=g) * 3).to(DEVICE)
+    lse_part[3:30, 0] = float("-inf")
+    o_part[3:30, 0] = float("nan")
+    lse_part[37:42, 5] = float("-inf")                             # row 5 of the second: no key at all
+    o_part[37:42, 5] = float("nan")
+    seqs = torch.tensor([[0, 37], [37, 5]], dtype=torch.int32, device=DEVICE)
+    out = torch.full((2, h, s, v), 7.0, device=DEVICE)
+    lse = torch.full((2, h, s), 7.0, device=DEVICE)
+    combine_planned(o_part, lse_part, seqs, out, lse)
+    for b, (f, n) in enumerate([(0, 37), (37, 5)]):
+        lp, op = lse_part[f:f + n].double(), torch.nan_to_num(o_part[f:f + n].double())
+        ref_l = torch.logsumexp(lp, dim=0)
+        w = torch.exp(lp - torch.where(torch.isinf(ref_l), 0.0, ref_l))
+        ref_o = (w[..., None] * op).sum(0)
+        got_o, got_l = out[b].reshape(rows, v).double(), lse[b].reshape(rows).double()
+        assert torch.allclose(got_o, ref_o, atol=1e-5) and torch.equal(torch.isinf(got_l), torch.isinf(ref_l)), b
+        assert torch.allclose(got_l[~torch.isinf(ref_l)], ref_l[~torch.isinf(ref_l)], atol=1e-5), b
+    assert (out[1].reshape(rows, v)[5] == 0).all()
+
+
 def test_reference_with_a_forced_item_length_covers_every_sequence():
     """``item_blocks`` forces C: every item holds at most C blocks, each sequence is covered once
     in order, and split items get distinct slots (for measuring the estimate against other cuts)."""
