@@ -34,8 +34,9 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   read: ``rows * K * 8`` bytes per split item) when anything is split; candidates that need more
   items or slots than the buffers hold are excluded. (The ranking before, "spread", charged a
   second wave half a mean item over the load per slot: too dear where the second wave is short
-  items, measured on an H200 on seed 9's threshold batches: the cut this ranking picks ran 7-18 %
-  faster on five of them, 3-7 % slower on two; ``seesaw/seesaw-itemfit-seed9-bd5d463.json``);
+  items. Measured on an H200 against it, same batches and process, on the 38 threshold batches of
+  seeds 8 and 9: 2-27 % faster on 16, 6-8 % slower on two, within 2 % on the other 20
+  (the cut unchanged on most); ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``);
 * the cheapest candidate wins (ties: the longer items); items are emitted longest first (a
   counting sort over sixteen size classes, sizes relative to the cut's longest item), because
   the GPU starts programs in grid order and a long item started last would end last. Classes
@@ -45,9 +46,12 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   longer than with the present classes, and the H200 measured the same items 10 % slower in the
   coarser order (``serving/plan-sweep-ce7b97b.json``: b = 64, s = 2, C = 290 against 203).
 
-Measured against exhaustive search in a list-scheduling simulation of the H200 (132 SMs,
-random, uniform and skewed batches, b = 1..256, s = 1..32, t up to 32k): 1.5 % above the best
-single cut on average, 5 % at the 90th percentile.
+Against the best of the candidates in a list-scheduling simulation of the item grid on the H200
+(132 SMs, programs in grid order, row tile fastest), timed by a model fitted to 74 item plans
+measured there (13.2 us + 1.81 us per block of the busiest SM + 0.082 us per split item and row
+tile; 4.0 % mean error), over 150 random ragged batches (b = 8..128, s = 1..4, t up to 32k,
+uniform and skewed lengths): 1.0 % above the best on average, 2.4 % at the 90th percentile (the
+"spread" ranking: 3.9 % and 9.6 %).
 
 **Packed plans** (``plan_decode(..., packed=True)``): one item per program leaves SMs idle on
 ragged batches — a sequence cannot share a program with another, so the items never fill the
@@ -113,7 +117,7 @@ _BIG = 9223372036854775807
 #: how the item cut's estimate charges a second wave of items: "pairs" (the device planner's) pairs
 #: the ``slots``-th longest item with the next, as the SM that frees first takes the next item;
 #: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
-#: is short items too dear (measured on an H200, ``seesaw/seesaw-itemfit-seed9-bd5d463.json``)
+#: is short items too dear (measured on an H200, ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``)
 RANKINGS = ("pairs", "spread")
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
 #: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
