@@ -47,11 +47,11 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   coarser order (``serving/plan-sweep-ce7b97b.json``: b = 64, s = 2, C = 290 against 203).
 
 Against the best of the candidates in a list-scheduling simulation of the item grid on the H200
-(132 SMs, programs in grid order, row tile fastest), timed by a model fitted to 74 item plans
-measured there (13.2 us + 1.81 us per block of the busiest SM + 0.082 us per split item and row
-tile; 4.0 % mean error), over 150 random ragged batches (b = 8..128, s = 1..4, t up to 32k,
-uniform and skewed lengths): 1.0 % above the best on average, 2.4 % at the 90th percentile (the
-"spread" ranking: 3.9 % and 9.6 %).
+(132 SMs, programs in grid order, row tile fastest), timed by a model fitted to 75 item plans
+measured there (13.5 us + 1.81 us per block of the busiest SM + 0.081 us per split item and row
+tile; 4.1 % mean error), over 150 random ragged batches (b = 8..128, s = 1..4, t up to 32k,
+uniform and skewed lengths): 1.0 % above the best on average, 2.5 % at the 90th percentile (the
+"spread" ranking: 3.9 % and 9.6 %; ``benchmarks/cut_ranking_sim.py``, ``seesaw/cut-ranking-sim.json``).
 
 **Packed plans** (``plan_decode(..., packed=True)``): one item per program leaves SMs idle on
 ragged batches — a sequence cannot share a program with another, so the items never fill the
