@@ -988,7 +988,7 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
         use = True
     if use:
         _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, MAX_ITEMS, W, HAS_SEQLENS, BLOCK,
-                      OV, BLOCK_B, BLOCK_P)
+                      OV, BLOCK_B, BLOCK_P, BLOCK_W)
     else:
         n_items = tl.load(est_ptr).to(tl.int32)
         _kill_items(items_ptr, n_items, MAX_ITEMS, BLOCK_P)
@@ -1000,8 +1000,10 @@ def _packed_kernel(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, est_ptr, B, T, 
 @triton.jit
 def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, MAX_ITEMS, W,
                   HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, OV: tl.constexpr, BLOCK_B: tl.constexpr,
-                  BLOCK_P: tl.constexpr):
-    """The packed plan's items, sequences and program starts for ``W`` units per program."""
+                  BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """The packed plan's items, sequences and program starts for ``W`` units per program (the
+    starts ``BLOCK_Q`` programs at a time: a ``[BLOCK_Q, BLOCK_B]`` tile per pass, which at
+    ``BLOCK_P`` programs spilled registers from 64 sequences up)."""
     offs = tl.arange(0, BLOCK_B)
     _kill_items(items_ptr, 0, MAX_ITEMS, BLOCK_P)
     tl.debug_barrier()
@@ -1031,9 +1033,9 @@ def _packed_write(seqlens_ptr, items_ptr, seqs_ptr, starts_ptr, B, T, PROGRAMS, 
         next_item += tl.sum(cnt, 0)
         next_slot += tl.sum(scnt, 0)
     # ---- pass 3: program p starts at the items of the programs before it
-    pp = tl.arange(0, BLOCK_P)
-    for q0 in range(0, PROGRAMS + 1, BLOCK_P):
-        acc = tl.zeros([BLOCK_P], tl.int32)
+    pp = tl.arange(0, BLOCK_Q)
+    for q0 in range(0, PROGRAMS + 1, BLOCK_Q):
+        acc = tl.zeros([BLOCK_Q], tl.int32)
         pos0 = 0
         for b0 in range(0, B, BLOCK_B):
             ok, n, pos, p0, cnt, pos0 = _packed_pieces(seqlens_ptr, b0, offs, B, T, pos0, W, HAS_SEQLENS, BLOCK, OV)
