@@ -270,6 +270,7 @@ def test_the_decode_planners_compile_for_sm90(tmp_path):
     assert all(0 < regs <= 255 for regs, _ in sizes.values())
     assert sizes["packed_b64"][1] == sizes["packed_b32"][1] == sizes["plan_b32"][1] == 0, sizes
     assert sizes["plan"][1] <= 32 and sizes["packed"][1] <= 32, sizes      # 24 and 12 bytes at 256 sequences
+    assert sizes["plan_b32"][0] <= 128, sizes     # the one-pass order of a small batch: 88 registers
 
 
 def test_planned_combine_is_a_dependent_launch_that_waits_first(tmp_path):

@@ -713,6 +713,58 @@ def _rank_probe(lo, hi, at_mid, r):
 
 
 @triton.jit
+def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
+                    BLOCK: tl.constexpr, NCLS: tl.constexpr):
+    """:func:`_order_by_class` for a batch of at most ``BLOCK_B`` sequences, all classes in one
+    ``[NCLS, BLOCK_B]`` pass: a sequence's first item follows the items of the classes above its
+    own, then those of the earlier sequences of its class. Returns (items, split items)."""
+    ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
+    c = tl.maximum((n + c_len - 1) // c_len, 1)
+    size = (n + c - 1) // c
+    kk = tl.arange(0, NCLS)
+    hit = ok[None, :] & (tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1)[None, :] == kk[:, None])
+    cnt = tl.where(hit, c[None, :], 0)
+    scnt = tl.where(hit & (c[None, :] > 1), c[None, :], 0)
+    per_cls = tl.sum(cnt, 1)
+    per_cls_s = tl.sum(scnt, 1)
+    n_items = tl.sum(per_cls, 0)
+    n_split = tl.sum(per_cls_s, 0)
+    first_item = tl.sum(tl.where(hit, (n_items - tl.cumsum(per_cls, 0))[:, None] + tl.cumsum(cnt, 1) - cnt, 0), 0)
+    first_slot = tl.sum(tl.where(hit, (n_split - tl.cumsum(per_cls_s, 0))[:, None] + tl.cumsum(scnt, 1) - scnt, 0), 0)
+    tl.store(seqs_ptr + offs * 2, tl.where(c > 1, first_slot, -1), mask=ok)
+    tl.store(seqs_ptr + offs * 2 + 1, c, mask=ok)
+    tl.store(items_ptr + first_item * 4, offs, mask=ok)
+    return n_items, n_split
+
+
+@triton.jit
+def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
+                    BLOCK: tl.constexpr, NCLS: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Per sequence of the cut at ``c_len`` blocks, its first item and slot, the longest size class
+    first and batch order within a class (a counting sort, a pass per class): writes ``seqs`` and
+    marks sequence b's first entry in ``items``. Returns (items, split items)."""
+    next_item = tl.full([], 0, tl.int32)
+    next_slot = tl.full([], 0, tl.int32)
+    for cls_i in range(NCLS):
+        cls = NCLS - 1 - cls_i
+        for b0 in range(0, B, BLOCK_B):
+            ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+            c = tl.maximum((n + c_len - 1) // c_len, 1)
+            size = (n + c - 1) // c
+            sel = ok & (tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1) == cls)
+            cnt = tl.where(sel, c, 0)
+            first_item = next_item + tl.cumsum(cnt, 0) - cnt
+            scnt = tl.where(sel & (c > 1), c, 0)
+            first_slot = next_slot + tl.cumsum(scnt, 0) - scnt
+            tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(c > 1, first_slot, -1), mask=sel)
+            tl.store(seqs_ptr + (b0 + offs) * 2 + 1, c, mask=sel)
+            tl.store(items_ptr + first_item * 4, b0 + offs, mask=sel)
+            next_item += tl.sum(cnt, 0)
+            next_slot += tl.sum(scnt, 0)
+    return next_item, next_slot
+
+
+@triton.jit
 def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
@@ -720,7 +772,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                  BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr, PROBES: tl.constexpr):
     """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe of the
     one-wave cut and of the ranks of pass 2b (``PROBES``, where a cut takes two waves or more) and
-    once per size class (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
+    in pass 3 once (a batch of at most ``BLOCK_B <= 128`` sequences) or once per size class
+    (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
     item count as an int64 at ``est_ptr[0]``, which the packed planner reads to price the item
     plan). Lengths are clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
@@ -812,24 +865,12 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     for i0 in range(0, MAX_ITEMS, BLOCK_I):
         tl.store(items_ptr + (i0 + ii) * 4, tl.full([BLOCK_I], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
     tl.debug_barrier()
-    next_item = 0
-    next_slot = 0
-    for cls_i in range(NCLS):
-        cls = NCLS - 1 - cls_i
-        for b0 in range(0, B, BLOCK_B):
-            ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c = tl.maximum((n + c_len - 1) // c_len, 1)
-            size = (n + c - 1) // c
-            sel = ok & (tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1) == cls)
-            cnt = tl.where(sel, c, 0)
-            first_item = next_item + tl.cumsum(cnt, 0) - cnt
-            scnt = tl.where(sel & (c > 1), c, 0)
-            first_slot = next_slot + tl.cumsum(scnt, 0) - scnt
-            tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(c > 1, first_slot, -1), mask=sel)
-            tl.store(seqs_ptr + (b0 + offs) * 2 + 1, c, mask=sel)
-            tl.store(items_ptr + first_item * 4, b0 + offs, mask=sel)
-            next_item += tl.sum(cnt, 0)
-            next_slot += tl.sum(scnt, 0)
+    if (BLOCK_B <= 128) and (B <= BLOCK_B):     # the batch in one pass, all classes at once
+        next_item, next_slot = _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top,
+                                               HAS_SEQLENS, BLOCK, NCLS)
+    else:
+        next_item, next_slot = _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top,
+                                               HAS_SEQLENS, BLOCK, NCLS, BLOCK_B)
     if WRITE_EST:
         tl.store(est_ptr, next_item.to(tl.int64))
     tl.debug_barrier()
