@@ -49,18 +49,11 @@ def features(ref: dict, rows: int) -> tuple[float, float]:
 
 
 def column_plan(column: str, lengths: list, rows: int, t: int) -> dict | None:
-    """The item plan a record's column ran, rebuilt on the host (None: not an item-forced column).
-    ``head/item`` of a record before the pairs ranking was cut by "spread"; the caller says which."""
+    """The item plan a record's ``itemfit`` or ``item@R`` column ran, rebuilt on the host (None for
+    other columns; a plain ``head/item`` column's ranking is the caller's to say)."""
     import seesaw_ab
-    from mla_var3.kernel import decode_plan as dp
 
-    kind = column.split("/", 1)[1] if "/" in column else None
-    if kind == "itemfit":
-        return dp.plan_reference(lengths, rows, capacity=t, sms=SMS,
-                                 item_blocks=seesaw_ab.priced_item_cut(lengths, rows, t, SMS))
-    if kind is not None and kind.startswith("item@"):
-        return dp.plan_reference(lengths, rows, capacity=t, sms=SMS, ranking=kind[5:])
-    return None
+    return seesaw_ab.host_item_plan(column.split("/", 1)[1], lengths, rows, t, SMS) if "/" in column else None
 
 
 def load(records: list[str], item_ranking: str = "spread") -> list[tuple[float, float, float]]:

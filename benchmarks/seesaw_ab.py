@@ -229,6 +229,19 @@ def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
     return best[1]
 
 
+def host_item_plan(kind: str, lengths: list, rows: int, capacity: int, sms: int) -> dict | None:
+    """The host reference's item plan of ``itemfit`` or ``item@R`` (``decode_plan.plan_reference``'s
+    dict), None for the other kinds (the device planner builds them)."""
+    from mla_var3.kernel import decode_plan
+
+    if kind == "itemfit":
+        return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms,
+                                          item_blocks=priced_item_cut(lengths, rows, capacity, sms))
+    if kind.startswith("item@"):
+        return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=kind[5:])
+    return None
+
+
 def build_plan(seqlens, rows: int, capacity: int, kind: str):
     """The decode plan of ``kind`` (see :data:`PLAN_KINDS`) for these lengths."""
     from mla_var3.kernel import decode_plan
@@ -236,13 +249,7 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
     if kind.startswith("packed@"):
         return _packed_plan_with_overhead(decode_plan, seqlens, rows, capacity, int(kind[7:]))
     if kind == "itemfit" or kind.startswith("item@"):
-        sms = decode_plan._device_sms(seqlens.device)
-        lengths = seqlens.tolist()
-        if kind == "itemfit":
-            ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms,
-                                             item_blocks=priced_item_cut(lengths, rows, capacity, sms))
-        else:
-            ref = decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=kind[5:])
+        ref = host_item_plan(kind, seqlens.tolist(), rows, capacity, decode_plan._device_sms(seqlens.device))
         return decode_plan.plan_tensors(ref, rows, capacity, seqlens.device)
     limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
     if kind == "wide":

@@ -697,6 +697,22 @@ def _cut_items(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS: tl.constexpr, BLOCK:
 
 
 @triton.jit
+def _cut_counts(n, ok, cand):
+    """Items per (candidate, sequence): ``max(1, ceil(n / cand))`` for sequences of ``n [BLOCK_B]``
+    blocks cut at ``cand [NC]`` blocks, 0 where ``ok`` is false (no sequence); ``[NC, BLOCK_B]``."""
+    return tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
+
+
+@triton.jit
+def _class_of(n, c_len, l_top, NCLS: tl.constexpr):
+    """Sequences of ``n`` blocks cut at ``c_len``: (their items, their items' size class relative
+    to the cut's longest item ``l_top``; :func:`_size_class`)."""
+    c = tl.maximum((n + c_len - 1) // c_len, 1)
+    size = (n + c - 1) // c
+    return c, tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1)
+
+
+@triton.jit
 def _at_least(n, c, x):
     """Per candidate (rows of ``c [NC, BLOCK_B]``, 0 where no sequence): its items of at least
     ``x [NC]`` blocks, sequences of ``n [BLOCK_B]`` blocks cut into ``c`` near-equal items each."""
@@ -719,10 +735,8 @@ def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
     ``[NCLS, BLOCK_B]`` pass: a sequence's first item follows the items of the classes above its
     own, then those of the earlier sequences of its class. Returns (items, split items)."""
     ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
-    c = tl.maximum((n + c_len - 1) // c_len, 1)
-    size = (n + c - 1) // c
-    kk = tl.arange(0, NCLS)
-    hit = ok[None, :] & (tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1)[None, :] == kk[:, None])
+    c, cls = _class_of(n, c_len, l_top, NCLS)
+    hit = ok[None, :] & (cls[None, :] == tl.arange(0, NCLS)[:, None])
     cnt = tl.where(hit, c[None, :], 0)
     scnt = tl.where(hit & (c[None, :] > 1), c[None, :], 0)
     per_cls = tl.sum(cnt, 1)
@@ -749,9 +763,8 @@ def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
         cls = NCLS - 1 - cls_i
         for b0 in range(0, B, BLOCK_B):
             ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c = tl.maximum((n + c_len - 1) // c_len, 1)
-            size = (n + c - 1) // c
-            sel = ok & (tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1) == cls)
+            c, cls_b = _class_of(n, c_len, l_top, NCLS)
+            sel = ok & (cls_b == cls)
             cnt = tl.where(sel, c, 0)
             first_item = next_item + tl.cumsum(cnt, 0) - cnt
             scnt = tl.where(sel & (c > 1), c, 0)
@@ -813,8 +826,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     longest = tl.zeros([NC], tl.int32)
     for b0 in range(0, B, BLOCK_B):
         ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        c = tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1)
-        c = tl.where(ok[None, :], c, 0)
+        c = _cut_counts(n, ok, cand)
         n_items += tl.sum(c, 1)
         n_split += tl.sum(tl.where(c > 1, c, 0), 1)
         longest = tl.maximum(longest, tl.max((n[None, :] + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), 1))
@@ -829,7 +841,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         hi2 = longest
         if B <= BLOCK_B:        # the batch in registers: the cut's item counts once, not once per probe
             ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c = tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
+            c = _cut_counts(n, ok, cand)
             for _ in range(PROBES):
                 lo1, hi1 = _rank_probe(lo1, hi1, _at_least(n, c, (lo1 + hi1 + 1) // 2), SLOTS - 1)
                 lo2, hi2 = _rank_probe(lo2, hi2, _at_least(n, c, (lo2 + hi2 + 1) // 2), SLOTS)
@@ -839,7 +851,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                 at2 = tl.zeros([NC], tl.int32)
                 for b0 in range(0, B, BLOCK_B):
                     ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-                    c = tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
+                    c = _cut_counts(n, ok, cand)
                     at1 += _at_least(n, c, (lo1 + hi1 + 1) // 2)
                     at2 += _at_least(n, c, (lo2 + hi2 + 1) // 2)
                 lo1, hi1 = _rank_probe(lo1, hi1, at1, SLOTS - 1)
