@@ -105,6 +105,31 @@ def random_batches(n: int, seed: int = 1) -> list[tuple[list[int], int, int]]:
     return out
 
 
+#: the model fitted at bd5d463-1cff5c4 (``seesaw/cut-ranking-sim.json``), for :func:`best_sim_cut`
+MODEL = {"fixed": 13.5, "per_block": 1.81, "per_split": 0.081}
+
+
+def best_sim_cut(lengths: list, rows: int, capacity: int, sms: int = SMS, cut: str = "equal",
+                 model: dict = MODEL) -> int:
+    """The item length C (blocks), over every C from 2 to the longest sequence whose plan fits the
+    planner's buffers, whose ``cut`` plan (``decode_plan.CUTS``) the simulation and ``model`` time
+    lowest (ties: the longer C)."""
+    from mla_var3.kernel import decode_plan as dp
+
+    blocks = dp.seq_blocks(lengths, capacity)
+    best = None
+    for c in range(dp.MIN_ITEM_BLOCKS, max(max(blocks, default=0), dp.MIN_ITEM_BLOCKS) + 1):
+        ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c, cut=cut)
+        live = sum(1 for it in ref["items"] if it[0] >= 0)
+        if ref["slots_used"] > ref["max_slots"] or live > len(ref["items"]):
+            continue
+        m, sp = features(ref, rows)
+        us = model["fixed"] + model["per_block"] * m + model["per_split"] * sp
+        if best is None or us <= best[0]:
+            best = (us, c)
+    return best[1] if best else dp.MIN_ITEM_BLOCKS
+
+
 def regrets(model: dict, batches: list) -> dict[str, list[float]]:
     """Per ranking, each batch's modelled time of its cut over the best candidate's, minus 1."""
     from mla_var3.kernel import decode_plan as dp

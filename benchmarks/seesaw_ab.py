@@ -17,7 +17,7 @@ own column ``name/kind``):
    and the lengths).
 
     python benchmarks/seesaw_ab.py --out ab.json [--flash-mla DIR] [--base FILE] [--base-combine FILE] [--eager] \\
-        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N,itemfit,item@R] \\
+        [--points default|serving|threshold] [--seed N] [--plans auto,item,packed,wide,uncapped,packed@N,itemfit,itemsim,chunksim,item@R] \\
         --variant fold:_SCHED_FOLD=1 --variant g128:_GROUP_K=128,_SCHED_FOLD=1
 """
 
@@ -208,7 +208,13 @@ def plan_kind_ok(kind: str) -> bool:
     if kind.startswith("item@"):
         from mla_var3.kernel.decode_plan import RANKINGS
         return kind[5:] in RANKINGS
-    return kind in PLAN_KINDS or kind == "itemfit"
+    return kind in PLAN_KINDS or kind in HOST_ITEM_KINDS
+
+
+#: item plans built on the host: ``itemfit`` (above); ``itemsim`` / ``chunksim``: the item plan cut
+#: near-equal / in chunks of C blocks and a remainder (``decode_plan.CUTS``), C the one the list-scheduling
+#: simulation of ``cut_ranking_sim.py`` times lowest over every C that fits
+HOST_ITEM_KINDS = ("itemfit", "itemsim", "chunksim")
 
 
 def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
@@ -239,6 +245,12 @@ def host_item_plan(kind: str, lengths: list, rows: int, capacity: int, sms: int)
                                           item_blocks=priced_item_cut(lengths, rows, capacity, sms))
     if kind.startswith("item@"):
         return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=kind[5:])
+    if kind in ("itemsim", "chunksim"):
+        from cut_ranking_sim import best_sim_cut
+
+        cut = "equal" if kind == "itemsim" else "chunk"
+        return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, cut=cut,
+                                          item_blocks=best_sim_cut(lengths, rows, capacity, sms, cut))
     return None
 
 
@@ -248,7 +260,7 @@ def build_plan(seqlens, rows: int, capacity: int, kind: str):
 
     if kind.startswith("packed@"):
         return _packed_plan_with_overhead(decode_plan, seqlens, rows, capacity, int(kind[7:]))
-    if kind == "itemfit" or kind.startswith("item@"):
+    if kind in HOST_ITEM_KINDS or kind.startswith("item@"):
         ref = host_item_plan(kind, seqlens.tolist(), rows, capacity, decode_plan._device_sms(seqlens.device))
         return decode_plan.plan_tensors(ref, rows, capacity, seqlens.device)
     limit, capacity_fn = decode_plan.PACKING_PAIRS_PER_SM, decode_plan.plan_capacity
@@ -355,12 +367,14 @@ def main() -> None:
                          "wide (the planner's, packing weighed for every batch), uncapped (the planner's, a gated "
                          "item plan's items not capped), packed@N (the packed plan laid out with N overhead blocks "
                          "per sequence), itemfit (the item plan cut where the item price ranks cheapest), item@R (the "
-                         "item plan cut by ranking R of decode_plan.RANKINGS, e.g. item@spread)")
+                         "item plan cut by ranking R of decode_plan.RANKINGS, e.g. item@spread), itemsim / chunksim (the item "
+                         "plan cut near-equal / in chunks and a remainder, C the list-scheduling simulation's best)")
     ap.add_argument("--smoke", action="store_true", help=argparse_suppress())
     args = ap.parse_args()
     plans = tuple(args.plans.split(","))
     if not plans or not all(plan_kind_ok(k) for k in plans):
-        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)}, packed@N, itemfit or item@R, got {args.plans!r}")
+        ap.error(f"--plans takes a comma list of {', '.join(PLAN_KINDS)}, packed@N, {', '.join(HOST_ITEM_KINDS)} or item@R, "
+                 f"got {args.plans!r}")
     require_cuda()
     variants = parse_variants(args.variant, args.base)
     if args.smoke:

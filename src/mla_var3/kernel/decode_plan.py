@@ -119,6 +119,9 @@ _BIG = 9223372036854775807
 #: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
 #: is short items too dear (measured on an H200, ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``)
 RANKINGS = ("pairs", "spread")
+#: how :func:`plan_reference` cuts a sequence at the item length C: near-equal items, or items
+#: of C blocks and a remainder
+CUTS = ("equal", "chunk")
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
 #: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
 #: 0.5-3.1 % on the serving rows that pack; 6 slower than 4 (``seesaw/seesaw-pack-overhead-*-944f3cd.json``)
@@ -414,14 +417,18 @@ def _size_class(size: int, longest: int) -> int:
 
 
 def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   item_blocks: int | None = None, gated: bool = False, ranking: str = "pairs") -> dict:
+                   item_blocks: int | None = None, gated: bool = False, ranking: str = "pairs",
+                   cut: str = "equal") -> dict:
     """The plan of :func:`plan_decode`, computed in Python from host lengths. ``item_blocks``
     forces the item length C (in blocks, within [MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]) instead of
     the estimate's choice: for measuring the estimate against other cuts. ``gated``: the item
     plan of a batch whose kind the GPU chooses (its items capped, see :func:`plan_capacity`).
     ``ranking``: how the candidate cuts' estimates charge a second wave (:data:`RANKINGS`;
     "spread" is the ranking the planner used before "pairs", kept to rebuild the plans that
-    earlier records measured; the device planner ranks by "pairs").
+    earlier records measured; the device planner ranks by "pairs"). ``cut``: how a sequence of
+    ``n`` blocks is cut at C (:data:`CUTS`): "equal", into ``ceil(n / C)`` near-equal items (the
+    device planner's); "chunk", into items of exactly C blocks and one shorter remainder, each
+    item ordered by its own size (host only, for measuring).
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
     "item_blocks": C, "max_slots": ..., "slots_used": ...}`` — bit-for-bit the tensors the device
@@ -430,6 +437,8 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     """
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
+    if cut not in CUTS:
+        raise ValueError(f"cut must be one of {', '.join(CUTS)}, got {cut!r}")
     batch = len(lengths)
     slots, max_items, max_slots = plan_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), gated=gated)
     blocks = seq_blocks(lengths, capacity)
@@ -450,7 +459,15 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = [(-1, 0)] * batch
     next_slot = 0
-    for cls in reversed(range(_SIZE_CLASSES)):
+    if cut == "chunk":
+        longest = max((min(n, c_len) for n in blocks), default=0)
+        for b, (n, c) in enumerate(zip(blocks, counts)):
+            first = next_slot if c > 1 else -1
+            next_slot += c if c > 1 else 0
+            seqs[b] = (first, c)
+            items += [(b, j * c_len, min(n, (j + 1) * c_len), first + j if c > 1 else -1) for j in range(c)]
+        items.sort(key=lambda it: -_size_class(it[2] - it[1], longest))
+    for cls in reversed(range(_SIZE_CLASSES) if cut == "equal" else ()):
         for b, (n, c) in enumerate(zip(blocks, counts)):
             if _size_class(cdiv(n, c), longest) != cls:
                 continue
