@@ -75,7 +75,8 @@ def use_combine(mod, path: str) -> None:
 
 def parse_variants(specs: list[str], base: str | None) -> list[tuple[str, str, dict]]:
     """``[(name, module file, constants)]``: the base copy first (when given), then each spec
-    ``name[@file]:CONST=VALUE,...`` (the package's module unless a file is named)."""
+    ``name[@file]:CONST=VALUE,...`` (the package's module unless a file is named); with neither,
+    the package's module as ``head``, so that a run always times the kernel."""
     import mla_var3.kernel.hopper.absorbed_seesaw as pkg
 
     out = [("base", base, {})] if base else []
@@ -87,7 +88,7 @@ def parse_variants(specs: list[str], base: str | None) -> list[tuple[str, str, d
             key, _, value = item.partition("=")
             consts[key] = int(value)
         out.append((name, path or pkg.__file__, consts))
-    return out
+    return out or [("head", pkg.__file__, {})]
 
 
 def dense_inputs(b, s, t, seed):

@@ -27,6 +27,8 @@ def test_variants_parse_into_module_constants():
     # a variant may name its own module file (a commit's copy), with or without constants
     assert seesaw_ab.parse_variants(["c@/x/copy.py:_A=1", "d@/y.py"], base=None) == [
         ("c", "/x/copy.py", {"_A": 1}), ("d", "/y.py", {})]
+    # neither: the package's module, so a run without --variant still times the kernel
+    assert seesaw_ab.parse_variants([], base=None) == [("head", seesaw.__file__, {})]
 
 
 def test_a_variant_is_a_fresh_module_with_its_constants():
