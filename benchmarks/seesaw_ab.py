@@ -218,16 +218,20 @@ def plan_kind_ok(kind: str) -> bool:
 HOST_ITEM_KINDS = ("itemfit", "itemsim", "chunksim")
 
 
+#: ``itemfit`` ranks the cuts of the planner it was measured against (bd5d463): "pairs", near-equal items
+ITEMFIT_RANKING = "pairs"
+
+
 def priced_item_cut(lengths: list, rows: int, capacity: int, sms: int) -> int:
     """The item length C (blocks), among the planner's candidates that fit its buffers, whose item
     plan ``decode_plan.item_makespan`` prices cheapest (ties: the planner's own C first)."""
     from mla_var3.kernel import decode_plan as dp
 
-    own = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms)
+    own = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, ranking=ITEMFIT_RANKING)
     slots = dp.row_slots(rows, sms)
     best = (dp.item_makespan(own["items"], slots), own["item_blocks"])
     for c in sorted(set(dp.cut_candidates(lengths, rows, capacity=capacity, sms=sms))):
-        ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c)
+        ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c, ranking=ITEMFIT_RANKING)
         if ref["slots_used"] > ref["max_slots"] or len(ref["items"]) > len(own["items"]):
             continue
         m = dp.item_makespan(ref["items"], slots)
@@ -242,7 +246,7 @@ def host_item_plan(kind: str, lengths: list, rows: int, capacity: int, sms: int)
     from mla_var3.kernel import decode_plan
 
     if kind == "itemfit":
-        return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms,
+        return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=ITEMFIT_RANKING,
                                           item_blocks=priced_item_cut(lengths, rows, capacity, sms))
     if kind.startswith("item@"):
         return decode_plan.plan_reference(lengths, rows, capacity=capacity, k=K, sms=sms, ranking=kind[5:])

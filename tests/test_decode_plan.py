@@ -85,14 +85,11 @@ def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
 
 
 def _check_longest_first(items):
-    """An item plan's items in order of their sequence's item length, coarsest to a sixteenth of
-    the longest item (the GPU starts programs in grid order: a long item started last ends last)."""
+    """An item plan's items in order of their length, coarsest to a sixteenth of the longest item
+    (the GPU starts programs in grid order: a long item started last ends last)."""
     live = [it for it in items if it[0] >= 0]
-    size: dict[int, int] = {}
-    for b, lo, hi, _ in live:
-        size[b] = max(size.get(b, 0), hi - lo)
-    longest = max(size.values(), default=0)
-    classes = [min(15, 16 * size[b] // (longest + 1)) for b, *_ in live]
+    longest = max((hi - lo for _, lo, hi, _ in live), default=0)
+    classes = [min(15, 16 * (hi - lo) // (longest + 1)) for _, lo, hi, _ in live]
     assert classes == sorted(classes, reverse=True), "a longer item after a shorter one"
 
 
@@ -150,16 +147,16 @@ def test_packed_plan_cuts_at_program_shares():
 
 
 def test_the_planner_packs_ragged_batches_and_not_balanced_ones():
-    """Measured on an H200: packing won on ragged b = 64, s = 1 (t <= 8192) and b = 16, s = 2
-    (t <= 32768) and lost on uniform b = 32, s = 1 (the item plan fills the SMs in one wave
-    there); on ragged b = 32, s = 1 (t <= 4096) the one-wave cut (the shortest items that fit
-    the SMs at once) beat packing (70.5 against 71.5 us, ``serving/paths-de2176b.json``)."""
+    """Measured on an H200: packing won on ragged b = 16, s = 2 (t <= 32768) and lost on uniform
+    b = 32, s = 1 (the item plan fills the SMs in one wave there) and on ragged b = 32, s = 1
+    (t <= 4096; ``serving/paths-de2176b.json``). On ragged b = 64, s = 1 (t <= 8192) it won
+    against items cut near-equal, not against items cut in chunks (``decode_plan.CUTS``: 160.8 us
+    against FlashMLA's 154.6, ``seesaw/seesaw-chunk-serving-698e143.json``; packed 172.0 against
+    152.0 at 04bd669)."""
     g = torch.Generator().manual_seed(5)
     ragged = torch.randint(512, 4097, (32,), generator=g).tolist()
-    chosen = auto_reference(ragged, 128, capacity=4096)
-    live = [it for it in chosen["items"] if it[0] >= 0]
-    assert not chosen["packed"] and len(live) <= 66
-    assert auto_reference(torch.randint(1024, 8193, (64,), generator=g).tolist(), 128, capacity=8192)["packed"]
+    assert not auto_reference(ragged, 128, capacity=4096)["packed"]
+    assert not auto_reference(torch.randint(1024, 8193, (64,), generator=g).tolist(), 128, capacity=8192)["packed"]
     assert auto_reference(torch.randint(4096, 32769, (16,), generator=g).tolist(), 256, capacity=32768)["packed"]
     assert not auto_reference([4096] * 32, 128, capacity=4096)["packed"]
     # 256 (sequence, row tile) pairs on 132 SMs: the item plan, in the item kernel
@@ -202,14 +199,19 @@ def test_a_gated_item_plan_holds_fewer_items_and_keeps_every_plan_the_gpu_runs()
 
 
 @settings(max_examples=60, deadline=None)
-@given(blocks=st.lists(st.integers(0, 300), min_size=1, max_size=30), c_len=st.integers(2, 64), r=st.integers(0, 80))
-def test_the_kth_item_is_the_sorted_cut_s(blocks, c_len, r):
+@given(blocks=st.lists(st.integers(0, 300), min_size=1, max_size=30), c_len=st.integers(2, 64), r=st.integers(0, 80),
+       cut=st.sampled_from(decode_plan.CUTS))
+def test_the_kth_item_is_the_sorted_cut_s(blocks, c_len, r, cut):
     """``_kth_item``: the ``r``-th longest item of the cut (0 where it has at most ``r`` items), as
-    sorting every item's size says."""
+    sorting every item's size says; near-equal items, or chunks of ``c_len`` and a remainder."""
     counts = [max(1, cdiv(n, c_len)) for n in blocks]
-    sizes = sorted((n // c + (j < n % c) for n, c in zip(blocks, counts) for j in range(c)), reverse=True)
-    longest = max(cdiv(n, c) for n, c in zip(blocks, counts))
-    assert decode_plan._kth_item(blocks, counts, r, longest) == (sizes[r] if r < len(sizes) else 0)
+    if cut == "equal":
+        sizes = [n // c + (j < n % c) for n, c in zip(blocks, counts) for j in range(c)]
+    else:
+        sizes = [min(c_len, n - j * c_len) if c > 1 else n for n, c in zip(blocks, counts) for j in range(c)]
+    sizes = sorted((x for x in sizes if x > 0), reverse=True)
+    longest = max(sizes, default=0)
+    assert decode_plan._kth_item(blocks, counts, r, longest, c_len, cut) == (sizes[r] if r < len(sizes) else 0)
 
 
 def test_a_second_wave_of_short_items_is_ranked_by_the_sms_that_take_it():
@@ -219,9 +221,11 @@ def test_a_second_wave_of_short_items_is_ranked_by_the_sms_that_take_it():
     ragged b16 s2 t8192 batch (three sequences of 128 blocks, 13 of 1-16): "pairs" cuts the long
     sequences into 16-block items (37 items for 33 slots) where "spread" cut 22-block ones (31 items,
     one wave); measured on an H200 (``seesaw/seesaw-itemfit-seed9-bd5d463.json``), the 16-block cut
-    ran 50.5 us against 61.5."""
+    ran 50.5 us against 61.5. The "tail" ranking cuts it in chunks of 19 blocks (34 items)."""
     lengths = [187, 8192, 908, 860, 762, 349, 620, 8192, 532, 135, 666, 544, 460, 341, 8192, 964]
-    pairs = plan_reference(lengths, 256, capacity=8192, sms=132)
+    tail = plan_reference(lengths, 256, capacity=8192, sms=132)
+    assert tail["item_blocks"] == 19 and sum(1 for it in tail["items"] if it[0] >= 0) == 34
+    pairs = plan_reference(lengths, 256, capacity=8192, sms=132, ranking="pairs")
     spread = plan_reference(lengths, 256, capacity=8192, sms=132, ranking="spread")
     assert (pairs["item_blocks"], spread["item_blocks"]) == (16, 22)
     live = lambda ref: sum(1 for it in ref["items"] if it[0] >= 0)

@@ -241,7 +241,8 @@ def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():
     """``--plans itemfit``: on a threshold batch whose planner cut the item price ranks above
     another candidate (ragged b64 s1 t4096 at 0.896, seed 8), the plan is the reference's item plan
     at that other cut, one program per item, which the price ranks cheapest of all candidates;
-    where the planner's own cut is the cheapest it is kept."""
+    where the planner's own cut is the cheapest it is kept. (The planner it was measured against:
+    the "pairs" ranking, near-equal items.)"""
     from mla_var3.kernel import decode_plan as dp
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -249,17 +250,17 @@ def test_itemfit_cuts_the_item_plan_where_the_item_price_is_least():
     label, _, b, s, t, lengths = next(p for p in seesaw_ab.points(False, "threshold", 8)
                                       if "b64 s1 t4096 est 0.896" in p[0])
     rows, slots = s * 128, max(1, sms // (s * 2))
-    own = dp.plan_reference(lengths, rows, capacity=t, sms=sms)
+    own = dp.plan_reference(lengths, rows, capacity=t, sms=sms, ranking="pairs")
     c = seesaw_ab.priced_item_cut(lengths, rows, t, sms)
-    ref = dp.plan_reference(lengths, rows, capacity=t, sms=sms, item_blocks=c)
+    ref = dp.plan_reference(lengths, rows, capacity=t, sms=sms, item_blocks=c, ranking="pairs")
     assert c != own["item_blocks"] and dp.item_makespan(ref["items"], slots) < dp.item_makespan(own["items"], slots)
     plan = seesaw_ab.build_plan(torch.tensor(lengths, dtype=torch.int32, device=dev), rows, t, "itemfit")
     assert plan.starts is None and plan.packed is None
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
     # a uniform batch: one item per sequence half, the planner's cut already the cheapest
     uni = [4096] * 32
-    assert seesaw_ab.priced_item_cut(uni, 128, 4096, sms) == dp.plan_reference(uni, 128, capacity=4096,
-                                                                               sms=sms)["item_blocks"]
+    assert seesaw_ab.priced_item_cut(uni, 128, 4096, sms) == dp.plan_reference(uni, 128, capacity=4096, sms=sms,
+                                                                               ranking="pairs")["item_blocks"]
     assert seesaw_ab.plan_kind_ok("itemfit")
 
 

@@ -106,9 +106,11 @@ HYBRID_PARTITION_MAX_S = 32
 
 
 #: the decode planner's constants (``kernel.decode_plan``): item length bounds in key blocks, and
-#: its cost units (1/256 of one 64-row x 64-key block-time) per item, per combine and per byte.
+#: its cost units (1/256 of one 64-row x 64-key block-time) per item, per combine, per byte and
+#: per cut of more than one wave.
 PLAN_MIN_ITEM_BLOCKS, PLAN_MAX_ITEM_BLOCKS = 2, 1024
-PLAN_UNIT, PLAN_ITEM_OVERHEAD, PLAN_COMBINE_FIXED, PLAN_COMBINE_BYTES_PER_BLOCK_TIME = 256, 384, 384, 6.0e6
+PLAN_UNIT, PLAN_ITEM_OVERHEAD, PLAN_COMBINE_FIXED, PLAN_COMBINE_BYTES_PER_BLOCK_TIME = 256, 512, 384, 6.0e6
+PLAN_LATE_WAVE = 768
 
 
 def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> int:
@@ -118,7 +120,9 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
     as the longest item, or where the items take more than one wave (``slots = SMs // row tiles``
     at a time, each with an overhead) the ``slots``-th longest item plus the next (two waves) or
     the load per slot plus the next (more), plus the combine when anything splits, and keeps the
-    cheapest (ties: the longer items)."""
+    cheapest (ties: the longer items). Sequences are cut in chunks of C blocks and a remainder
+    (``decode_plan.CUTS``), a cut of more than two waves charged its ``slots``-th shortest item
+    and any cut of more than one wave ``PLAN_LATE_WAVE`` more (the "tail" ranking)."""
     n = cdiv(t, GLUON_LATENT_BLOCK_N)
     slots = max(1, sms // max(1, cdiv(rows, GLUON_LATENT_BLOCK_M)))
     pieces = max(1, cdiv(n, PLAN_MAX_ITEM_BLOCKS))
@@ -132,12 +136,14 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
         if items > max_items or split > max_slots:
             continue
         work = b * n * PLAN_UNIT + items * PLAN_ITEM_OVERHEAD
-        longest = cdiv(n, count) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
+        full = n // c if count > 1 else 0      # chunks of c blocks per sequence, then a remainder of n - full * c
+        longest = (c if count > 1 else n) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
         est = longest
-        if items > slots:       # the slots-th and next longest items: b * (n % count) of the longer size first
-            kth = lambda r: (n // count + (r < b * (n % count))) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
-            bound = work // slots + kth(slots)
-            est = max(est, bound if items > 2 * slots else min(bound, max(kth(slots - 1) + kth(slots), work // slots)))
+        if items > slots:       # the r-th longest item: the b * full chunks first, then the b remainders
+            kth = lambda r: (c if r < b * full else n - full * c) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
+            bound = work // slots + kth(items - slots if items > 2 * slots else slots)
+            waves = bound if items > 2 * slots else min(bound, max(kth(slots - 1) + kth(slots), work // slots))
+            est = max(est, waves + PLAN_LATE_WAVE)
         est += PLAN_COMBINE_FIXED + split * comb if split else 0
         if best is None or est < best[0] or (est == best[0] and c > best[1]):
             best = (est, c)

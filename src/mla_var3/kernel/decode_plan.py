@@ -104,8 +104,17 @@ MIN_ITEM_BLOCKS = 2
 MAX_ITEM_BLOCKS = 1024
 #: cost units: 1/256 of one block-time (one 64-row tile x one 64-key block)
 _UNIT = 256
-#: per item: the exposed prologue (query + first key block in flight) and epilogue, in units
-ITEM_OVERHEAD = 384
+#: per item: the exposed prologue (query + first key block in flight) and epilogue, in units (two
+#: blocks: the list-scheduling simulation's best fit to 210 item plans measured on an H200, 3.3 %
+#: mean error, against 4.1 % at half a block)
+ITEM_OVERHEAD = 512
+#: the item overhead of the rankings before "tail" (to rebuild their plans)
+_ITEM_OVERHEAD_BEFORE = 384
+#: "tail" ranking: a cut whose items take more than one wave costs three blocks more, in units (a
+#: program started after the first wave exposes its prologue; measured on an H200, ragged b8 s1
+#: t32768 cut in 67 chunk items on 66 slots ran 6.0 us (3.3 blocks) slower than its one-wave cut,
+#: where the simulation put it 1 block faster, ``seesaw/seesaw-chunk-serving-698e143.json``)
+LATE_WAVE = 768
 #: the combine's fixed cost (a second launch), in units
 COMBINE_FIXED = 384
 #: bytes the combine moves per block-time (~3 TB/s x ~2 us per block on an H200)
@@ -118,10 +127,19 @@ _BIG = 9223372036854775807
 #: the ``slots``-th longest item with the next, as the SM that frees first takes the next item;
 #: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
 #: is short items too dear (measured on an H200, ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``)
-RANKINGS = ("pairs", "spread")
-#: how :func:`plan_reference` cuts a sequence at the item length C: near-equal items, or items
-#: of C blocks and a remainder
-CUTS = ("equal", "chunk")
+#: "tail" (the device planner's since the chunk cut) is "pairs" with a cut of more than two waves
+#: charged the load per slot plus its ``slots``-th *shortest* item, the size the SM that frees
+#: last takes, not the (``slots`` + 1)-th longest (in the simulation, 2.97 % above the best cut
+#: on average against 3.63 %, chunk cuts, 150 random batches)
+RANKINGS = ("tail", "pairs", "spread")
+#: how a sequence of n blocks is cut at the item length C: "chunk" (the device planner's), into
+#: ``n // C`` items of exactly C blocks and a shorter remainder, each ordered by its own size, so
+#: that the remainders of every size fill the last wave from the SMs that free first; "equal"
+#: (before), into ``ceil(n / C)`` near-equal items. Measured on an H200 with C the simulation's
+#: best for each, same batches and process: chunk 2-7 % faster on the serving rows that split and
+#: 7 % slower on ragged b8 s1 t32768 (67 items on 66 slots against 66);
+#: ``seesaw/seesaw-chunk-serving-698e143.json``
+CUTS = ("chunk", "equal")
 #: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
 #: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
 #: 0.5-3.1 % on the serving rows that pack; 6 slower than 4 (``seesaw/seesaw-pack-overhead-*-944f3cd.json``)
@@ -368,19 +386,34 @@ def _candidates(blocks: list[int], slots: int) -> list[int]:
     return cands + [one_wave_cut(blocks, slots)]
 
 
-def _items_at_least(blocks: list[int], counts: list[int], x: int) -> int:
-    """Items of at least ``x`` blocks when sequence ``b`` of ``blocks[b]`` blocks is cut into
-    ``counts[b]`` near-equal items (``n - c * (x - 1)`` of them, clamped to ``[0, c]``)."""
-    return sum(min(c, max(0, n - c * (x - 1))) for n, c in zip(blocks, counts))
+def _pieces(n: int, c: int, c_len: int, cut: str) -> tuple[int, int, int, int]:
+    """A sequence of ``n`` blocks in ``c`` items cut at ``c_len`` (``cut``, see :data:`CUTS`), as
+    ``(long, long_size, short, short_size)``: ``long`` items of ``long_size`` blocks, then
+    ``short`` (0 or more) of ``short_size``."""
+    if cut == "equal":
+        base, rem = divmod(n, c)
+        return rem, base + 1, c - rem, base
+    full = n // c_len if c > 1 else 0
+    return full, c_len, c - full, n - full * c_len
 
 
-def _kth_item(blocks: list[int], counts: list[int], r: int, longest: int) -> int:
+def _items_at_least(blocks: list[int], counts: list[int], x: int, c_len: int = 0, cut: str = "equal") -> int:
+    """Items of at least ``x >= 1`` blocks when sequence ``b`` of ``blocks[b]`` blocks is cut into
+    ``counts[b]`` items at ``c_len`` (``cut``)."""
+    total = 0
+    for n, c in zip(blocks, counts):
+        long, long_size, short, short_size = _pieces(n, c, c_len, cut)
+        total += long * (long_size >= x) + short * (short_size >= x)
+    return total
+
+
+def _kth_item(blocks: list[int], counts: list[int], r: int, longest: int, c_len: int = 0, cut: str = "equal") -> int:
     """The ``r``-th longest item (0: the longest), in blocks, by bisection on its size as the
     device planner finds it; 0 when there are at most ``r`` items."""
     lo, hi = 0, longest
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _items_at_least(blocks, counts, mid) > r:
+        if _items_at_least(blocks, counts, mid, c_len, cut) > r:
             lo = mid
         else:
             hi = mid - 1
@@ -388,23 +421,28 @@ def _kth_item(blocks: list[int], counts: list[int], r: int, longest: int) -> int
 
 
 def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: int, max_slots: int,
-              ranking: str = "pairs"):
+              ranking: str = "tail", cut: str = "chunk"):
     counts = [max(1, cdiv(n, c_len)) for n in blocks]
     n_items = sum(counts)
     n_split = sum(c for c in counts if c > 1)
     if n_items > max_items or n_split > max_slots:
         return None
-    longest = max(cdiv(n, c) for n, c in zip(blocks, counts))
-    work = sum(blocks) * _UNIT + n_items * ITEM_OVERHEAD
+    longest = max(c_len if cut == "chunk" and c > 1 else cdiv(n, c) for n, c in zip(blocks, counts))
+    ov = ITEM_OVERHEAD if ranking == "tail" else _ITEM_OVERHEAD_BEFORE
+    work = sum(blocks) * _UNIT + n_items * ov
     if ranking == "spread":
-        est = max(longest * _UNIT + ITEM_OVERHEAD, work // slots + (work // (2 * n_items) if n_items > slots else 0))
+        est = max(longest * _UNIT + ov, work // slots + (work // (2 * n_items) if n_items > slots else 0))
     else:
-        est = longest * _UNIT + ITEM_OVERHEAD
+        est = longest * _UNIT + ov
         if n_items > slots:
-            last = _kth_item(blocks, counts, slots - 1, longest) * _UNIT + ITEM_OVERHEAD
-            second = _kth_item(blocks, counts, slots, longest) * _UNIT + ITEM_OVERHEAD
-            bound = work // slots + second
-            est = max(est, bound if n_items > 2 * slots else min(bound, max(last + second, work // slots)))
+            kth = lambda r: _kth_item(blocks, counts, r, longest, c_len, cut) * _UNIT + ov
+            last, second = kth(slots - 1), kth(slots)
+            # "tail": beyond two waves the item the last wave's SM takes is about the slots-th
+            # shortest, not the (slots + 1)-th longest
+            tail = kth(n_items - slots) if ranking == "tail" and n_items > 2 * slots else second
+            bound = work // slots + tail
+            waves = bound if n_items > 2 * slots else min(bound, max(last + second, work // slots))
+            est = max(est, waves + (LATE_WAVE if ranking == "tail" else 0))
     if n_split:
         est += COMBINE_FIXED + n_split * comb
     return est
@@ -417,18 +455,17 @@ def _size_class(size: int, longest: int) -> int:
 
 
 def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   item_blocks: int | None = None, gated: bool = False, ranking: str = "pairs",
-                   cut: str = "equal") -> dict:
+                   item_blocks: int | None = None, gated: bool = False, ranking: str = "tail",
+                   cut: str | None = None) -> dict:
     """The plan of :func:`plan_decode`, computed in Python from host lengths. ``item_blocks``
     forces the item length C (in blocks, within [MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]) instead of
     the estimate's choice: for measuring the estimate against other cuts. ``gated``: the item
     plan of a batch whose kind the GPU chooses (its items capped, see :func:`plan_capacity`).
-    ``ranking``: how the candidate cuts' estimates charge a second wave (:data:`RANKINGS`;
-    "spread" is the ranking the planner used before "pairs", kept to rebuild the plans that
-    earlier records measured; the device planner ranks by "pairs"). ``cut``: how a sequence of
-    ``n`` blocks is cut at C (:data:`CUTS`): "equal", into ``ceil(n / C)`` near-equal items (the
-    device planner's); "chunk", into items of exactly C blocks and one shorter remainder, each
-    item ordered by its own size (host only, for measuring).
+    ``ranking``: how the candidate cuts' estimates charge the waves after the first
+    (:data:`RANKINGS`; the device planner's is "tail"), ``cut``: how a sequence of ``n`` blocks
+    is cut at C (:data:`CUTS`; default "chunk" with "tail", else "equal"): the others are kept to
+    rebuild the plans that earlier records measured ("pairs" with "equal" up to 698e143,
+    "spread" with "equal" before a9dcb9b).
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
     "item_blocks": C, "max_slots": ..., "slots_used": ...}`` — bit-for-bit the tensors the device
@@ -437,6 +474,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     """
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
+    cut = ("chunk" if ranking == "tail" else "equal") if cut is None else cut
     if cut not in CUTS:
         raise ValueError(f"cut must be one of {', '.join(CUTS)}, got {cut!r}")
     batch = len(lengths)
@@ -446,7 +484,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     comb = _combine_units(rows, k)
     best = None
     for c_len in _candidates(blocks, slots):
-        est = _estimate(blocks, c_len, slots, comb, max_items, max_slots, ranking) if batch else 0
+        est = _estimate(blocks, c_len, slots, comb, max_items, max_slots, ranking, cut) if batch else 0
         if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
             best = (est, c_len)
     c_len = best[1] if best else min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
@@ -574,8 +612,10 @@ def packs(ref_i: dict, ref_p: dict, slots: int) -> bool:
 def _packed_estimate(width: int, waves: int, n_split: int, comb: int) -> int:
     """A packed plan's time in units: its widest program (times the waves when the programs
     outnumber the slots: shares capped at ``MAX_ITEM_BLOCKS``) plus one piece's prologue, and
-    the combine when anything is split."""
-    return waves * width * _UNIT + ITEM_OVERHEAD + (COMBINE_FIXED + n_split * comb if n_split else 0)
+    the combine when anything is split. (The prologue is the item overhead of the rankings before
+    "tail": this estimate only draws the threshold batches of ``benchmarks/seesaw_ab.py``, which
+    keep their draws.)"""
+    return waves * width * _UNIT + _ITEM_OVERHEAD_BEFORE + (COMBINE_FIXED + n_split * comb if n_split else 0)
 
 
 def packing_may_pay(batch: int, rows: int, sms: int) -> bool:
@@ -604,18 +644,19 @@ def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool
 
 
 def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   ranking: str = "pairs") -> dict:
+                   ranking: str = "tail", cut: str | None = None) -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
     ``starts`` None) unless :func:`packing_may_pay`; then the packed plan where :func:`packs`
     (priced below the item plan), else the item plan run one item per program (``starts[p] =
-    min(p, items)``), in buffers sized for either. ``ranking``: the item cut's (see
-    :func:`plan_reference`; "spread" for the plans of earlier records).
+    min(p, items)``), in buffers sized for either. ``ranking``, ``cut``: the item cut's (see
+    :func:`plan_reference`; others than the defaults rebuild the plans of earlier records).
 
     Returns ``{"items", "seqs", "starts", "packed": bool, "max_slots"}`` — bit-for-bit what the
     device planner writes."""
     batch = len(lengths)
     choice, size, programs, max_slots = _plan_buffers(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), None)
-    ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms, gated=choice is None, ranking=ranking)
+    ref_i = plan_reference(lengths, rows, capacity=capacity, k=k, sms=sms, gated=choice is None, ranking=ranking,
+                           cut=cut)
     if choice is False:
         return {"items": ref_i["items"], "seqs": ref_i["seqs"], "starts": None, "packed": False,
                 "max_slots": max_slots}
@@ -721,19 +762,23 @@ def _cut_counts(n, ok, cand):
 
 
 @triton.jit
-def _class_of(n, c_len, l_top, NCLS: tl.constexpr):
-    """Sequences of ``n`` blocks cut at ``c_len``: (their items, their items' size class relative
-    to the cut's longest item ``l_top``; :func:`_size_class`)."""
-    c = tl.maximum((n + c_len - 1) // c_len, 1)
-    size = (n + c - 1) // c
-    return c, tl.minimum((size * NCLS) // (l_top + 1), NCLS - 1)
+def _chunk_parts(n, ok, c_len):
+    """Sequences of ``n`` blocks (``ok``: in the batch) cut in chunks at ``c_len``: (items, full
+    chunks of ``c_len`` blocks, the remainder's blocks). A sequence not split is its remainder;
+    a split one has a remainder item only where it is not 0 blocks."""
+    c = tl.where(ok, tl.maximum((n + c_len - 1) // c_len, 1), 0)
+    full = tl.where(c > 1, n // c_len, 0)
+    return c, full, n - full * c_len
 
 
 @triton.jit
-def _at_least(n, c, x):
+def _at_least(n, c, cand, x):
     """Per candidate (rows of ``c [NC, BLOCK_B]``, 0 where no sequence): its items of at least
-    ``x [NC]`` blocks, sequences of ``n [BLOCK_B]`` blocks cut into ``c`` near-equal items each."""
-    return tl.sum(tl.minimum(tl.maximum(n[None, :] - c * (x[:, None] - 1), 0), c), 1)
+    ``x [NC] >= 1`` blocks, sequences of ``n [BLOCK_B]`` blocks cut in chunks at ``cand [NC]``."""
+    full = tl.where(c > 1, n[None, :] // cand[:, None], 0)
+    rest = n[None, :] - full * cand[:, None]
+    hits = tl.where(cand[:, None] >= x[:, None], full, 0) + ((c > 0) & (rest >= x[:, None])).to(tl.int32)
+    return tl.sum(hits, 1)
 
 
 @triton.jit
@@ -749,48 +794,62 @@ def _rank_probe(lo, hi, at_mid, r):
 def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
                     BLOCK: tl.constexpr, NCLS: tl.constexpr):
     """:func:`_order_by_class` for a batch of at most ``BLOCK_B`` sequences, all classes in one
-    ``[NCLS, BLOCK_B]`` pass: a sequence's first item follows the items of the classes above its
-    own, then those of the earlier sequences of its class. Returns (items, split items)."""
+    ``[NCLS, BLOCK_B]`` pass: a part's first item follows the items of the classes above its own,
+    then those of the earlier sequences of its class (a sequence's chunks before its remainder).
+    Returns (items, split items)."""
     ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
-    c, cls = _class_of(n, c_len, l_top, NCLS)
-    hit = ok[None, :] & (cls[None, :] == tl.arange(0, NCLS)[:, None])
-    cnt = tl.where(hit, c[None, :], 0)
-    scnt = tl.where(hit & (c[None, :] > 1), c[None, :], 0)
+    c, full, rest = _chunk_parts(n, ok, c_len)
+    has_a = ok & (full > 0)
+    has_b = ok & ((c == 1) | (rest > 0))
+    cls_a = tl.minimum((c_len * NCLS) // (l_top + 1), NCLS - 1)
+    cls_b = tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1)
+    row = tl.arange(0, NCLS)[:, None]
+    hit_a = has_a[None, :] & (row == cls_a)
+    hit_b = has_b[None, :] & (row == cls_b[None, :])
+    cnt = tl.where(hit_a, full[None, :], 0) + hit_b.to(tl.int32)
     per_cls = tl.sum(cnt, 1)
-    per_cls_s = tl.sum(scnt, 1)
     n_items = tl.sum(per_cls, 0)
-    n_split = tl.sum(per_cls_s, 0)
-    first_item = tl.sum(tl.where(hit, (n_items - tl.cumsum(per_cls, 0))[:, None] + tl.cumsum(cnt, 1) - cnt, 0), 0)
-    first_slot = tl.sum(tl.where(hit, (n_split - tl.cumsum(per_cls_s, 0))[:, None] + tl.cumsum(scnt, 1) - scnt, 0), 0)
+    at = (n_items - tl.cumsum(per_cls, 0))[:, None] + tl.cumsum(cnt, 1) - cnt
+    pos_a = tl.sum(tl.where(hit_a, at, 0), 0)
+    pos_b = tl.sum(tl.where(hit_b, at + tl.where(hit_a, full[None, :], 0), 0), 0)
+    scnt = tl.where(c > 1, c, 0)
+    first_slot = tl.cumsum(scnt, 0) - scnt
     tl.store(seqs_ptr + offs * 2, tl.where(c > 1, first_slot, -1), mask=ok)
     tl.store(seqs_ptr + offs * 2 + 1, c, mask=ok)
-    tl.store(items_ptr + first_item * 4, offs, mask=ok)
-    return n_items, n_split
+    tl.store(items_ptr + pos_a * 4, offs * 2, mask=has_a)
+    tl.store(items_ptr + pos_b * 4, offs * 2 + 1, mask=has_b)
+    return n_items, tl.sum(scnt, 0)
 
 
 @triton.jit
 def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
                     BLOCK: tl.constexpr, NCLS: tl.constexpr, BLOCK_B: tl.constexpr):
-    """Per sequence of the cut at ``c_len`` blocks, its first item and slot, the longest size class
-    first and batch order within a class (a counting sort, a pass per class): writes ``seqs`` and
-    marks sequence b's first entry in ``items``. Returns (items, split items)."""
-    next_item = tl.full([], 0, tl.int32)
+    """The cut in chunks at ``c_len`` blocks, in order: each sequence's chunks (part 0) and its
+    remainder (part 1) are placed by their size class, the longest class first and batch order
+    within a class (a counting sort, a pass per class), and a part's first entry in ``items`` is
+    marked ``2 b + part``; split slots in batch order (``seqs``). Returns (items, split items)."""
     next_slot = tl.full([], 0, tl.int32)
+    for b0 in range(0, B, BLOCK_B):
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+        c, full, rest = _chunk_parts(n, ok, c_len)
+        scnt = tl.where(c > 1, c, 0)
+        tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(c > 1, next_slot + tl.cumsum(scnt, 0) - scnt, -1), mask=ok)
+        tl.store(seqs_ptr + (b0 + offs) * 2 + 1, c, mask=ok)
+        next_slot += tl.sum(scnt, 0)
+    cls_a = tl.minimum((c_len * NCLS) // (l_top + 1), NCLS - 1)
+    next_item = tl.full([], 0, tl.int32)
     for cls_i in range(NCLS):
         cls = NCLS - 1 - cls_i
         for b0 in range(0, B, BLOCK_B):
             ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c, cls_b = _class_of(n, c_len, l_top, NCLS)
-            sel = ok & (cls_b == cls)
-            cnt = tl.where(sel, c, 0)
-            first_item = next_item + tl.cumsum(cnt, 0) - cnt
-            scnt = tl.where(sel & (c > 1), c, 0)
-            first_slot = next_slot + tl.cumsum(scnt, 0) - scnt
-            tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(c > 1, first_slot, -1), mask=sel)
-            tl.store(seqs_ptr + (b0 + offs) * 2 + 1, c, mask=sel)
-            tl.store(items_ptr + first_item * 4, b0 + offs, mask=sel)
+            c, full, rest = _chunk_parts(n, ok, c_len)
+            hit_a = ok & (full > 0) & (cls_a == cls)
+            hit_b = ok & ((c == 1) | (rest > 0)) & (tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1) == cls)
+            cnt = tl.where(hit_a, full, 0) + hit_b.to(tl.int32)
+            at = next_item + tl.cumsum(cnt, 0) - cnt
+            tl.store(items_ptr + at * 4, (b0 + offs) * 2, mask=hit_a)
+            tl.store(items_ptr + (at + tl.where(hit_a, full, 0)) * 4, (b0 + offs) * 2 + 1, mask=hit_b)
             next_item += tl.sum(cnt, 0)
-            next_slot += tl.sum(scnt, 0)
     return next_item, next_slot
 
 
@@ -799,7 +858,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                  NC: tl.constexpr,
                  NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr, PROBES: tl.constexpr):
+                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr, PROBES: tl.constexpr,
+                 LATE: tl.constexpr):
     """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe of the
     one-wave cut and of the ranks of pass 2b (``PROBES``, where a cut takes two waves or more) and
     in pass 3 once (a batch of at most ``BLOCK_B <= 128`` sequences) or once per size class
@@ -846,11 +906,13 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         c = _cut_counts(n, ok, cand)
         n_items += tl.sum(c, 1)
         n_split += tl.sum(tl.where(c > 1, c, 0), 1)
-        longest = tl.maximum(longest, tl.max((n[None, :] + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), 1))
+        longest = tl.maximum(longest, tl.max(tl.where(c > 1, cand[:, None], n[None, :]), 1))
     work = tot * UNIT + n_items.to(tl.int64) * OVH
-    # ---- pass 2b: where a cut's items take more than one wave, its SLOTS-th and (SLOTS + 1)-th
-    # longest items (bisection on the size, both ranks and all candidates at once; a pass per probe)
+    # ---- pass 2b: where a cut's items take more than one wave, its SLOTS-th longest item and
+    # (two waves) the next or (more) its SLOTS-th shortest ("tail" ranking; bisection on the size,
+    # both ranks and all candidates at once; a pass per probe)
     est = longest.to(tl.int64) * UNIT + OVH
+    r2 = tl.where(n_items > 2 * SLOTS, n_items - SLOTS, SLOTS)
     if tl.max(n_items, 0) > SLOTS:
         lo1 = tl.zeros([NC], tl.int32)
         hi1 = longest
@@ -860,8 +922,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
             ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
             c = _cut_counts(n, ok, cand)
             for _ in range(PROBES):
-                lo1, hi1 = _rank_probe(lo1, hi1, _at_least(n, c, (lo1 + hi1 + 1) // 2), SLOTS - 1)
-                lo2, hi2 = _rank_probe(lo2, hi2, _at_least(n, c, (lo2 + hi2 + 1) // 2), SLOTS)
+                lo1, hi1 = _rank_probe(lo1, hi1, _at_least(n, c, cand, (lo1 + hi1 + 1) // 2), SLOTS - 1)
+                lo2, hi2 = _rank_probe(lo2, hi2, _at_least(n, c, cand, (lo2 + hi2 + 1) // 2), r2)
         else:
             for _ in range(PROBES):
                 at1 = tl.zeros([NC], tl.int32)
@@ -869,15 +931,15 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
                 for b0 in range(0, B, BLOCK_B):
                     ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
                     c = _cut_counts(n, ok, cand)
-                    at1 += _at_least(n, c, (lo1 + hi1 + 1) // 2)
-                    at2 += _at_least(n, c, (lo2 + hi2 + 1) // 2)
+                    at1 += _at_least(n, c, cand, (lo1 + hi1 + 1) // 2)
+                    at2 += _at_least(n, c, cand, (lo2 + hi2 + 1) // 2)
                 lo1, hi1 = _rank_probe(lo1, hi1, at1, SLOTS - 1)
-                lo2, hi2 = _rank_probe(lo2, hi2, at2, SLOTS)
+                lo2, hi2 = _rank_probe(lo2, hi2, at2, r2)
         last = lo1.to(tl.int64) * UNIT + OVH
         second = lo2.to(tl.int64) * UNIT + OVH
         bound = work // SLOTS + second
         two = tl.minimum(bound, tl.maximum(last + second, work // SLOTS))
-        est = tl.where(n_items > SLOTS, tl.maximum(est, tl.where(n_items > 2 * SLOTS, bound, two)), est)
+        est = tl.where(n_items > SLOTS, tl.maximum(est, tl.where(n_items > 2 * SLOTS, bound, two) + LATE), est)
     est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
     big = 9223372036854775807
     est = tl.where((n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS), est, big)
@@ -911,7 +973,8 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         mark = tl.load(items_ptr + idx * 4, mask=idx < MAX_ITEMS, other=-1)
         start = tl.maximum(tl.associative_scan(tl.where(mark >= 0, idx, -1), 0, _max_combine), carry)
         carry = tl.max(start, 0)
-        b = tl.load(items_ptr + start * 4, mask=in_plan, other=-1)
+        part = tl.load(items_ptr + start * 4, mask=in_plan, other=-2)
+        b = tl.where(part >= 0, part // 2, -1)
         bb = tl.maximum(b, 0)
         if HAS_SEQLENS:
             L = tl.minimum(tl.load(seqlens_ptr + bb, mask=in_plan, other=0), T)
@@ -921,11 +984,11 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         c = tl.load(seqs_ptr + bb * 2 + 1, mask=in_plan, other=1)
         s0 = tl.load(seqs_ptr + bb * 2, mask=in_plan, other=-1)
         j = idx - start
-        base = n // c
-        rem = n % c
-        lo = j * base + tl.minimum(j, rem)
-        hi = lo + base + (j < rem).to(tl.int32)
-        slot = tl.where(c > 1, s0 + j, -1)
+        full = tl.where(c > 1, n // c_len, 0)
+        rest = part % 2 == 1            # the remainder (or a sequence not split)
+        lo = tl.where(rest, full, j) * c_len
+        hi = tl.where(rest, n, lo + c_len)
+        slot = tl.where(c > 1, s0 + tl.where(rest, full, j), -1)
         live = idx < MAX_ITEMS
         tl.store(items_ptr + idx * 4, tl.where(in_plan, b, -1), mask=live)
         tl.store(items_ptr + idx * 4 + 1, tl.where(in_plan, lo, -1), mask=live)
@@ -1129,7 +1192,8 @@ def plan_constexprs(has_seqlens: bool, block: int, write_est: bool, block_b: int
     items per pass, ``block_b`` (default ``block``) sequences per pass."""
     return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
                 NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT,
-                BLOCK_B=block_b or block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length())
+                BLOCK_B=block_b or block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length(),
+                LATE=LATE_WAVE)
 
 
 def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int, block_b: int | None = None) -> dict:
