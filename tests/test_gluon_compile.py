@@ -268,8 +268,9 @@ def test_the_decode_planners_compile_for_sm90(tmp_path):
     sizes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(sizes) == {"plan", "plan_b32", "packed", "packed_b64", "packed_b32"}
     assert all(0 < regs <= 255 for regs, _ in sizes.values())
-    assert sizes["packed_b64"][1] == sizes["packed_b32"][1] == sizes["plan_b32"][1] == 0, sizes
-    assert sizes["plan"][1] <= 32 and sizes["packed"][1] <= 32, sizes      # 24 and 12 bytes at 256 sequences
+    assert sizes["packed_b64"][1] == sizes["packed_b32"][1] == 0, sizes
+    # the item planner's chunk cut (ranks of its remainders): 28 bytes at 32 and at 256 sequences
+    assert sizes["plan"][1] <= 32 and sizes["plan_b32"][1] <= 32 and sizes["packed"][1] <= 32, sizes
     assert sizes["plan_b32"][0] <= 128, sizes     # the one-pass order of a small batch: 88 registers
 
 
