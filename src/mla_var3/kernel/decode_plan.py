@@ -427,6 +427,8 @@ def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: i
     n_split = sum(c for c in counts if c > 1)
     if n_items > max_items or n_split > max_slots:
         return None
+    if cut == "chunk" and n_items <= slots:
+        cut = "equal"           # one wave: near-equal items (the longest item is the time)
     longest = max(c_len if cut == "chunk" and c > 1 else cdiv(n, c) for n, c in zip(blocks, counts))
     ov = ITEM_OVERHEAD if ranking == "tail" else _ITEM_OVERHEAD_BEFORE
     work = sum(blocks) * _UNIT + n_items * ov
@@ -497,7 +499,21 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = [(-1, 0)] * batch
     next_slot = 0
-    if cut == "chunk":
+    one_wave = cut == "chunk" and sum(counts) <= slots
+    if one_wave:            # near-equal items, ordered as the "equal" cut's, split slots in batch order
+        slot0, next_slot = [], 0
+        for c in counts:
+            slot0.append(next_slot if c > 1 else -1)
+            next_slot += c if c > 1 else 0
+        for cls in reversed(range(_SIZE_CLASSES)):
+            for b, (n, c) in enumerate(zip(blocks, counts)):
+                if _size_class(cdiv(n, c), longest) == cls:
+                    seqs[b] = (slot0[b], c)
+                    base, rem = divmod(n, c)
+                    for j in range(c):
+                        lo = j * base + min(j, rem)
+                        items.append((b, lo, lo + base + (1 if j < rem else 0), slot0[b] + j if c > 1 else -1))
+    elif cut == "chunk":
         longest = max((min(n, c_len) for n in blocks), default=0)
         for b, (n, c) in enumerate(zip(blocks, counts)):
             first = next_slot if c > 1 else -1
@@ -772,6 +788,20 @@ def _chunk_parts(n, ok, c_len):
 
 
 @triton.jit
+def _parts(n, ok, c_len, l_top, eq, NCLS: tl.constexpr):
+    """The cut at ``c_len`` as two parts per sequence: (items, part 0's items, its size class,
+    whether part 1 exists, its size class). Chunks: part 0 the full chunks, part 1 the remainder;
+    near-equal items (``eq``, a one-wave cut): part 0 all of them, classed by their size."""
+    c, full, rest = _chunk_parts(n, ok, c_len)
+    size_a = tl.where(eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), c_len)
+    cnt_a = tl.where(eq, c, full)
+    cls_a = tl.minimum((size_a * NCLS) // (l_top + 1), NCLS - 1)
+    has_b = ok & (eq == 0) & ((c == 1) | (rest > 0))
+    cls_b = tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1)
+    return c, cnt_a, cls_a, has_b, cls_b
+
+
+@triton.jit
 def _at_least(n, c, cand, x):
     """Per candidate (rows of ``c [NC, BLOCK_B]``, 0 where no sequence): its items of at least
     ``x [NC] >= 1`` blocks, sequences of ``n [BLOCK_B]`` blocks cut in chunks at ``cand [NC]``."""
@@ -791,27 +821,24 @@ def _rank_probe(lo, hi, at_mid, r):
 
 
 @triton.jit
-def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
+def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, eq, HAS_SEQLENS: tl.constexpr,
                     BLOCK: tl.constexpr, NCLS: tl.constexpr):
     """:func:`_order_by_class` for a batch of at most ``BLOCK_B`` sequences, all classes in one
     ``[NCLS, BLOCK_B]`` pass: a part's first item follows the items of the classes above its own,
     then those of the earlier sequences of its class (a sequence's chunks before its remainder).
     Returns (items, split items)."""
     ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
-    c, full, rest = _chunk_parts(n, ok, c_len)
-    has_a = ok & (full > 0)
-    has_b = ok & ((c == 1) | (rest > 0))
-    cls_a = tl.minimum((c_len * NCLS) // (l_top + 1), NCLS - 1)
-    cls_b = tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1)
+    c, cnt_a, cls_a, has_b, cls_b = _parts(n, ok, c_len, l_top, eq, NCLS)
+    has_a = ok & (cnt_a > 0)
     row = tl.arange(0, NCLS)[:, None]
-    hit_a = has_a[None, :] & (row == cls_a)
+    hit_a = has_a[None, :] & (row == cls_a[None, :])
     hit_b = has_b[None, :] & (row == cls_b[None, :])
-    cnt = tl.where(hit_a, full[None, :], 0) + hit_b.to(tl.int32)
+    cnt = tl.where(hit_a, cnt_a[None, :], 0) + hit_b.to(tl.int32)
     per_cls = tl.sum(cnt, 1)
     n_items = tl.sum(per_cls, 0)
     at = (n_items - tl.cumsum(per_cls, 0))[:, None] + tl.cumsum(cnt, 1) - cnt
     pos_a = tl.sum(tl.where(hit_a, at, 0), 0)
-    pos_b = tl.sum(tl.where(hit_b, at + tl.where(hit_a, full[None, :], 0), 0), 0)
+    pos_b = tl.sum(tl.where(hit_b, at + tl.where(hit_a, cnt_a[None, :], 0), 0), 0)
     scnt = tl.where(c > 1, c, 0)
     first_slot = tl.cumsum(scnt, 0) - scnt
     tl.store(seqs_ptr + offs * 2, tl.where(c > 1, first_slot, -1), mask=ok)
@@ -822,7 +849,7 @@ def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
 
 
 @triton.jit
-def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, HAS_SEQLENS: tl.constexpr,
+def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, eq, HAS_SEQLENS: tl.constexpr,
                     BLOCK: tl.constexpr, NCLS: tl.constexpr, BLOCK_B: tl.constexpr):
     """The cut in chunks at ``c_len`` blocks, in order: each sequence's chunks (part 0) and its
     remainder (part 1) are placed by their size class, the longest class first and batch order
@@ -836,19 +863,18 @@ def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
         tl.store(seqs_ptr + (b0 + offs) * 2, tl.where(c > 1, next_slot + tl.cumsum(scnt, 0) - scnt, -1), mask=ok)
         tl.store(seqs_ptr + (b0 + offs) * 2 + 1, c, mask=ok)
         next_slot += tl.sum(scnt, 0)
-    cls_a = tl.minimum((c_len * NCLS) // (l_top + 1), NCLS - 1)
     next_item = tl.full([], 0, tl.int32)
     for cls_i in range(NCLS):
         cls = NCLS - 1 - cls_i
         for b0 in range(0, B, BLOCK_B):
             ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c, full, rest = _chunk_parts(n, ok, c_len)
-            hit_a = ok & (full > 0) & (cls_a == cls)
-            hit_b = ok & ((c == 1) | (rest > 0)) & (tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1) == cls)
-            cnt = tl.where(hit_a, full, 0) + hit_b.to(tl.int32)
+            c, cnt_a, cls_a, has_b, cls_b = _parts(n, ok, c_len, l_top, eq, NCLS)
+            hit_a = ok & (cnt_a > 0) & (cls_a == cls)
+            hit_b = has_b & (cls_b == cls)
+            cnt = tl.where(hit_a, cnt_a, 0) + hit_b.to(tl.int32)
             at = next_item + tl.cumsum(cnt, 0) - cnt
             tl.store(items_ptr + at * 4, (b0 + offs) * 2, mask=hit_a)
-            tl.store(items_ptr + (at + tl.where(hit_a, full, 0)) * 4, (b0 + offs) * 2 + 1, mask=hit_b)
+            tl.store(items_ptr + (at + tl.where(hit_a, cnt_a, 0)) * 4, (b0 + offs) * 2 + 1, mask=hit_b)
             next_item += tl.sum(cnt, 0)
     return next_item, next_slot
 
@@ -900,13 +926,17 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     # ---- pass 2: items, split items and the longest item per candidate
     n_items = tl.zeros([NC], tl.int32)
     n_split = tl.zeros([NC], tl.int32)
-    longest = tl.zeros([NC], tl.int32)
+    long_ch = tl.zeros([NC], tl.int32)
+    long_eq = tl.zeros([NC], tl.int32)
     for b0 in range(0, B, BLOCK_B):
         ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
         c = _cut_counts(n, ok, cand)
         n_items += tl.sum(c, 1)
         n_split += tl.sum(tl.where(c > 1, c, 0), 1)
-        longest = tl.maximum(longest, tl.max(tl.where(c > 1, cand[:, None], n[None, :]), 1))
+        long_ch = tl.maximum(long_ch, tl.max(tl.where(c > 1, cand[:, None], n[None, :]), 1))
+        long_eq = tl.maximum(long_eq, tl.max((n[None, :] + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), 1))
+    # a cut of one wave is cut near-equal (its longest item is its time), a longer one in chunks
+    longest = tl.where(n_items <= SLOTS, long_eq, long_ch)
     work = tot * UNIT + n_items.to(tl.int64) * OVH
     # ---- pass 2b: where a cut's items take more than one wave, its SLOTS-th longest item and
     # (two waves) the next or (more) its SLOTS-th shortest ("tail" ranking; bisection on the size,
@@ -950,6 +980,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     # the cut's longest item (the size classes are relative to it): pass 2's, for the candidate
     # chosen (the fallback, the longest sequence, is candidate j = 1)
     l_top = tl.max(tl.where(cand == c_len, longest, 0), 0)
+    eq = _cut_items(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS, BLOCK, BLOCK_B) <= SLOTS
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     ii = tl.arange(0, BLOCK_I)
@@ -957,10 +988,10 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         tl.store(items_ptr + (i0 + ii) * 4, tl.full([BLOCK_I], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
     tl.debug_barrier()
     if (BLOCK_B <= 128) and (B <= BLOCK_B):     # the batch in one pass, all classes at once
-        next_item, next_slot = _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top,
+        next_item, next_slot = _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, eq,
                                                HAS_SEQLENS, BLOCK, NCLS)
     else:
-        next_item, next_slot = _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top,
+        next_item, next_slot = _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, eq,
                                                HAS_SEQLENS, BLOCK, NCLS, BLOCK_B)
     if WRITE_EST:
         tl.store(est_ptr, next_item.to(tl.int64))
@@ -988,6 +1019,10 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
         rest = part % 2 == 1            # the remainder (or a sequence not split)
         lo = tl.where(rest, full, j) * c_len
         hi = tl.where(rest, n, lo + c_len)
+        base = n // tl.maximum(c, 1)
+        rem = n % tl.maximum(c, 1)
+        lo = tl.where(eq, j * base + tl.minimum(j, rem), lo)      # near-equal items
+        hi = tl.where(eq, j * base + tl.minimum(j, rem) + base + (j < rem).to(tl.int32), hi)
         slot = tl.where(c > 1, s0 + tl.where(rest, full, j), -1)
         live = idx < MAX_ITEMS
         tl.store(items_ptr + idx * 4, tl.where(in_plan, b, -1), mask=live)
