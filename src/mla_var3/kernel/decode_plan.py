@@ -19,7 +19,12 @@ layers' common data).
 
 How items are cut (``C`` = item length in blocks, the one free choice):
 
-* each sequence of ``n_b`` blocks is cut into ``c_b = max(1, ceil(n_b / C))`` near-equal items;
+* each sequence of ``n_b`` blocks is cut into ``c_b = max(1, ceil(n_b / C))`` items: where the
+  cut's items fit one wave, near-equal ones (the longest item is the time); where they take more,
+  ``n_b // C`` chunks of C blocks and a shorter remainder (:data:`CUTS`), so that remainders of
+  every size fill the last wave from the SMs that free first (measured on an H200 against
+  near-equal items of the planner's ranking before, same process: ragged b48 s1 t8192 10 %
+  faster, b64 s1 t8192 10 %, b16 s2 t32768 3 %; ``seesaw/seesaw-tail-serving-7029e85.json``);
 * candidates ``C``: ``ceil(total / (k * slots))`` for ``k = 1..8`` (``slots = SMs // row
   tiles``: items that run at once), ``ceil(max_b n_b / j)`` for ``j = 1..23`` (``j = 1``: no
   split), and the *one-wave cut*: the shortest ``C`` whose items fit ``slots`` (found by
@@ -30,7 +35,8 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   costing its blocks + ``ITEM_OVERHEAD``): the longest item; where the ``N`` items take two
   waves (``slots < N <= 2 slots``), at least the ``slots``-th longest item plus the next (the SM
   that frees first takes the next item), at most the load per slot plus that next item; beyond
-  two waves, that upper bound; plus the combine (a fixed cost and the fp32 partials written and
+  two waves, the load per slot plus the ``slots``-th shortest item; more than one wave
+  ``LATE_WAVE`` more (the "tail" ranking of :data:`RANKINGS`); plus the combine (a fixed cost and the fp32 partials written and
   read: ``rows * K * 8`` bytes per split item) when anything is split; candidates that need more
   items or slots than the buffers hold are excluded. (The ranking before, "spread", charged a
   second wave half a mean item over the load per slot: too dear where the second wave is short
