@@ -117,11 +117,12 @@ def best_sim_cut(lengths: list, rows: int, capacity: int, sms: int = SMS, cut: s
     from mla_var3.kernel import decode_plan as dp
 
     blocks = dp.seq_blocks(lengths, capacity)
+    max_items = dp.plan_capacity(len(lengths), rows, sms, dp.cdiv(capacity, dp.PLAN_BLOCK))[1]
     best = None
     for c in range(dp.MIN_ITEM_BLOCKS, max(max(blocks, default=0), dp.MIN_ITEM_BLOCKS) + 1):
         ref = dp.plan_reference(lengths, rows, capacity=capacity, sms=sms, item_blocks=c, cut=cut)
         live = sum(1 for it in ref["items"] if it[0] >= 0)
-        if ref["slots_used"] > ref["max_slots"] or live > len(ref["items"]):
+        if ref["slots_used"] > ref["max_slots"] or live > max_items:
             continue
         m, sp = features(ref, rows)
         us = model["fixed"] + model["per_block"] * m + model["per_split"] * sp
