@@ -121,8 +121,9 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
     at a time, each with an overhead) the ``slots``-th longest item plus the next (two waves) or
     the load per slot plus the next (more), plus the combine when anything splits, and keeps the
     cheapest (ties: the longer items). Sequences are cut in chunks of C blocks and a remainder
-    (``decode_plan.CUTS``), a cut of more than two waves charged its ``slots``-th shortest item
-    and any cut of more than one wave ``PLAN_LATE_WAVE`` more (the "tail" ranking)."""
+    where the items take more than one wave, near-equal where they fit one (``decode_plan.CUTS``);
+    a cut of more than two waves is charged its ``slots``-th shortest item and any cut of more
+    than one wave ``PLAN_LATE_WAVE`` more (the "tail" ranking)."""
     n = cdiv(t, GLUON_LATENT_BLOCK_N)
     slots = max(1, sms // max(1, cdiv(rows, GLUON_LATENT_BLOCK_M)))
     pieces = max(1, cdiv(n, PLAN_MAX_ITEM_BLOCKS))
@@ -137,7 +138,8 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
             continue
         work = b * n * PLAN_UNIT + items * PLAN_ITEM_OVERHEAD
         full = n // c if count > 1 else 0      # chunks of c blocks per sequence, then a remainder of n - full * c
-        longest = (c if count > 1 else n) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
+        one_wave = items <= slots               # then near-equal items: the longest is ceil(n / count)
+        longest = (cdiv(n, count) if one_wave or count == 1 else c) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
         est = longest
         if items > slots:       # the r-th longest item: the b * full chunks first, then the b remainders
             kth = lambda r: (c if r < b * full else n - full * c) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
