@@ -505,39 +505,30 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     items: list[tuple[int, int, int, int]] = []
     seqs: list[tuple[int, int]] = [(-1, 0)] * batch
     next_slot = 0
-    one_wave = cut == "chunk" and sum(counts) <= slots
-    if one_wave:            # near-equal items, ordered as the "equal" cut's, split slots in batch order
-        slot0, next_slot = [], 0
-        for c in counts:
-            slot0.append(next_slot if c > 1 else -1)
+    first: list[int] = [-1] * batch
+    if cut == "chunk":          # split slots in batch order (the device planner's); "equal": in item order
+        for b, c in enumerate(counts):
+            first[b] = next_slot if c > 1 else -1
             next_slot += c if c > 1 else 0
+            seqs[b] = (first[b], c)
+    if cut == "equal" or sum(counts) <= slots:      # a chunk cut of one wave is cut near-equal
         for cls in reversed(range(_SIZE_CLASSES)):
             for b, (n, c) in enumerate(zip(blocks, counts)):
-                if _size_class(cdiv(n, c), longest) == cls:
-                    seqs[b] = (slot0[b], c)
-                    base, rem = divmod(n, c)
-                    for j in range(c):
-                        lo = j * base + min(j, rem)
-                        items.append((b, lo, lo + base + (1 if j < rem else 0), slot0[b] + j if c > 1 else -1))
-    elif cut == "chunk":
+                if _size_class(cdiv(n, c), longest) != cls:
+                    continue
+                if cut == "equal":
+                    first[b] = next_slot if c > 1 else -1
+                    next_slot += c if c > 1 else 0
+                    seqs[b] = (first[b], c)
+                base, rem = divmod(n, c)
+                for j in range(c):
+                    lo = j * base + min(j, rem)
+                    items.append((b, lo, lo + base + (1 if j < rem else 0), first[b] + j if c > 1 else -1))
+    else:
         longest = max((min(n, c_len) for n in blocks), default=0)
         for b, (n, c) in enumerate(zip(blocks, counts)):
-            first = next_slot if c > 1 else -1
-            next_slot += c if c > 1 else 0
-            seqs[b] = (first, c)
-            items += [(b, j * c_len, min(n, (j + 1) * c_len), first + j if c > 1 else -1) for j in range(c)]
+            items += [(b, j * c_len, min(n, (j + 1) * c_len), first[b] + j if c > 1 else -1) for j in range(c)]
         items.sort(key=lambda it: -_size_class(it[2] - it[1], longest))
-    for cls in reversed(range(_SIZE_CLASSES) if cut == "equal" else ()):
-        for b, (n, c) in enumerate(zip(blocks, counts)):
-            if _size_class(cdiv(n, c), longest) != cls:
-                continue
-            first = next_slot if c > 1 else -1
-            next_slot += c if c > 1 else 0
-            seqs[b] = (first, c)
-            base, rem = divmod(n, c)
-            for j in range(c):
-                lo = j * base + min(j, rem)
-                items.append((b, lo, lo + base + (1 if j < rem else 0), first + j if c > 1 else -1))
     items += [(-1, -1, -1, -1)] * (max_items - len(items))
     return {"items": items, "seqs": seqs, "item_blocks": c_len, "max_slots": max_slots, "slots_used": next_slot,
             "estimate": best[0] if best else _BIG}
@@ -857,10 +848,11 @@ def _order_one_pass(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
 @triton.jit
 def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, eq, HAS_SEQLENS: tl.constexpr,
                     BLOCK: tl.constexpr, NCLS: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The cut in chunks at ``c_len`` blocks, in order: each sequence's chunks (part 0) and its
-    remainder (part 1) are placed by their size class, the longest class first and batch order
-    within a class (a counting sort, a pass per class), and a part's first entry in ``items`` is
-    marked ``2 b + part``; split slots in batch order (``seqs``). Returns (items, split items)."""
+    """The cut at ``c_len`` blocks (in chunks, or near-equal where ``eq``; :func:`_parts`), in
+    order: each sequence's part 0 and part 1 are placed by their size class, the longest class
+    first and batch order within a class (a counting sort, a pass per class), and a part's first
+    entry in ``items`` is marked ``2 b + part``; split slots in batch order (``seqs``). Returns
+    (items, split items)."""
     next_slot = tl.full([], 0, tl.int32)
     for b0 in range(0, B, BLOCK_B):
         ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
@@ -986,7 +978,7 @@ def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITE
     # the cut's longest item (the size classes are relative to it): pass 2's, for the candidate
     # chosen (the fallback, the longest sequence, is candidate j = 1)
     l_top = tl.max(tl.where(cand == c_len, longest, 0), 0)
-    eq = _cut_items(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS, BLOCK, BLOCK_B) <= SLOTS
+    eq = tl.max(tl.where(cand == c_len, n_items, 0), 0) <= SLOTS      # one wave: near-equal items
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     ii = tl.arange(0, BLOCK_I)
