@@ -396,10 +396,6 @@ def test_mirrors_match_the_launchers():
     assert window["window_us_per_head_key_token"] == pytest.approx(per_key[1], rel=0.01)
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
     assert KL.GLUON_LATENT_BLOCK_M == decode_plan.ROW_TILE and KL.GLUON_LATENT_BLOCK_N == decode_plan.PLAN_BLOCK
-    assert (KL.PLAN_MIN_ITEM_BLOCKS, KL.PLAN_MAX_ITEM_BLOCKS, KL.PLAN_UNIT, KL.PLAN_ITEM_OVERHEAD, KL.PLAN_COMBINE_FIXED,
-            KL.PLAN_COMBINE_BYTES_PER_BLOCK_TIME, KL.PLAN_LATE_WAVE) == (
-        decode_plan.MIN_ITEM_BLOCKS, decode_plan.MAX_ITEM_BLOCKS, decode_plan._UNIT, decode_plan.ITEM_OVERHEAD,
-        decode_plan.COMBINE_FIXED, decode_plan.COMBINE_BYTES_PER_BLOCK_TIME, decode_plan.LATE_WAVE)
 
 
 # ----------------------------------------------------------------------------------------------

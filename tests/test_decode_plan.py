@@ -179,7 +179,7 @@ def test_a_gated_item_plan_holds_fewer_items_and_keeps_every_plan_the_gpu_runs()
     assert plan_capacity(200, 128, 132, 128, gated=True)[1] == 200          # every sequence keeps an item
     assert plan_capacity(8, 128, 132, 2048, gated=True)[1] == 132           # cutting at MAX_ITEM_BLOCKS fits
     g = torch.Generator().manual_seed(11)
-    checked = packed_where_differs = 0
+    checked = packed_where_differs = item_where_differs = 0
     for b, rows, t in [(64, 128, 8192), (64, 128, 32768), (48, 128, 8192), (96, 128, 16384), (32, 256, 16384),
                        (24, 512, 16384), (16, 256, 32768), (32, 128, 4096), (8, 128, 32768), (1, 128, 4096)]:
         for i in range(30):
@@ -197,9 +197,13 @@ def test_a_gated_item_plan_holds_fewer_items_and_keeps_every_plan_the_gpu_runs()
             checked += 1
             live = lambda ref: [it for it in ref["items"] if it[0] >= 0]
             if live(capped) != live(full) or capped["estimate"] != full["estimate"]:
-                assert chosen["packed"], (b, rows, t)
-                packed_where_differs += 1
+                if chosen["packed"]:
+                    packed_where_differs += 1
+                else:   # an item plan the GPU runs, capped: its estimate within 1 % of the uncapped one
+                    assert capped["estimate"] <= 1.01 * full["estimate"], (b, rows, t)
+                    item_where_differs += 1
     assert checked == 300 and packed_where_differs > 0       # the cap binds on some of these batches
+    assert item_where_differs <= 1       # b24 s4: 32 items of 52 blocks for 34 of 51, 0.5 % dearer
 
 
 @settings(max_examples=60, deadline=None)
@@ -225,10 +229,14 @@ def test_a_second_wave_of_short_items_is_ranked_by_the_sms_that_take_it():
     ragged b16 s2 t8192 batch (three sequences of 128 blocks, 13 of 1-16): "pairs" cuts the long
     sequences into 16-block items (37 items for 33 slots) where "spread" cut 22-block ones (31 items,
     one wave); measured on an H200 (``seesaw/seesaw-itemfit-seed9-bd5d463.json``), the 16-block cut
-    ran 50.5 us against 61.5. The "tail" ranking cuts it in chunks of 19 blocks (34 items)."""
+    ran 50.5 us against 61.5. The "tail" ranking cuts it in chunks of 19 blocks (34 items), the
+    simulation (the planner's "sim") in chunks of 17 (37 items: the three long sequences in 7 chunks
+    and a remainder of 9 blocks each, and the 13 short sequences)."""
     lengths = [187, 8192, 908, 860, 762, 349, 620, 8192, 532, 135, 666, 544, 460, 341, 8192, 964]
-    tail = plan_reference(lengths, 256, capacity=8192, sms=132)
+    tail = plan_reference(lengths, 256, capacity=8192, sms=132, ranking="tail")
     assert tail["item_blocks"] == 19 and sum(1 for it in tail["items"] if it[0] >= 0) == 34
+    sim = plan_reference(lengths, 256, capacity=8192, sms=132)
+    assert sim["item_blocks"] == 17 and sum(1 for it in sim["items"] if it[0] >= 0) == 37
     pairs = plan_reference(lengths, 256, capacity=8192, sms=132, ranking="pairs")
     spread = plan_reference(lengths, 256, capacity=8192, sms=132, ranking="spread")
     assert (pairs["item_blocks"], spread["item_blocks"]) == (16, 22)

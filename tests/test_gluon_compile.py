@@ -242,14 +242,16 @@ import json
 from mla_var3.kernel import decode_plan as dp
 from mla_var3.kernel.sass import compile_report
 out = {}
-for name, fn, consts in (("plan", dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
+for name, fn, consts in (("cut_sim", dp._cut_sim_kernel, dp.cut_sim_constexprs(True, 66)),
+                         ("cut_sim_s4", dp._cut_sim_kernel, dp.cut_sim_constexprs(True, 16)),
+                         ("plan", dp._plan_kernel, dp.plan_constexprs(True, 256, True)),
                          ("plan_b32", dp._plan_kernel, dp.plan_constexprs(True, 256, True, 32)),
                          ("packed", dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66)),
                          ("packed_b64", dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66, 64)),
                          ("packed_b32", dp._packed_kernel, dp.packed_constexprs(True, 256, True, 66, 32))):
-    sig = {n: "constexpr" if n in consts else ("*i64" if n == "est_ptr" else "*i32") if n.endswith("_ptr") else "i32"
-           for n in fn.arg_names}
-    rep = compile_report(fn, sig, consts, num_warps=4)
+    sig = {n: "constexpr" if n in consts else ("*i64" if n in ("est_ptr", "cest_ptr") else "*i32")
+           if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    rep = compile_report(fn, sig, consts, num_warps=1 if name.startswith("cut_sim") else 4)
     out[name] = [rep.registers, rep.spill_stores]
 print(json.dumps(out))
 """
@@ -258,7 +260,7 @@ print(json.dumps(out))
 def test_the_decode_planners_compile_for_sm90(tmp_path):
     """The interpreter runs the planners' tests on the CPU but does not type-check them as the
     compiler does (a loop-carried scalar re-bound to a tensor passes there and fails to
-    compile): both planners compile for sm_90 with the constants the GPU launch uses, a pass of
+    compile): the planners (the cuts' simulation, the item and the packed planner) compile for sm_90 with the constants the GPU launch uses, a pass of
     256 sequences, 64 and 32 (``_seq_block``). The packed planner's program starts are computed
     32 programs at a time: a [256 programs x 64 sequences] tile spilled 1,076 bytes per thread."""
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
@@ -266,12 +268,14 @@ def test_the_decode_planners_compile_for_sm90(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, f"compile for sm_90 failed:\n{proc.stderr[-4000:]}"
     sizes = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(sizes) == {"plan", "plan_b32", "packed", "packed_b64", "packed_b32"}
+    assert set(sizes) == {"cut_sim", "cut_sim_s4", "plan", "plan_b32", "packed", "packed_b64", "packed_b32"}
     assert all(0 < regs <= 255 for regs, _ in sizes.values())
     assert sizes["packed_b64"][1] == sizes["packed_b32"][1] == 0, sizes
-    # the item planner's chunk cut (ranks of its remainders): 28 bytes at 32 and at 256 sequences
-    assert sizes["plan"][1] <= 32 and sizes["plan_b32"][1] <= 32 and sizes["packed"][1] <= 32, sizes
-    assert sizes["plan_b32"][0] <= 128, sizes     # the one-pass order of a small batch: 88 registers
+    # the cuts' simulation (one warp, its slots and a tile of remainders in registers: 62-69
+    # registers) and the item planner (no candidates since the simulation: 40-44) do not spill
+    assert sizes["cut_sim"][1] == sizes["cut_sim_s4"][1] == sizes["plan"][1] == sizes["plan_b32"][1] == 0, sizes
+    assert sizes["packed"][1] <= 32, sizes
+    assert sizes["plan_b32"][0] <= 128, sizes
 
 
 def test_planned_combine_is_a_dependent_launch_that_waits_first(tmp_path):

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from mla_var3.analysis import item_cut
 from mla_var3.analysis.cost import ACC_BYTES, flash_attention, flash_attention_shared_kpe, flash_mla
 from mla_var3.shapes import MLADims, Problem
 
@@ -105,51 +106,17 @@ GLUON_EXPANDED_BLOCK_M = 128
 HYBRID_PARTITION_MAX_S = 32
 
 
-#: the decode planner's constants (``kernel.decode_plan``): item length bounds in key blocks, and
-#: its cost units (1/256 of one 64-row x 64-key block-time) per item, per combine, per byte and
-#: per cut of more than one wave.
-PLAN_MIN_ITEM_BLOCKS, PLAN_MAX_ITEM_BLOCKS = 2, 1024
-PLAN_UNIT, PLAN_ITEM_OVERHEAD, PLAN_COMBINE_FIXED, PLAN_COMBINE_BYTES_PER_BLOCK_TIME = 256, 512, 384, 6.0e6
-PLAN_LATE_WAVE = 768
-
-
 def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> int:
     """Items per sequence of the sm_90 absorbed kernel's dense call: ``kernel.decode_plan.uniform_plan
     (b, rows, t).seqs[:, 1]`` (``plan_reference`` for b sequences of t keys). The planner tries
-    item lengths C (``ceil(total / (j * slots))``, ``ceil(blocks / j)``, no split), estimates each
-    as the longest item, or where the items take more than one wave (``slots = SMs // row tiles``
-    at a time, each with an overhead) the ``slots``-th longest item plus the next (two waves) or
-    the load per slot plus the next (more), plus the combine when anything splits, and keeps the
-    cheapest (ties: the longer items). Sequences are cut in chunks of C blocks and a remainder
-    where the items take more than one wave, near-equal where they fit one (``decode_plan.CUTS``);
-    a cut of more than two waves is charged its ``slots``-th shortest item and any cut of more
-    than one wave ``PLAN_LATE_WAVE`` more (the "tail" ranking)."""
+    every item length C and keeps the one its list-scheduling estimate prices lowest
+    (:func:`mla_var3.analysis.item_cut.best_cut`, the function the planner's reference calls)."""
     n = cdiv(t, GLUON_LATENT_BLOCK_N)
-    slots = max(1, sms // max(1, cdiv(rows, GLUON_LATENT_BLOCK_M)))
-    pieces = max(1, cdiv(n, PLAN_MAX_ITEM_BLOCKS))
+    tiles = max(1, cdiv(rows, GLUON_LATENT_BLOCK_M))
+    slots = max(1, sms // tiles)
+    pieces = max(1, cdiv(n, item_cut.MAX_ITEM_BLOCKS))
     max_items, max_slots = b * pieces + 2 * slots, 2 * slots + (b * pieces if pieces > 1 else 0)
-    comb = int(round(rows * k * 8 * PLAN_UNIT / PLAN_COMBINE_BYTES_PER_BLOCK_TIME))
-    cands = [cdiv(b * n, j * slots) for j in range(1, 9)] + [cdiv(n, j) for j in range(1, 24)] + [n]
-    best = None
-    for c in (min(max(c, PLAN_MIN_ITEM_BLOCKS), PLAN_MAX_ITEM_BLOCKS) for c in cands):
-        count = max(1, cdiv(n, c))
-        items, split = b * count, (b * count if count > 1 else 0)
-        if items > max_items or split > max_slots:
-            continue
-        work = b * n * PLAN_UNIT + items * PLAN_ITEM_OVERHEAD
-        full = n // c if count > 1 else 0      # chunks of c blocks per sequence, then a remainder of n - full * c
-        one_wave = items <= slots               # then near-equal items: the longest is ceil(n / count)
-        longest = (cdiv(n, count) if one_wave or count == 1 else c) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
-        est = longest
-        if items > slots:       # the r-th longest item: the b * full chunks first, then the b remainders
-            kth = lambda r: (c if r < b * full else n - full * c) * PLAN_UNIT + PLAN_ITEM_OVERHEAD
-            bound = work // slots + kth(items - slots if items > 2 * slots else slots)
-            waves = bound if items > 2 * slots else min(bound, max(kth(slots - 1) + kth(slots), work // slots))
-            est = max(est, waves + PLAN_LATE_WAVE)
-        est += PLAN_COMBINE_FIXED + split * comb if split else 0
-        if best is None or est < best[0] or (est == best[0] and c > best[1]):
-            best = (est, c)
-    c = best[1] if best else min(max(n, PLAN_MIN_ITEM_BLOCKS), PLAN_MAX_ITEM_BLOCKS)
+    c = item_cut.best_cut([n] * b, slots, tiles, sms, item_cut.combine_units(rows, k), max_items, max_slots)[1]
     return max(1, cdiv(n, c))
 
 

@@ -12,8 +12,8 @@ plan's count hold ``b = -1``: their programs exit at once.
 Why a plan: ragged batches (lengths from a few to many thousand keys) and small batches with
 long contexts must fill all SMs; the host cannot read the lengths without a synchronisation,
 which a CUDA graph forbids and which costs an eager call tens of microseconds. So the plan is
-built on the device by one single-program Triton kernel into tensors whose sizes depend only on
-what the host knows (``B``, ``rows``, the SM count): a graph replays it with new lengths, and it
+built on the device by Triton kernels (a program per candidate item length, then one program)
+into tensors whose sizes depend only on what the host knows (``B``, ``rows``, the SM count): a graph replays it with new lengths, and it
 is built once per decode step and reused by every layer (``rows`` and the lengths are the
 layers' common data).
 
@@ -25,24 +25,17 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   every size fill the last wave from the SMs that free first (measured on an H200 against
   near-equal items of the planner's ranking before, same process: ragged b48 s1 t8192 10 %
   faster, b64 s1 t8192 10 %, b16 s2 t32768 3 %; ``seesaw/seesaw-tail-serving-7029e85.json``);
-* candidates ``C``: ``ceil(total / (k * slots))`` for ``k = 1..8`` (``slots = SMs // row
-  tiles``: items that run at once), ``ceil(max_b n_b / j)`` for ``j = 1..23`` (``j = 1``: no
-  split), and the *one-wave cut*: the shortest ``C`` whose items fit ``slots`` (found by
-  bisection; none of the grid's candidates need hit it, and one item over the SMs costs a second
-  wave — measured on an H200, ragged b = 8, s = 1, t <= 32k: 93.7 us at the best grid candidate,
-  90.8 at the one-wave cut); all within ``[MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]``;
-* each candidate's time is estimated in block-times (integer units of 1/256 block, each item
-  costing its blocks + ``ITEM_OVERHEAD``): the longest item; where the ``N`` items take two
-  waves (``slots < N <= 2 slots``), at least the ``slots``-th longest item plus the next (the SM
-  that frees first takes the next item), at most the load per slot plus that next item; beyond
-  two waves, the load per slot plus the ``slots``-th shortest item; more than one wave
-  ``LATE_WAVE`` more (the "tail" ranking of :data:`RANKINGS`); plus the combine (a fixed cost and the fp32 partials written and
-  read: ``rows * K * 8`` bytes per split item) when anything is split; candidates that need more
-  items or slots than the buffers hold are excluded. (The ranking before, "spread", charged a
-  second wave half a mean item over the load per slot: too dear where the second wave is short
-  items. Measured on an H200 against it, same batches and process, on the 38 threshold batches of
-  seeds 8 and 9: 2-27 % faster on 16, 6-8 % slower on two, within 2 % on the other 20
-  (the cut unchanged on most); ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``);
+* every ``C`` from ``MIN_ITEM_BLOCKS`` to the longest sequence (within ``MAX_ITEM_BLOCKS``) is
+  estimated, one program per ``C`` (``_cut_sim_kernel``), by a list-scheduling simulation of its
+  items on the slots (``slots = SMs // row tiles`` items run at once; the SMs left over form one
+  slower slot), in integer units of 1/256 block, each item costing its blocks +
+  ``ITEM_OVERHEAD``, a cut of more than one wave ``LATE_WAVE`` more, plus the combine (a fixed
+  cost and the fp32 partials written and read: ``rows * K * 8`` bytes per split item) when
+  anything is split; cuts that need more items or slots than the buffers hold are excluded
+  (:mod:`mla_var3.analysis.item_cut`, which the host reference calls). The closed forms before
+  it ranked 32 candidates (``ceil(total / (k * slots))``, ``ceil(max_b n_b / j)`` and the
+  one-wave cut; :data:`RANKINGS`), 2.9 % above the simulation's best cut on average where this
+  is 0.3-0.8 %;
 * the cheapest candidate wins (ties: the longer items); items are emitted longest first (a
   counting sort over sixteen size classes, sizes relative to the cut's longest item), because
   the GPU starts programs in grid order and a long item started last would end last. Classes
@@ -51,13 +44,6 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   list-scheduling simulation, ragged b = 64, s = 2 (t <= 8,192) ran 4 % and b = 128, s = 1 3.6 %
   longer than with the present classes, and the H200 measured the same items 10 % slower in the
   coarser order (``serving/plan-sweep-ce7b97b.json``: b = 64, s = 2, C = 290 against 203).
-
-Against the best of the candidates in a list-scheduling simulation of the item grid on the H200
-(132 SMs, programs in grid order, row tile fastest), timed by a model fitted to 75 item plans
-measured there (13.5 us + 1.81 us per block of the busiest SM + 0.081 us per split item and row
-tile; 4.1 % mean error), over 150 random ragged batches (b = 8..128, s = 1..4, t up to 32k,
-uniform and skewed lengths): 1.0 % above the best on average, 2.5 % at the 90th percentile (the
-"spread" ranking: 3.9 % and 9.6 %; ``benchmarks/cut_ranking_sim.py``, ``seesaw/cut-ranking-sim.json``).
 
 **Packed plans** (``plan_decode(..., packed=True)``): one item per program leaves SMs idle on
 ragged batches — a sequence cannot share a program with another, so the items never fill the
@@ -92,6 +78,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mla_var3.analysis import item_cut
+from mla_var3.analysis.item_cut import COMBINE_FIXED, ITEM_OVERHEAD, MAX_ITEM_BLOCKS, MIN_ITEM_BLOCKS
+from mla_var3.analysis.item_cut import UNIT as _UNIT
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
@@ -105,39 +94,30 @@ __all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BL
 PLAN_BLOCK = 64
 #: rows per tile of the absorbed kernels (one wgmma M tile)
 ROW_TILE = 64
-MIN_ITEM_BLOCKS = 2
-#: the longest item, in blocks (65,536 keys): the sm_90 kernel keeps an item's pages in shared memory
-MAX_ITEM_BLOCKS = 1024
-#: cost units: 1/256 of one block-time (one 64-row tile x one 64-key block)
-_UNIT = 256
-#: per item: the exposed prologue (query + first key block in flight) and epilogue, in units (two
-#: blocks: the list-scheduling simulation's best fit to 210 item plans measured on an H200, 3.3 %
-#: mean error, against 4.1 % at half a block)
-ITEM_OVERHEAD = 512
 #: the item overhead of the rankings before "tail" (to rebuild their plans)
 _ITEM_OVERHEAD_BEFORE = 384
-#: "tail" ranking: a cut whose items take more than one wave costs three blocks more, in units (a
+#: the "tail" ranking: a cut whose items take more than one wave costs three blocks more, in units (a
 #: program started after the first wave exposes its prologue; measured on an H200, ragged b8 s1
 #: t32768 cut in 67 chunk items on 66 slots ran 6.0 us (3.3 blocks) slower than its one-wave cut,
 #: where the simulation put it 1 block faster, ``seesaw/seesaw-chunk-serving-698e143.json``)
-LATE_WAVE = 768
-#: the combine's fixed cost (a second launch), in units
-COMBINE_FIXED = 384
-#: bytes the combine moves per block-time (~3 TB/s x ~2 us per block on an H200)
-COMBINE_BYTES_PER_BLOCK_TIME = 6.0e6
+_TAIL_LATE_WAVE = 768
+#: the closed-form rankings' candidate item lengths
 _NUM_CANDIDATES = 32
 #: size classes of the items' order (a counting sort: one pass over the batch per class)
 _SIZE_CLASSES = 16
 _BIG = 9223372036854775807
-#: how the item cut's estimate charges a second wave of items: "pairs" (the device planner's) pairs
+#: how the item cut is chosen: "sim" (the device planner's), every item length ranked by a
+#: list-scheduling simulation of its items on the slots (:mod:`mla_var3.analysis.item_cut`); the
+#: others (kept to rebuild the plans earlier records measured) rank 32 candidates in closed form.
+#: How those charge a second wave of items: "pairs" pairs
 #: the ``slots``-th longest item with the next, as the SM that frees first takes the next item;
 #: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
 #: is short items too dear (measured on an H200, ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``)
-#: "tail" (the device planner's since the chunk cut) is "pairs" with a cut of more than two waves
+#: "tail" (the device planner's from the chunk cut to the simulation) is "pairs" with a cut of more than two waves
 #: charged the load per slot plus its ``slots``-th *shortest* item, the size the SM that frees
 #: last takes, not the (``slots`` + 1)-th longest (in the simulation, 2.97 % above the best cut
 #: on average against 3.63 %, chunk cuts, 150 random batches)
-RANKINGS = ("tail", "pairs", "spread")
+RANKINGS = ("sim", "tail", "pairs", "spread")
 #: how a sequence of n blocks is cut at the item length C: "chunk" (the device planner's), into
 #: ``n // C`` items of exactly C blocks and a shorter remainder, each ordered by its own size, so
 #: that the remainders of every size fill the last wave from the SMs that free first; "equal"
@@ -342,9 +322,7 @@ def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int,
     return slots, programs, programs + batch, 2 * programs
 
 
-def _combine_units(rows: int, k: int) -> int:
-    """Combine cost per split item in units: its fp32 partial written and read back."""
-    return int(round(rows * k * 8 * _UNIT / COMBINE_BYTES_PER_BLOCK_TIME))
+_combine_units = item_cut.combine_units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +428,7 @@ def _estimate(blocks: list[int], c_len: int, slots: int, comb: int, max_items: i
             tail = kth(n_items - slots) if ranking == "tail" and n_items > 2 * slots else second
             bound = work // slots + tail
             waves = bound if n_items > 2 * slots else min(bound, max(last + second, work // slots))
-            est = max(est, waves + (LATE_WAVE if ranking == "tail" else 0))
+            est = max(est, waves + (_TAIL_LATE_WAVE if ranking == "tail" else 0))
     if n_split:
         est += COMBINE_FIXED + n_split * comb
     return est
@@ -463,16 +441,16 @@ def _size_class(size: int, longest: int) -> int:
 
 
 def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   item_blocks: int | None = None, gated: bool = False, ranking: str = "tail",
+                   item_blocks: int | None = None, gated: bool = False, ranking: str = "sim",
                    cut: str | None = None) -> dict:
     """The plan of :func:`plan_decode`, computed in Python from host lengths. ``item_blocks``
     forces the item length C (in blocks, within [MIN_ITEM_BLOCKS, MAX_ITEM_BLOCKS]) instead of
     the estimate's choice: for measuring the estimate against other cuts. ``gated``: the item
     plan of a batch whose kind the GPU chooses (its items capped, see :func:`plan_capacity`).
-    ``ranking``: how the candidate cuts' estimates charge the waves after the first
-    (:data:`RANKINGS`; the device planner's is "tail"), ``cut``: how a sequence of ``n`` blocks
-    is cut at C (:data:`CUTS`; default "chunk" with "tail", else "equal"): the others are kept to
-    rebuild the plans that earlier records measured ("pairs" with "equal" up to 698e143,
+    ``ranking``: how the cut is chosen (:data:`RANKINGS`; the device planner's is "sim"), ``cut``:
+    how a sequence of ``n`` blocks is cut at C (:data:`CUTS`; default "chunk" with "sim" and
+    "tail", else "equal"): the others are kept to rebuild the plans that earlier records measured
+    ("tail" with "chunk" from 7029e85 until the simulation, "pairs" with "equal" up to 698e143,
     "spread" with "equal" before a9dcb9b).
 
     Returns ``{"items": [(b, lo, hi, slot), ...] (max_items rows), "seqs": [(first_slot, n), ...],
@@ -482,7 +460,7 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     """
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
-    cut = ("chunk" if ranking == "tail" else "equal") if cut is None else cut
+    cut = ("chunk" if ranking in ("sim", "tail") else "equal") if cut is None else cut
     if cut not in CUTS:
         raise ValueError(f"cut must be one of {', '.join(CUTS)}, got {cut!r}")
     batch = len(lengths)
@@ -491,10 +469,14 @@ def plan_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512
     top = max(blocks, default=0)
     comb = _combine_units(rows, k)
     best = None
-    for c_len in _candidates(blocks, slots):
-        est = _estimate(blocks, c_len, slots, comb, max_items, max_slots, ranking, cut) if batch else 0
-        if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
-            best = (est, c_len)
+    if ranking == "sim" and batch:
+        est, c_len = item_cut.best_cut(blocks, slots, cdiv(rows, ROW_TILE), sms, comb, max_items, max_slots)
+        best = (est, c_len) if est != _BIG else None
+    elif ranking != "sim":
+        for c_len in _candidates(blocks, slots):
+            est = _estimate(blocks, c_len, slots, comb, max_items, max_slots, ranking, cut) if batch else 0
+            if est is not None and (best is None or est < best[0] or (est == best[0] and c_len > best[1])):
+                best = (est, c_len)
     c_len = best[1] if best else min(max(top, MIN_ITEM_BLOCKS), MAX_ITEM_BLOCKS)
     if item_blocks is not None:
         if not MIN_ITEM_BLOCKS <= item_blocks <= MAX_ITEM_BLOCKS:
@@ -657,7 +639,7 @@ def _plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool
 
 
 def auto_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 512, sms: int = 132,
-                   ranking: str = "tail", cut: str | None = None) -> dict:
+                   ranking: str = "sim", cut: str | None = None) -> dict:
     """The plan :func:`plan_decode` builds by default: the item plan (one program per item,
     ``starts`` None) unless :func:`packing_may_pay`; then the packed plan where :func:`packs`
     (priced below the item plan), else the item plan run one item per program (``starts[p] =
@@ -758,23 +740,6 @@ def _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _cut_items(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
-    """Items of the cut at ``c_len`` blocks: ``sum_b max(1, ceil(n_b / c_len))``."""
-    acc = tl.zeros([BLOCK_B], tl.int32)
-    for b0 in range(0, B, BLOCK_B):
-        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        acc += tl.where(ok, tl.maximum((n + c_len - 1) // c_len, 1), 0)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
-def _cut_counts(n, ok, cand):
-    """Items per (candidate, sequence): ``max(1, ceil(n / cand))`` for sequences of ``n [BLOCK_B]``
-    blocks cut at ``cand [NC]`` blocks, 0 where ``ok`` is false (no sequence); ``[NC, BLOCK_B]``."""
-    return tl.where(ok[None, :], tl.maximum((n[None, :] + cand[:, None] - 1) // cand[:, None], 1), 0)
-
-
-@triton.jit
 def _chunk_parts(n, ok, c_len):
     """Sequences of ``n`` blocks (``ok``: in the batch) cut in chunks at ``c_len``: (items, full
     chunks of ``c_len`` blocks, the remainder's blocks). A sequence not split is its remainder;
@@ -796,25 +761,6 @@ def _parts(n, ok, c_len, l_top, eq, NCLS: tl.constexpr):
     has_b = ok & (eq == 0) & ((c == 1) | (rest > 0))
     cls_b = tl.minimum((rest * NCLS) // (l_top + 1), NCLS - 1)
     return c, cnt_a, cls_a, has_b, cls_b
-
-
-@triton.jit
-def _at_least(n, c, cand, x):
-    """Per candidate (rows of ``c [NC, BLOCK_B]``, 0 where no sequence): its items of at least
-    ``x [NC] >= 1`` blocks, sequences of ``n [BLOCK_B]`` blocks cut in chunks at ``cand [NC]``."""
-    full = tl.where(c > 1, n[None, :] // cand[:, None], 0)
-    rest = n[None, :] - full * cand[:, None]
-    hits = tl.where(cand[:, None] >= x[:, None], full, 0) + ((c > 0) & (rest >= x[:, None])).to(tl.int32)
-    return tl.sum(hits, 1)
-
-
-@triton.jit
-def _rank_probe(lo, hi, at_mid, r):
-    """One bisection step for the ``r``-th longest item in ``[lo, hi]`` (per candidate), given the
-    items of at least the midpoint ``(lo + hi + 1) // 2``; a settled range stays."""
-    mid = (lo + hi + 1) // 2
-    live = lo < hi
-    return tl.where(live & (at_mid > r), mid, lo), tl.where(live & (at_mid <= r), mid - 1, hi)
 
 
 @triton.jit
@@ -878,110 +824,112 @@ def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
 
 
 @triton.jit
-def _plan_kernel(seqlens_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITEMS, MAX_SLOTS, COMB,
+def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS, MAX_SLOTS, COMB,
+                    HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
+                    OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr, SORT_B: tl.constexpr,
+                    BLOCK_S: tl.constexpr, LATE: tl.constexpr):
+    """Program ``i``: the estimate of the cut at ``C = MIN_C + i`` blocks
+    (:func:`mla_var3.analysis.item_cut.cut_estimates`, bit for bit) into ``cest_ptr[i]`` (int64;
+    the largest int64 where C exceeds the longest sequence or the cut exceeds the buffers). Reads
+    the B lengths twice, ``SORT_B`` at a time; one step per item where the items take more than
+    one wave: the items (the chunks, then each ``SORT_B`` sequences' remainders longest first) go
+    one at a time to the slot that frees first (``BLOCK_S >= SLOTS`` lanes), or to the slower
+    slot of the ``EXTRA`` SMs left over when it would finish there first."""
+    big = 9223372036854775807
+    c_len = MIN_C + tl.program_id(0)
+    offs = tl.arange(0, SORT_B)
+    top = tl.zeros([SORT_B], tl.int32)
+    items = tl.zeros([SORT_B], tl.int32)
+    split = tl.zeros([SORT_B], tl.int32)
+    chunks = tl.zeros([SORT_B], tl.int32)
+    long_eq = tl.zeros([SORT_B], tl.int32)
+    for b0 in range(0, B, SORT_B):
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+        c, full, rest = _chunk_parts(n, ok, c_len)
+        top = tl.maximum(top, n)
+        items += c
+        split += tl.where(c > 1, c, 0)
+        chunks += full
+        long_eq = tl.maximum(long_eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1))
+    n_items = tl.sum(items, 0)
+    n_split = tl.sum(split, 0)
+    est = tl.max(long_eq, 0).to(tl.int64) * UNIT + OVH
+    fits = (n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS)
+    if fits & (n_items > SLOTS) & (c_len <= tl.maximum(tl.max(top, 0), MIN_C)):
+        e = tl.maximum(EXTRA, 1).to(tl.int64)
+        sj = tl.arange(0, BLOCK_S)
+        free = tl.where(sj < SLOTS, tl.zeros([BLOCK_S], tl.int64), tl.full([BLOCK_S], 1 << 50, tl.int64))
+        slow = tl.full([], 0, tl.int64)         # finish times x e: the slots', the leftover SMs' (EXTRA > 0)
+        d = c_len.to(tl.int64) * UNIT + OVH
+        for _ in range(tl.sum(chunks, 0)):
+            key = tl.min(free * 1024 + sj, 0)
+            f = key // 1024
+            on_slow = (EXTRA > 0) & (slow + d * TILES < f + d * e)
+            slow = tl.where(on_slow, slow + d * TILES, slow)
+            free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
+        for b0 in range(0, B, SORT_B):
+            ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+            c, full, rest = _chunk_parts(n, ok, c_len)
+            has = ok & ((c == 1) | (rest > 0))
+            srt = tl.sort(tl.where(has, rest, -1), descending=True)
+            for k in range(tl.sum(has.to(tl.int32), 0)):
+                d = tl.max(tl.where(offs == k, srt, -1), 0).to(tl.int64) * UNIT + OVH
+                key = tl.min(free * 1024 + sj, 0)
+                f = key // 1024
+                on_slow = (EXTRA > 0) & (slow + d * TILES < f + d * e)
+                slow = tl.where(on_slow, slow + d * TILES, slow)
+                free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
+        est = tl.maximum(tl.max(tl.where(sj < SLOTS, free, 0), 0), slow) // e + LATE
+    est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
+    ok_c = fits & (c_len <= tl.maximum(tl.max(top, 0), MIN_C))
+    tl.store(cest_ptr + tl.program_id(0), tl.where(ok_c, est, big))
+
+
+_cut_sim_launch = CachedLaunch(_cut_sim_kernel)
+
+
+@triton.jit
+def _plan_kernel(seqlens_ptr, cest_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOTS, MAX_ITEMS, NCAND,
                  HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
-                 NC: tl.constexpr,
-                 NCLS: tl.constexpr, OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr, PROBES: tl.constexpr,
-                 LATE: tl.constexpr):
-    """One program. Reads the B lengths in passes 1, 2 and 4, once per bisection probe of the
-    one-wave cut and of the ranks of pass 2b (``PROBES``, where a cut takes two waves or more) and
-    in pass 3 once (a batch of at most ``BLOCK_B <= 128`` sequences) or once per size class
-    (``NCLS``); writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
+                 NCLS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, WRITE_EST: tl.constexpr):
+    """One program, after :func:`_cut_sim_kernel` estimated the ``NCAND`` cuts: takes the cheapest
+    (ties: the longer items), then orders and writes its items. Reads the B lengths twice, in
+    pass 3 once (a batch of at most ``BLOCK_B <= 128`` sequences) or once per size class
+    (``NCLS``), and in pass 4; writes MAX_ITEMS * 4 + B * 2 int32 (and, with ``WRITE_EST``, its
     item count as an int64 at ``est_ptr[0]``, which the packed planner reads to price the item
     plan). Lengths are clamped to [0, T] (T: the capacity)."""
     offs = tl.arange(0, BLOCK_B)
-    # ---- pass 1: total and longest sequence, in blocks
-    total = tl.zeros([BLOCK_B], tl.int64)
+    ii = tl.arange(0, BLOCK_I)
+    big = 9223372036854775807
+    # ---- pass 1: the longest sequence, in blocks
     top = tl.zeros([BLOCK_B], tl.int32)
     for b0 in range(0, B, BLOCK_B):
         ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        total += n.to(tl.int64)
         top = tl.maximum(top, n)
-    tot = tl.sum(total, 0)
-    mx = tl.max(top, 0)
-    # ---- candidate item lengths
-    ci = tl.arange(0, NC)
-    k_div = (ci + 1).to(tl.int64) * SLOTS
-    c_a = ((tot + k_div - 1) // k_div).to(tl.int32)
-    j_div = tl.maximum(ci - 7, 1)
-    c_b = (mx + j_div - 1) // j_div
-    # the last candidate: the shortest items that fit in one wave (bisection, a pass per probe;
-    # the longest sequence when none fits: then a duplicate of j = 1)
-    c_hi = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
-    c_lo = tl.minimum(tl.maximum(((tot + SLOTS - 1) // SLOTS).to(tl.int32), MIN_C), c_hi)
-    if _cut_items(seqlens_ptr, offs, B, T, c_hi, HAS_SEQLENS, BLOCK, BLOCK_B) > SLOTS:
-        c_lo = c_hi
-    while c_lo < c_hi:
-        c_mid = (c_lo + c_hi) // 2
-        if _cut_items(seqlens_ptr, offs, B, T, c_mid, HAS_SEQLENS, BLOCK, BLOCK_B) <= SLOTS:
-            c_hi = c_mid
-        else:
-            c_lo = c_mid + 1
-    cand = tl.where(ci < 8, c_a, c_b)
-    cand = tl.minimum(tl.maximum(cand, MIN_C), MAX_C)
-    cand = tl.where(ci == NC - 1, c_hi, cand)
-    # ---- pass 2: items, split items and the longest item per candidate
-    n_items = tl.zeros([NC], tl.int32)
-    n_split = tl.zeros([NC], tl.int32)
-    long_ch = tl.zeros([NC], tl.int32)
-    long_eq = tl.zeros([NC], tl.int32)
+    c_len = tl.minimum(tl.maximum(tl.max(top, 0), MIN_C), MAX_C)
+    # ---- the cheapest cut (a later, longer one wins a tie); the longest sequence when none fits
+    best = tl.full([], big, tl.int64)
+    for i0 in range(0, NCAND, BLOCK_I):
+        e = tl.load(cest_ptr + i0 + ii, mask=i0 + ii < NCAND, other=big)
+        m = tl.min(e, 0)
+        if (m < big) & (m <= best):
+            c_len = tl.max(tl.where(e == m, MIN_C + i0 + ii, 0), 0)
+            best = m
+    # ---- pass 2: the chosen cut's items and its longest item (the size classes are relative to
+    # it); a cut of one wave is cut near-equal (its longest item is its time), a longer one in chunks
+    n_items = tl.zeros([BLOCK_B], tl.int32)
+    long_ch = tl.zeros([BLOCK_B], tl.int32)
+    long_eq = tl.zeros([BLOCK_B], tl.int32)
     for b0 in range(0, B, BLOCK_B):
         ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        c = _cut_counts(n, ok, cand)
-        n_items += tl.sum(c, 1)
-        n_split += tl.sum(tl.where(c > 1, c, 0), 1)
-        long_ch = tl.maximum(long_ch, tl.max(tl.where(c > 1, cand[:, None], n[None, :]), 1))
-        long_eq = tl.maximum(long_eq, tl.max((n[None, :] + tl.maximum(c, 1) - 1) // tl.maximum(c, 1), 1))
-    # a cut of one wave is cut near-equal (its longest item is its time), a longer one in chunks
-    longest = tl.where(n_items <= SLOTS, long_eq, long_ch)
-    work = tot * UNIT + n_items.to(tl.int64) * OVH
-    # ---- pass 2b: where a cut's items take more than one wave, its SLOTS-th longest item and
-    # (two waves) the next or (more) its SLOTS-th shortest ("tail" ranking; bisection on the size,
-    # both ranks and all candidates at once; a pass per probe)
-    est = longest.to(tl.int64) * UNIT + OVH
-    r2 = tl.where(n_items > 2 * SLOTS, n_items - SLOTS, SLOTS)
-    if tl.max(n_items, 0) > SLOTS:
-        lo1 = tl.zeros([NC], tl.int32)
-        hi1 = longest
-        lo2 = tl.zeros([NC], tl.int32)
-        hi2 = longest
-        if B <= BLOCK_B:        # the batch in registers: the cut's item counts once, not once per probe
-            ok, n = _blocks(seqlens_ptr, 0, offs, B, T, HAS_SEQLENS, BLOCK)
-            c = _cut_counts(n, ok, cand)
-            for _ in range(PROBES):
-                lo1, hi1 = _rank_probe(lo1, hi1, _at_least(n, c, cand, (lo1 + hi1 + 1) // 2), SLOTS - 1)
-                lo2, hi2 = _rank_probe(lo2, hi2, _at_least(n, c, cand, (lo2 + hi2 + 1) // 2), r2)
-        else:
-            for _ in range(PROBES):
-                at1 = tl.zeros([NC], tl.int32)
-                at2 = tl.zeros([NC], tl.int32)
-                for b0 in range(0, B, BLOCK_B):
-                    ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-                    c = _cut_counts(n, ok, cand)
-                    at1 += _at_least(n, c, cand, (lo1 + hi1 + 1) // 2)
-                    at2 += _at_least(n, c, cand, (lo2 + hi2 + 1) // 2)
-                lo1, hi1 = _rank_probe(lo1, hi1, at1, SLOTS - 1)
-                lo2, hi2 = _rank_probe(lo2, hi2, at2, r2)
-        last = lo1.to(tl.int64) * UNIT + OVH
-        second = lo2.to(tl.int64) * UNIT + OVH
-        bound = work // SLOTS + second
-        two = tl.minimum(bound, tl.maximum(last + second, work // SLOTS))
-        est = tl.where(n_items > SLOTS, tl.maximum(est, tl.where(n_items > 2 * SLOTS, bound, two) + LATE), est)
-    est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
-    big = 9223372036854775807
-    est = tl.where((n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS), est, big)
-    best = tl.min(est, 0)
-    c_len = tl.max(tl.where(est == best, cand, 0), 0)
-    if best == big:
-        c_len = tl.minimum(tl.maximum(mx, MIN_C), MAX_C)
-    # the cut's longest item (the size classes are relative to it): pass 2's, for the candidate
-    # chosen (the fallback, the longest sequence, is candidate j = 1)
-    l_top = tl.max(tl.where(cand == c_len, longest, 0), 0)
-    eq = tl.max(tl.where(cand == c_len, n_items, 0), 0) <= SLOTS      # one wave: near-equal items
+        c, full, rest = _chunk_parts(n, ok, c_len)
+        n_items += c
+        long_ch = tl.maximum(long_ch, tl.where(c > 1, c_len, n))
+        long_eq = tl.maximum(long_eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1))
+    eq = tl.sum(n_items, 0) <= SLOTS
+    l_top = tl.where(eq, tl.max(long_eq, 0), tl.max(long_ch, 0))
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
-    ii = tl.arange(0, BLOCK_I)
     for i0 in range(0, MAX_ITEMS, BLOCK_I):
         tl.store(items_ptr + (i0 + ii) * 4, tl.full([BLOCK_I], -1, tl.int32), mask=i0 + ii < MAX_ITEMS)
     tl.debug_barrier()
@@ -1224,9 +1172,20 @@ def plan_constexprs(has_seqlens: bool, block: int, write_est: bool, block_b: int
     """The compile-time constants :func:`build_plan` launches ``_plan_kernel`` with: ``block``
     items per pass, ``block_b`` (default ``block``) sequences per pass."""
     return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
-                NC=_NUM_CANDIDATES, NCLS=_SIZE_CLASSES, OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT,
-                BLOCK_B=block_b or block, BLOCK_I=block, WRITE_EST=write_est, PROBES=MAX_ITEM_BLOCKS.bit_length(),
-                LATE=LATE_WAVE)
+                NCLS=_SIZE_CLASSES, BLOCK_B=block_b or block, BLOCK_I=block, WRITE_EST=write_est)
+
+
+def cut_sim_constexprs(has_seqlens: bool, slots: int) -> dict:
+    """The compile-time constants :func:`build_plan` launches ``_cut_sim_kernel`` with."""
+    return dict(HAS_SEQLENS=has_seqlens, BLOCK=PLAN_BLOCK, MIN_C=MIN_ITEM_BLOCKS, MAX_C=MAX_ITEM_BLOCKS,
+                OVH=ITEM_OVERHEAD, COMB_FIXED_C=COMBINE_FIXED, UNIT=_UNIT, SORT_B=item_cut.SORT_BLOCK,
+                BLOCK_S=triton.next_power_of_2(max(1, slots)), LATE=item_cut.LATE_WAVE)
+
+
+def cut_count(max_blocks: int) -> int:
+    """Item lengths the planner tries for sequences of up to ``max_blocks`` blocks: every one from
+    ``MIN_ITEM_BLOCKS`` up (the estimates' buffer and ``_cut_sim_kernel``'s grid)."""
+    return max(1, min(max_blocks, MAX_ITEM_BLOCKS) - MIN_ITEM_BLOCKS + 1)
 
 
 def packed_constexprs(has_seqlens: bool, block: int, auto: bool, slots: int, block_b: int | None = None) -> dict:
@@ -1263,8 +1222,8 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         synchronisation): for a plan reused by several calls (a decode step's layers), whose
         eager calls then launch one kernel instead of both once it has landed
 
-    Returns a :class:`DecodePlan`: one launch of a single program; its tensors are fresh
-    allocations (inside a CUDA graph, the graph's pool), so a captured plan is rebuilt on replay.
+    Returns a :class:`DecodePlan`: two launches (the cuts' estimates, then the plan; one more for
+    a packed or gated plan); its tensors are fresh allocations (inside a CUDA graph, the graph's pool), so a captured plan is rebuilt on replay.
     """
     if seqlens is not None:
         if not isinstance(seqlens, torch.Tensor) or seqlens.dim() != 1:
@@ -1310,9 +1269,15 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     comb = _combine_units(rows, k)
     est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
     if not packed:
-        ints = (batch, capacity, slots, max_items, max_slots, comb)
+        ncand = cut_count(max_blocks)
+        cest = torch.empty((ncand,), dtype=torch.int64, device=device)
+        tiles = cdiv(rows, ROW_TILE)
+        ints = (batch, capacity, slots, tiles, max(0, sms - slots * tiles), max_items, max_slots, comb)
+        _cut_sim_launch((seqlens is not None, ints, align), (ncand, 1, 1), (dummy, cest, *ints),
+                        cut_sim_constexprs(seqlens is not None, slots), num_warps=1)
+        ints = (batch, capacity, slots, max_items, ncand)
         _plan_launch((seqlens is not None, ints, align, packed is None, block_b), (1, 1, 1),
-                     (dummy, items, seqs, est, *ints),
+                     (dummy, cest, items, seqs, est, *ints),
                      plan_constexprs(seqlens is not None, block, packed is None, block_b), num_warps=4)
     if packed is None or packed:
         ints = (batch, capacity, slots_p, programs, size)
