@@ -834,7 +834,8 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
     the B lengths twice, ``SORT_B`` at a time; one step per item where the items take more than
     one wave: the items (the chunks, then each ``SORT_B`` sequences' remainders longest first) go
     one at a time to the slot that frees first (``BLOCK_S >= SLOTS`` lanes), or to the slower
-    slot of the ``EXTRA`` SMs left over when it would finish there first."""
+    slot of the ``EXTRA`` SMs left over when it would finish there first (without such SMs the
+    chunks, all of one size, are dealt round the slots in closed form)."""
     big = 9223372036854775807
     c_len = MIN_C + tl.program_id(0)
     offs = tl.arange(0, SORT_B)
@@ -861,12 +862,16 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
         free = tl.where(sj < SLOTS, tl.zeros([BLOCK_S], tl.int64), tl.full([BLOCK_S], 1 << 50, tl.int64))
         slow = tl.full([], 0, tl.int64)         # finish times x e: the slots', the leftover SMs' (EXTRA > 0)
         d = c_len.to(tl.int64) * UNIT + OVH
-        for _ in range(tl.sum(chunks, 0)):
-            key = tl.min(free * 1024 + sj, 0)
-            f = key // 1024
-            on_slow = (EXTRA > 0) & (slow + d * TILES < f + d * e)
-            slow = tl.where(on_slow, slow + d * TILES, slow)
-            free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
+        n_chunks = tl.sum(chunks, 0)
+        if EXTRA == 0:      # equal slots: the chunks go round the slots from the first, in closed form
+            free += tl.where(sj < SLOTS, (n_chunks // SLOTS + (sj < n_chunks % SLOTS).to(tl.int32)) * d, 0)
+        else:
+            for _ in range(n_chunks):
+                key = tl.min(free * 1024 + sj, 0)
+                f = key // 1024
+                on_slow = slow + d * TILES < f + d * e
+                slow = tl.where(on_slow, slow + d * TILES, slow)
+                free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
         for b0 in range(0, B, SORT_B):
             ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
             c, full, rest = _chunk_parts(n, ok, c_len)
