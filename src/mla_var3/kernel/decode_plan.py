@@ -750,6 +750,30 @@ def _chunk_parts(n, ok, c_len):
 
 
 @triton.jit
+def _cut_stats(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The cut at ``c_len`` blocks over the batch, ``BLOCK_B`` sequences a pass: (the longest
+    sequence, items, split items, full chunks, the longest near-equal item, the longest item cut
+    in chunks)."""
+    top = tl.zeros([BLOCK_B], tl.int32)
+    items = tl.zeros([BLOCK_B], tl.int32)
+    split = tl.zeros([BLOCK_B], tl.int32)
+    chunks = tl.zeros([BLOCK_B], tl.int32)
+    long_eq = tl.zeros([BLOCK_B], tl.int32)
+    long_ch = tl.zeros([BLOCK_B], tl.int32)
+    for b0 in range(0, B, BLOCK_B):
+        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
+        c, full, rest = _chunk_parts(n, ok, c_len)
+        top = tl.maximum(top, n)
+        items += c
+        split += tl.where(c > 1, c, 0)
+        chunks += full
+        long_eq = tl.maximum(long_eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1))
+        long_ch = tl.maximum(long_ch, tl.where(c > 1, c_len, n))
+    return (tl.max(top, 0), tl.sum(items, 0), tl.sum(split, 0), tl.sum(chunks, 0), tl.max(long_eq, 0),
+            tl.max(long_ch, 0))
+
+
+@triton.jit
 def _parts(n, ok, c_len, l_top, eq, NCLS: tl.constexpr):
     """The cut at ``c_len`` as two parts per sequence: (items, part 0's items, its size class,
     whether part 1 exists, its size class). Chunks: part 0 the full chunks, part 1 the remainder;
@@ -839,30 +863,16 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
     big = 9223372036854775807
     c_len = MIN_C + tl.program_id(0)
     offs = tl.arange(0, SORT_B)
-    top = tl.zeros([SORT_B], tl.int32)
-    items = tl.zeros([SORT_B], tl.int32)
-    split = tl.zeros([SORT_B], tl.int32)
-    chunks = tl.zeros([SORT_B], tl.int32)
-    long_eq = tl.zeros([SORT_B], tl.int32)
-    for b0 in range(0, B, SORT_B):
-        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        c, full, rest = _chunk_parts(n, ok, c_len)
-        top = tl.maximum(top, n)
-        items += c
-        split += tl.where(c > 1, c, 0)
-        chunks += full
-        long_eq = tl.maximum(long_eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1))
-    n_items = tl.sum(items, 0)
-    n_split = tl.sum(split, 0)
-    est = tl.max(long_eq, 0).to(tl.int64) * UNIT + OVH
+    top, n_items, n_split, n_chunks, long_eq, _ = _cut_stats(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS, BLOCK,
+                                                             SORT_B)
+    est = long_eq.to(tl.int64) * UNIT + OVH
     fits = (n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS)
-    if fits & (n_items > SLOTS) & (c_len <= tl.maximum(tl.max(top, 0), MIN_C)):
+    if fits & (n_items > SLOTS) & (c_len <= tl.maximum(top, MIN_C)):
         e = tl.maximum(EXTRA, 1).to(tl.int64)
         sj = tl.arange(0, BLOCK_S)
         free = tl.where(sj < SLOTS, tl.zeros([BLOCK_S], tl.int64), tl.full([BLOCK_S], 1 << 50, tl.int64))
         slow = tl.full([], 0, tl.int64)         # finish times x e: the slots', the leftover SMs' (EXTRA > 0)
         d = c_len.to(tl.int64) * UNIT + OVH
-        n_chunks = tl.sum(chunks, 0)
         if EXTRA == 0:      # equal slots: the chunks go round the slots from the first, in closed form
             free += tl.where(sj < SLOTS, (n_chunks // SLOTS + (sj < n_chunks % SLOTS).to(tl.int32)) * d, 0)
         else:
@@ -886,7 +896,7 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
                 free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
         est = tl.maximum(tl.max(tl.where(sj < SLOTS, free, 0), 0), slow) // e + LATE
     est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
-    ok_c = fits & (c_len <= tl.maximum(tl.max(top, 0), MIN_C))
+    ok_c = fits & (c_len <= tl.maximum(top, MIN_C))
     tl.store(cest_ptr + tl.program_id(0), tl.where(ok_c, est, big))
 
 
@@ -922,17 +932,9 @@ def _plan_kernel(seqlens_ptr, cest_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOT
             best = m
     # ---- pass 2: the chosen cut's items and its longest item (the size classes are relative to
     # it); a cut of one wave is cut near-equal (its longest item is its time), a longer one in chunks
-    n_items = tl.zeros([BLOCK_B], tl.int32)
-    long_ch = tl.zeros([BLOCK_B], tl.int32)
-    long_eq = tl.zeros([BLOCK_B], tl.int32)
-    for b0 in range(0, B, BLOCK_B):
-        ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
-        c, full, rest = _chunk_parts(n, ok, c_len)
-        n_items += c
-        long_ch = tl.maximum(long_ch, tl.where(c > 1, c_len, n))
-        long_eq = tl.maximum(long_eq, (n + tl.maximum(c, 1) - 1) // tl.maximum(c, 1))
-    eq = tl.sum(n_items, 0) <= SLOTS
-    l_top = tl.where(eq, tl.max(long_eq, 0), tl.max(long_ch, 0))
+    _, n_items, _, _, long_eq, long_ch = _cut_stats(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS, BLOCK, BLOCK_B)
+    eq = n_items <= SLOTS
+    l_top = tl.where(eq, long_eq, long_ch)
     # ---- pass 3: per sequence, its first item and slot, longest size class first (a counting
     # sort); item b's first entry marks where sequence b starts in the item list
     for i0 in range(0, MAX_ITEMS, BLOCK_I):
