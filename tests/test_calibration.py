@@ -451,3 +451,22 @@ def test_out_of_range_parameters_are_refused(tmp_path, value):
             path.write_text(json.dumps(bad))
             with pytest.raises(CalibrationFileError, match=p["name"].replace(".", r"\.") + ".*outside its range"):
                 load_calibration(path)
+
+
+def test_uniform_batches_beyond_the_unsplit_waves_are_not_split():
+    """``kernel_laws.gluon_latent_splits`` returns the item limit's pieces beyond
+    ``UNSPLIT_WAVES`` waves of such items without simulating: the simulation agrees there; and
+    the largest lengths and batches come back at once."""
+    from mla_var3.analysis import item_cut
+
+    for rows in (128, 512, 2048):
+        tiles = rows // 64
+        slots = 132 // tiles
+        for n in (1, 64, 1500, 5000):
+            pieces = max(1, -(-n // item_cut.MAX_ITEM_BLOCKS))
+            b = -(-(KL.UNSPLIT_WAVES * slots + 7) // pieces)
+            c = item_cut.best_cut([n] * b, slots, tiles, 132, item_cut.combine_units(rows, 512),
+                                  b * pieces + 2 * slots, 2 * slots + (b * pieces if pieces > 1 else 0))[1]
+            assert max(1, -(-n // c)) == pieces == KL.gluon_latent_splits(b, rows, n * 64, 132), (rows, n)
+    assert KL.gluon_latent_splits(1, 128, 2**62, 132) == -(-(2**56) // item_cut.MAX_ITEM_BLOCKS)
+    assert KL.gluon_latent_splits(2**40, 128, 4096, 132) == 1
