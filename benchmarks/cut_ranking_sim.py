@@ -7,7 +7,7 @@ blocks + 0.5). A time model ``fixed + per_block x busiest SM + per_split x split
 tile)`` is fitted by least squares to the item-forced CUDA-graph times of ``seesaw_ab.py``
 records (their columns ``head/item``, ``head/itemfit``, ``head/item@R``, the plans rebuilt from
 the recorded lengths as each column cut them). Then, over seeded random ragged batches, each
-ranking's cut is timed by the model against the best of the planner's candidates: the regret.
+ranking's cut is timed by the model against the best item length: the regret.
 
     python benchmarks/cut_ranking_sim.py [--record FILE ...] [--item-ranking spread] [--batches 150] [--out sim.json]
 """
@@ -132,7 +132,8 @@ def best_sim_cut(lengths: list, rows: int, capacity: int, sms: int = SMS, cut: s
 
 
 def regrets(model: dict, batches: list) -> dict[str, list[float]]:
-    """Per ranking, each batch's modelled time of its cut over the best candidate's, minus 1."""
+    """Per ranking, each batch's modelled time of its cut over the best cut's (every item length
+    from 2 to the longest sequence whose plan fits the buffers), minus 1."""
     from mla_var3.kernel import decode_plan as dp
 
     def time(ref, rows):
@@ -142,9 +143,11 @@ def regrets(model: dict, batches: list) -> dict[str, list[float]]:
     out = {r: [] for r in dp.RANKINGS}
     for lengths, s, t in batches:
         rows = s * 128
-        best = min(time(ref, rows) for c in sorted(set(dp.cut_candidates(lengths, rows, capacity=t, sms=SMS)))
+        max_items = dp.plan_capacity(len(lengths), rows, SMS, dp.cdiv(t, dp.PLAN_BLOCK))[1]
+        top = max(max(dp.seq_blocks(lengths, t), default=0), dp.MIN_ITEM_BLOCKS)
+        best = min(time(ref, rows) for c in range(dp.MIN_ITEM_BLOCKS, min(top, dp.MAX_ITEM_BLOCKS) + 1)
                    if (ref := dp.plan_reference(lengths, rows, capacity=t, sms=SMS, item_blocks=c))["slots_used"]
-                   <= ref["max_slots"])
+                   <= ref["max_slots"] and sum(1 for it in ref["items"] if it[0] >= 0) <= max_items)
         for r in dp.RANKINGS:
             out[r].append(time(dp.plan_reference(lengths, rows, capacity=t, sms=SMS, ranking=r), rows) / best - 1)
     return out
