@@ -68,16 +68,19 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
 
 @pytest.mark.parametrize("packed", [False, None])
 def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
-    """The planners read a batch longer than their pass (``_seq_block``) in several passes, the
-    ranks of a two-wave cut too; the plan is the same: 40 ragged sequences, 16 per pass."""
+    """The planners read a batch longer than their pass (``_seq_block``) in several passes, and
+    the cuts' simulation sorts the remainders a tile of ``SORT_BLOCK`` sequences at a time; the
+    device plan is the reference's: 40 ragged sequences, 16 per pass and per tile."""
     import mla_var3.kernel.decode_plan as dp
+    from mla_var3.analysis import item_cut
 
     g = torch.Generator().manual_seed(4)
     lengths = torch.where(torch.rand(40, generator=g) < 0.2, 8192, torch.randint(1, 1024, (40,), generator=g)).tolist()
+    monkeypatch.setattr(dp, "_seq_block", lambda batch, block: 16)
+    monkeypatch.setattr(item_cut, "SORT_BLOCK", 16)
     ref = plan_reference(lengths, 256, capacity=8192) if packed is False else auto_reference(lengths, 256,
                                                                                                 capacity=8192)
-    assert sum(1 for it in ref["items"] if it[0] >= 0) > dp.row_slots(256, 132)      # two waves: pass 2b's ranks
-    monkeypatch.setattr(dp, "_seq_block", lambda batch, block: 16)
+    assert sum(1 for it in ref["items"] if it[0] >= 0) > dp.row_slots(256, 132)      # two waves: simulated
     plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), 256, capacity=8192, sms=132,
                        packed=packed)
     assert plan.items.tolist() == [list(x) for x in ref["items"]]
