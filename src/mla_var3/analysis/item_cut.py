@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COMBINE_BYTES_PER_BLOCK_TIME", "COMBINE_FIXED", "ITEM_OVERHEAD", "LATE_WAVE", "MAX_ITEM_BLOCKS", "MIN_ITEM_BLOCKS", "SORT_BLOCK", "UNIT",
-           "best_cut", "combine_units", "cut_estimates"]
+__all__ = ["COMBINE_BYTES_PER_BLOCK_TIME", "COMBINE_FIXED", "ITEM_OVERHEAD", "LATE_WAVE", "MAX_ITEM_BLOCKS",
+           "MIN_ITEM_BLOCKS", "SORT_BLOCK", "UNIT", "best_cut", "combine_units", "cut_estimates"]
 
 MIN_ITEM_BLOCKS = 2
 #: the longest item, in blocks (65,536 keys): the sm_90 kernel keeps an item's pages in shared memory

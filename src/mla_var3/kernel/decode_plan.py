@@ -13,9 +13,9 @@ Why a plan: ragged batches (lengths from a few to many thousand keys) and small 
 long contexts must fill all SMs; the host cannot read the lengths without a synchronisation,
 which a CUDA graph forbids and which costs an eager call tens of microseconds. So the plan is
 built on the device by Triton kernels (a program per candidate item length, then one program)
-into tensors whose sizes depend only on what the host knows (``B``, ``rows``, the SM count): a graph replays it with new lengths, and it
-is built once per decode step and reused by every layer (``rows`` and the lengths are the
-layers' common data).
+into tensors whose sizes depend only on what the host knows (``B``, ``rows``, the SM count): a
+graph replays it with new lengths, and it is built once per decode step and reused by every layer
+(``rows`` and the lengths are the layers' common data).
 
 How items are cut (``C`` = item length in blocks, the one free choice):
 
@@ -113,8 +113,8 @@ _BIG = 9223372036854775807
 #: the ``slots``-th longest item with the next, as the SM that frees first takes the next item;
 #: "spread" (before) added half a mean item to the load per slot, which ranked cuts whose second wave
 #: is short items too dear (measured on an H200, ``seesaw/seesaw-pairs-seed{8,9}-1cff5c4.json``)
-#: "tail" (the device planner's from the chunk cut to the simulation) is "pairs" with a cut of more than two waves
-#: charged the load per slot plus its ``slots``-th *shortest* item, the size the SM that frees
+#: "tail" (the device planner's from the chunk cut to the simulation) is "pairs" with a cut of more
+#: than two waves charged the load per slot plus its ``slots``-th *shortest* item, the size the SM that frees
 #: last takes, not the (``slots`` + 1)-th longest (in the simulation, 2.97 % above the best cut
 #: on average against 3.63 %, chunk cuts, 150 random batches)
 RANKINGS = ("sim", "tail", "pairs", "spread")
@@ -1230,7 +1230,8 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
         eager calls then launch one kernel instead of both once it has landed
 
     Returns a :class:`DecodePlan`: two launches (the cuts' estimates, then the plan; one more for
-    a packed or gated plan); its tensors are fresh allocations (inside a CUDA graph, the graph's pool), so a captured plan is rebuilt on replay.
+    a packed or gated plan); its tensors are fresh allocations (inside a CUDA graph, the graph's
+    pool), so a captured plan is rebuilt on replay.
     """
     if seqlens is not None:
         if not isinstance(seqlens, torch.Tensor) or seqlens.dim() != 1:
