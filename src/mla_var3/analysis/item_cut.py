@@ -19,9 +19,10 @@ chunks of ``C`` blocks and a shorter remainder. It tries **every** ``C`` from
 
 This is the list-scheduling simulation the cut was judged by (``benchmarks/cut_ranking_sim.py``:
 132 SMs, programs in plan order, row tile fastest, a model fitted to measured item plans) at
-slot granularity: over 180 random ragged batches (b = 8..128, s = 1..4, t up to 32k) its choice
-is 0.25-0.55 % above the simulation's best C on average, where the closed-form "tail" ranking the
-planner used before was 2.6-4.8 % above it over the same C and 2.9 % over its 32 candidates.
+slot granularity: over the serving rows and 120 random ragged batches (b = 8..128, s = 1..4, t up
+to 32k) its choice is 0.6-0.8 % above the simulation's best C on average (1.8-2.5 % at the 90th
+percentile; the charge for a later wave, which that simulation lacks, is part of it), where the
+closed-form "tail" ranking the planner used before, over its 32 candidates, was 2.6-3.3 % (5.2-7.4 %).
 
 Pure Python and numpy: :mod:`mla_var3.kernel.decode_plan` (its host reference, and the device
 planner's mirror) and :mod:`mla_var3.analysis.kernel_laws` (the dense call's items) use it.

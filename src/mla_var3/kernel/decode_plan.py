@@ -34,8 +34,8 @@ How items are cut (``C`` = item length in blocks, the one free choice):
   anything is split; cuts that need more items or slots than the buffers hold are excluded
   (:mod:`mla_var3.analysis.item_cut`, which the host reference calls). The closed forms before
   it ranked 32 candidates (``ceil(total / (k * slots))``, ``ceil(max_b n_b / j)`` and the
-  one-wave cut; :data:`RANKINGS`), 2.9 % above the simulation's best cut on average where this
-  is 0.3-0.8 %;
+  one-wave cut; :data:`RANKINGS`), 2.6-3.3 % above the simulation's best cut on average where
+  this is 0.6-0.8 %;
 * the cheapest candidate wins (ties: the longer items); items are emitted longest first (a
   counting sort over sixteen size classes, sizes relative to the cut's longest item), because
   the GPU starts programs in grid order and a long item started last would end last. Classes
