@@ -33,7 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["COMBINE_BYTES_PER_BLOCK_TIME", "COMBINE_FIXED", "ITEM_OVERHEAD", "LATE_WAVE", "MAX_ITEM_BLOCKS",
-           "MIN_ITEM_BLOCKS", "SORT_BLOCK", "UNIT", "best_cut", "combine_units", "cut_estimates"]
+           "MIN_ITEM_BLOCKS", "SORT_BLOCK", "UNIT", "best_cut", "combine_units", "cut_estimates",
+           "plan_buffers"]
 
 MIN_ITEM_BLOCKS = 2
 #: the longest item, in blocks (65,536 keys): the sm_90 kernel keeps an item's pages in shared memory
@@ -69,6 +70,14 @@ def combine_units(rows: int, k: int) -> int:
     return int(round(rows * k * 8 * UNIT / COMBINE_BYTES_PER_BLOCK_TIME))
 
 
+def plan_buffers(batch: int, slots: int, max_blocks: int) -> tuple[int, int]:
+    """``(max_items, max_slots)`` of the item planner's buffers for ``batch`` sequences of up to
+    ``max_blocks`` blocks: two waves of items and partial outputs beyond one item per sequence,
+    plus what cutting every sequence at ``MAX_ITEM_BLOCKS`` needs (``decode_plan.plan_capacity``)."""
+    pieces = max(1, _cdiv(max_blocks, MAX_ITEM_BLOCKS))
+    return batch * pieces + 2 * slots, 2 * slots + (batch * pieces if pieces > 1 else 0)
+
+
 def cut_estimates(blocks, slots: int, tiles: int, sms: int, comb: int, max_items: int, max_slots: int,
                   c_lo: int = MIN_ITEM_BLOCKS, c_hi: int | None = None) -> np.ndarray:
     """Estimated time (units) of the cut at each item length ``C`` in ``[c_lo, c_hi]`` (default:
@@ -88,11 +97,12 @@ def cut_estimates(blocks, slots: int, tiles: int, sms: int, comb: int, max_items
     n_items = counts.sum(1)
     n_split = np.where(counts > 1, counts, 0).sum(1)
     est = (_cdiv(n[None, :], counts).max(1, initial=0) * UNIT + ITEM_OVERHEAD).astype(np.int64)
-    rows = np.nonzero((n_items > slots) & (n_items <= max_items) & (n_split <= max_slots))[0]
+    fits = (n_items <= max_items) & (n_split <= max_slots)
+    rows = np.nonzero((n_items > slots) & fits)[0]
     if rows.size:
         est[rows] = _simulate(n, cs[rows, 0], counts[rows], n_items[rows], slots, tiles, sms) + LATE_WAVE
     est += np.where(n_split > 0, COMBINE_FIXED + n_split * comb, 0)
-    return np.where((n_items <= max_items) & (n_split <= max_slots), est, BIG)
+    return np.where(fits, est, BIG)
 
 
 def _simulate(n, cs, counts, n_items, slots: int, tiles: int, sms: int) -> np.ndarray:

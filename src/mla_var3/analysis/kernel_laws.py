@@ -125,7 +125,7 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
     pieces = max(1, cdiv(n, item_cut.MAX_ITEM_BLOCKS))
     if b * pieces > UNSPLIT_WAVES * slots:
         return pieces
-    max_items, max_slots = b * pieces + 2 * slots, 2 * slots + (b * pieces if pieces > 1 else 0)
+    max_items, max_slots = item_cut.plan_buffers(b, slots, n)
     c = item_cut.best_cut([n] * b, slots, tiles, sms, item_cut.combine_units(rows, k), max_items, max_slots)[1]
     return max(1, cdiv(n, c))
 

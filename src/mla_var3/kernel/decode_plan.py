@@ -303,9 +303,11 @@ def plan_capacity(batch: int, rows: int, sms: int, max_blocks: int, *, gated: bo
     changed the item plan only where the planner packs anyway (23 batches, its estimate 0.5-5.4 %
     higher), so no item plan the GPU runs changes."""
     slots = row_slots(rows, sms)
-    pieces = max(1, cdiv(max_blocks, MAX_ITEM_BLOCKS))
-    items = max(batch * pieces, 2 * slots) if gated else batch * pieces + 2 * slots
-    return slots, items, 2 * slots + (batch * pieces if pieces > 1 else 0)
+    items, max_slots = item_cut.plan_buffers(batch, slots, max_blocks)
+    if gated:
+        pieces = max(1, cdiv(max_blocks, MAX_ITEM_BLOCKS))
+        items = max(batch * pieces, 2 * slots)
+    return slots, items, max_slots
 
 
 def packed_capacity(batch: int, rows: int, sms: int, max_blocks: int,
@@ -848,6 +850,18 @@ def _order_by_class(seqlens_ptr, items_ptr, seqs_ptr, offs, B, T, c_len, l_top, 
 
 
 @triton.jit
+def _schedule_item(free, slow, sj, d, e, TILES, EXTRA):
+    """One item of ``d`` units onto the slot that frees first (``free [BLOCK_S]``, finish times x
+    ``e``, the lowest index on a tie), or onto the ``EXTRA`` leftover SMs' slower slot (finish
+    ``slow``; an item takes ``TILES / e`` times as long there) where it would end strictly sooner.
+    Returns (free, slow)."""
+    key = tl.min(free * 1024 + sj, 0)
+    f = key // 1024
+    on_slow = (EXTRA > 0) & (slow + d * TILES < f + d * e)
+    return tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free), tl.where(on_slow, slow + d * TILES, slow)
+
+
+@triton.jit
 def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS, MAX_SLOTS, COMB,
                     HAS_SEQLENS: tl.constexpr, BLOCK: tl.constexpr, MIN_C: tl.constexpr, MAX_C: tl.constexpr,
                     OVH: tl.constexpr, COMB_FIXED_C: tl.constexpr, UNIT: tl.constexpr, SORT_B: tl.constexpr,
@@ -866,8 +880,8 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
     top, n_items, n_split, n_chunks, long_eq, _ = _cut_stats(seqlens_ptr, offs, B, T, c_len, HAS_SEQLENS, BLOCK,
                                                              SORT_B)
     est = long_eq.to(tl.int64) * UNIT + OVH
-    fits = (n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS)
-    if fits & (n_items > SLOTS) & (c_len <= tl.maximum(top, MIN_C)):
+    live = (n_items <= MAX_ITEMS) & (n_split <= MAX_SLOTS) & (c_len <= tl.maximum(top, MIN_C))
+    if live & (n_items > SLOTS):
         e = tl.maximum(EXTRA, 1).to(tl.int64)
         sj = tl.arange(0, BLOCK_S)
         free = tl.where(sj < SLOTS, tl.zeros([BLOCK_S], tl.int64), tl.full([BLOCK_S], 1 << 50, tl.int64))
@@ -877,11 +891,7 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
             free += tl.where(sj < SLOTS, (n_chunks // SLOTS + (sj < n_chunks % SLOTS).to(tl.int32)) * d, 0)
         else:
             for _ in range(n_chunks):
-                key = tl.min(free * 1024 + sj, 0)
-                f = key // 1024
-                on_slow = slow + d * TILES < f + d * e
-                slow = tl.where(on_slow, slow + d * TILES, slow)
-                free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
+                free, slow = _schedule_item(free, slow, sj, d, e, TILES, EXTRA)
         for b0 in range(0, B, SORT_B):
             ok, n = _blocks(seqlens_ptr, b0, offs, B, T, HAS_SEQLENS, BLOCK)
             c, full, rest = _chunk_parts(n, ok, c_len)
@@ -889,15 +899,10 @@ def _cut_sim_kernel(seqlens_ptr, cest_ptr, B, T, SLOTS, TILES, EXTRA, MAX_ITEMS,
             srt = tl.sort(tl.where(has, rest, -1), descending=True)
             for k in range(tl.sum(has.to(tl.int32), 0)):
                 d = tl.max(tl.where(offs == k, srt, -1), 0).to(tl.int64) * UNIT + OVH
-                key = tl.min(free * 1024 + sj, 0)
-                f = key // 1024
-                on_slow = (EXTRA > 0) & (slow + d * TILES < f + d * e)
-                slow = tl.where(on_slow, slow + d * TILES, slow)
-                free = tl.where((sj == key % 1024) & (on_slow == 0), f + d * e, free)
+                free, slow = _schedule_item(free, slow, sj, d, e, TILES, EXTRA)
         est = tl.maximum(tl.max(tl.where(sj < SLOTS, free, 0), 0), slow) // e + LATE
     est += tl.where(n_split > 0, COMB_FIXED_C + n_split.to(tl.int64) * COMB, 0)
-    ok_c = fits & (c_len <= tl.maximum(top, MIN_C))
-    tl.store(cest_ptr + tl.program_id(0), tl.where(ok_c, est, big))
+    tl.store(cest_ptr + tl.program_id(0), tl.where(live, est, big))
 
 
 _cut_sim_launch = CachedLaunch(_cut_sim_kernel)
