@@ -12,16 +12,23 @@ Mirrors the dense bf16/fp16 mode of FlashMLA's public interface
 * ``softmax_scale`` defaults to ``1/sqrt(K + P)`` (q's last dim); with ``causal`` query i of the
   s_q sees keys ``j <= cache_seqlens[b] - s_q + i`` (the mask is aligned bottom-right).
 
-The scheduling metadata holds this package's decode plan (:mod:`mla_var3.kernel.decode_plan`):
-the split of the batch's key blocks over the SMs, computed on the GPU without a host
-synchronisation. ``get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)`` builds it at once
-(FlashMLA's older interface); ``get_mla_metadata()`` returns an empty object that the first
-call fills (FlashMLA's current interface). Either way it is built once per decode step and
-reused by every layer; reusing it with other shapes raises ValueError, as FlashMLA refuses it.
-Where the GPU chooses the plan's kind (packed or one item per program), the choice is also copied
-to the host behind the planner, never waited for: eager calls made after it has landed (a step's
-later layers) launch the chosen kernel alone, calls before it and calls captured in a CUDA graph
-launch both, each exiting unless the plan is its kind (``mla_var3.kernel.decode_plan.KindReadback``).
+The scheduling metadata holds this package's decode state for one step
+(:class:`mla_var3.kernel.decode.AbsorbedDecode`): the split of the batch's key blocks over the
+SMs, computed on the GPU without a host synchronisation, and the workspace of split items.
+``get_mla_metadata()`` returns an empty object that the first call fills (FlashMLA's current
+interface; the arguments of its older interface are accepted and not needed). It is built once
+per decode step and reused by every layer; reusing it with other shapes raises ValueError, as
+FlashMLA refuses it. Unlike FlashMLA, a metadata reused with other lengths (another
+``cache_seqlens`` tensor, or the same one written in place since) plans again instead of
+dropping keys; inside a CUDA-graph capture the new plan is built into the graph. (Lengths
+created under ``torch.inference_mode()`` count no versions: write those in place only with a new
+metadata per step, as FlashMLA requires.)
+
+Capture in a CUDA graph works however the metadata was first used: inside the capture, or by
+eager calls before it (an engine's warm-up). Every kernel a plan may launch is compiled by its
+first call, never inside a later capture. The graph replays the plan it captured: a metadata
+first used inside the capture plans the lengths each replay finds; one used before the capture
+keeps the plan of those lengths (FlashMLA's rule).
 
 Not supported (raise NotImplementedError): fp8 KV cache, sparse attention (``indices``,
 ``topk_length``), attention sinks, extra KV caches. The fast path (the sm_90 Gluon kernel) takes
@@ -39,13 +46,13 @@ Example
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
-from mla_var3.kernel._common import bind_shape, check_inference
-from mla_var3.kernel.absorbed import _REPLAYS, _replay_key, flash_mla_paged
-from mla_var3.kernel.decode_plan import DecodePlan, plan_decode
+from mla_var3.kernel._common import bind_shape, check_inference, check_scale
+from mla_var3.kernel.decode import AbsorbedDecode, entry_signature, entry_spec, fast_scale
 
 __all__ = ["MLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 
@@ -56,12 +63,18 @@ class MLASchedMeta:
     the first :func:`flash_mla_with_kvcache` call that uses it.
 
     ``config`` records (b, s_q, h_q, page_block_size, h_k, causal); later calls with the same
-    object must match it (FlashMLA's rule: reuse only for the same shapes and lengths).
+    object must match it (FlashMLA's rule: reuse only for the same shapes). ``decode`` holds the
+    step's plan and workspace (made with the object; its plan is built by the first call).
     """
 
     have_initialized: bool = False
     config: tuple | None = None
-    plan: DecodePlan | None = None
+    decode: AbsorbedDecode = field(default_factory=AbsorbedDecode)
+
+    @property
+    def plan(self):
+        """The step's :class:`~mla_var3.kernel.decode_plan.DecodePlan` (None before the first call)."""
+        return self.decode.decode_plan
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
@@ -73,7 +86,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     synchronisation (capturable in a CUDA graph), and reused by the later calls (the other
     layers of the step). The arguments of FlashMLA's older interface (``cache_seqlens``,
     ``num_q_tokens_per_head_k``, ``num_heads_k``) and further ones are accepted and not needed:
-    the calls pass the lengths.
+    the calls pass the lengths. Allocates nothing (no tensor, so no default device matters).
     """
     return MLASchedMeta(), None
 
@@ -115,16 +128,29 @@ def flash_mla_with_kvcache(
     out : [b, s_q, h_q, head_dim_v] in q's dtype
     softmax_lse : [b, h_q, s_q] float32 (natural log)
     """
-    check_inference(q, k_cache)
     meta = tile_scheduler_metadata
-    if isinstance(meta, MLASchedMeta) and meta.plan is not None and _REPLAYS and not (
-            num_splits or is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
-            or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None):
-        # a later layer of the step: the same buffers repeat an earlier call (no checks, no set-up)
-        replay = _REPLAYS.get(_replay_key("compat", (q, k_cache, block_table, cache_seqlens),
-                                          softmax_scale or 0.0, causal, (meta.plan, head_dim_v)))
-        if replay is not None:
-            return replay()
+    scale = softmax_scale
+    entry = None
+    if scale is None and isinstance(q, torch.Tensor):
+        scale = q.shape[-1] ** -0.5
+    if (type(meta) is MLASchedMeta or meta is None) and type(head_dim_v) is int and fast_scale(scale) and (
+            num_splits is None and not is_fp8_kvcache and indices is None and attn_sink is None and extra_k_cache is None
+            and extra_indices_in_kvcache is None and topk_length is None and extra_topk_length is None):
+        # the fast path: a call signature an earlier call checked and compiled (see kernel.decode.entry_signature)
+        entry = entry_signature("compat", "auto", causal, (q, k_cache, block_table), cache_seqlens, head_dim_v)
+        spec = entry_spec(entry)
+        if spec is not None:
+            config = (*q.shape[:3], k_cache.shape[1], 1, causal)
+            if meta is None or not meta.have_initialized or meta.config == config:
+                decode = AbsorbedDecode(q.device, readback=False) if meta is None else meta.decode
+                base, cache = q.data_ptr(), k_cache.data_ptr()
+                done = spec.launch(decode, (base, base + spec.kr_offset, cache, cache + spec.kr_offset), block_table,
+                                   cache_seqlens, cache_seqlens, scale, token_major=True)
+                if done is not None:
+                    if meta is not None:
+                        meta.have_initialized, meta.config = True, config
+                    return done
+    check_inference(q, k_cache)
     unsupported = {
         "is_fp8_kvcache=True": bool(is_fp8_kvcache), "indices (sparse attention)": indices is not None,
         "attn_sink": attn_sink is not None, "extra_k_cache": extra_k_cache is not None,
@@ -139,14 +165,18 @@ def flash_mla_with_kvcache(
         raise ValueError("num_splits must be None (FlashMLA's current interface; splits are planned internally)")
     if block_table is None or cache_seqlens is None:
         raise ValueError("block_table and cache_seqlens are required for dense attention")
-    if tile_scheduler_metadata is not None and not isinstance(tile_scheduler_metadata, MLASchedMeta):
+    if meta is not None and not isinstance(meta, MLASchedMeta):
         raise ValueError(f"tile_scheduler_metadata must come from mla_var3.compat.get_mla_metadata(), got "
-                         f"{type(tile_scheduler_metadata).__name__}")
+                         f"{type(meta).__name__}")
+    if not (isinstance(causal, bool) or (isinstance(causal, int) and causal in (0, 1))):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    causal = bool(causal)
     sizes: dict[str, int] = {}
     bind_shape("q", q, "b s_q h_q D", sizes)
     bind_shape("k_cache", k_cache, "num_blocks page_block_size h_k D", sizes)
     if sizes["h_k"] != 1:
-        raise ValueError(f"k_cache must have num_heads_k = 1 (MLA shares one latent per token), got {sizes['h_k']}")
+        raise ValueError(f"k_cache must have num_heads_k = 1 (MLA shares one latent per token; GQA-style caches "
+                         f"with several KV heads are not supported), got {sizes['h_k']}")
     dv = head_dim_v
     if isinstance(dv, bool) or not isinstance(dv, int) or not 0 < dv < sizes["D"]:
         raise ValueError(f"head_dim_v must lie in (0, {sizes['D']}) as an int (q's last dim holds the latent and RoPE "
@@ -156,26 +186,23 @@ def flash_mla_with_kvcache(
         if width < 16 or width & (width - 1):
             raise ValueError(f"{what} must be a power of two >= 16 (DeepSeek: head_dim_v = 512 of 576), got {width} "
                              f"with head_dim_v={dv} and q.shape[-1]={sizes['D']}")
-    config = (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], bool(causal))
-    plan = None
-    if meta is not None:
+    scale = sizes["D"] ** -0.5 if softmax_scale is None else check_scale(softmax_scale, name="softmax_scale")
+    config = (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], causal)
+    if meta is None:
+        decode = AbsorbedDecode(q.device, readback=False)
+    else:
         if meta.have_initialized and meta.config != config:
             raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
                              f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
-        if meta.plan is None:
-            meta.plan = plan_decode(cache_seqlens, sizes["s_q"] * sizes["h_q"], k=dv,
-                                    capacity=block_table.shape[-1] * sizes["page_block_size"])
-        meta.have_initialized, meta.config, plan = True, config, meta.plan
-    scale = sizes["D"] ** -0.5 if softmax_scale is None else softmax_scale
+        meta.have_initialized, meta.config, decode = True, config, meta.decode
     # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies): rows token * h_q + head; the
     # sm_90 kernel writes its output in the same order, so the transposed result is [b, s_q, h_q, dv]
     qt = q.transpose(1, 2)
-    o, lse = flash_mla_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
-                             causal=causal, plan=plan)
-    if plan is not None:  # the same replay under this call's own key (no slicing to build the key)
-        replay = _REPLAYS.get(_replay_key("paged", (qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens),
-                                          scale, causal, plan))
-        if replay is not None:  # a call with a plan repeats as a _Repeat: stored as FlashMLA's [b, s_q, h_q, dv] order
-            _REPLAYS[_replay_key("compat", (q, k_cache, block_table, cache_seqlens), softmax_scale or 0.0, causal,
-                                 (plan, dv))] = replay.token_major
+    o, lse = decode.run_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
+                              causal=causal, names=_NAMES, entry=entry)
     return o.transpose(1, 2).contiguous(), lse
+
+
+#: FlashMLA's names of the arguments, for the errors of the checks they reach
+_NAMES = MappingProxyType({"qc": "q[..., :head_dim_v]", "qpe": "q[..., head_dim_v:]", "kv_cache": "k_cache",
+                           "block_table": "block_table", "seqlens": "cache_seqlens"})

@@ -7,7 +7,7 @@ of format is a one-function change here:
 * :func:`_autotune_entries` — :class:`mla_var3.runtime.autotune.AutotuneCache`: keys
   ``device|design|dims|bucket|dtype|triton-version``, entries ``{"config", "time_us", ...}``
   (``time_us``: median of the winning config).
-* :func:`_result_records` — :func:`mla_var3.runtime.records.load_results`: ``(meta, records)``,
+* :func:`result_records` — :func:`mla_var3.runtime.records.load_results`: ``(meta, records)``,
   records with ``name``, ``kind``, ``b, s, t, n``, ``dtype``, ``status``, ``time_us``; the meta
   names the device (``device_key``) and the dims.
 
@@ -76,7 +76,7 @@ def _triton_version() -> str | None:
         return None
 
 
-def _result_records(path: str | Path) -> tuple[dict, list]:
+def result_records(path: str | Path) -> tuple[dict, list]:
     from mla_var3.runtime.records import load_results
 
     return load_results(path)
@@ -141,7 +141,7 @@ def from_results(paths, device_key: str, dims: MLADims, problem: Problem, dtype:
     dtype and device (``meta['device_key']``); records that failed or were skipped are ignored."""
     out = []
     for path in paths:
-        meta, records = _result_records(path)
+        meta, records = result_records(path)
         if meta.get("device_key") not in (None, device_key):
             continue
         md = meta.get("dims") or {}

@@ -130,14 +130,17 @@ def check_device(name: str, x: torch.Tensor) -> None:
     )
 
 
-def check_scale(scale) -> float:
-    """Validate a softmax scale: a finite positive number."""
+def check_scale(scale, *, name: str = "scale") -> float:
+    """Validate a softmax scale: a finite positive real number (not a bool or a string, which
+    ``float()`` would take: a misplaced ``causal=True`` must not become scale 1.0)."""
+    if isinstance(scale, (bool, str, bytes)) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
+        raise ValueError(f"{name} must be a positive float, got {scale!r}")
     try:
         value = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"scale must be a positive float, got {scale!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a positive float, got {scale!r}") from None
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+        raise ValueError(f"{name} must be a positive finite float, got {scale!r}")
     return value
 
 
@@ -166,7 +169,8 @@ def check_no_overlap(name: str, x: torch.Tensor) -> None:
         extent += stride * (size - 1)
 
 
-def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torch.Tensor | None:
+def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device, *,
+                  name: str = "seqlens") -> torch.Tensor | None:
     """Validate per-sequence valid lengths: [B] int32/int64 on ``device``, each 0 (an empty
     sequence) or in [s, T] (each length counts the sequence's s new tokens).
 
@@ -175,14 +179,14 @@ def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torc
     """
     if seqlens is None:
         return None
-    bind_shape("seqlens", seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
+    bind_shape(name, seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
     if seqlens.device != device:
-        raise ValueError(f"seqlens is on {seqlens.device} but the other inputs are on {device}")
+        raise ValueError(f"{name} is on {seqlens.device} but the other inputs are on {device}")
     if b and values_checked(device):
         bad = (seqlens > t) | (seqlens < 0) | ((seqlens > 0) & (seqlens < s))
         if bool(bad.any()):
             lo, hi = int(seqlens.min()), int(seqlens.max())
-            raise ValueError(f"seqlens must lie in [s={s}, T={t}] (each length counts the s new tokens) or be 0 "
+            raise ValueError(f"{name} must lie in [s={s}, T={t}] (each length counts the s new tokens) or be 0 "
                              f"(an empty sequence), got min {lo}, max {hi}")
     if seqlens.dtype == torch.int32 and seqlens.is_contiguous():
         return seqlens

@@ -4,38 +4,38 @@
 compiled kernel up on every call, and a host TMA descriptor argument is encoded into a
 ``CUtensorMap`` on every launch: tens of microseconds of Python for a kernel with many
 arguments, which an eager decode call (a few tens of microseconds of GPU time at small batch)
-cannot afford. :class:`CachedLaunch` goes through that path once per caller-chosen key and then
-calls the compiled kernel's launcher directly, re-using each descriptor's encoding while the
-descriptor object lives (the launchers of this package cache their descriptors by pointer,
-shape and strides).
+cannot afford. :class:`CachedLaunch` goes through that path once per caller-chosen key (the
+kernel's compile cache, like Triton's own) and then calls the compiled kernel's C launcher
+directly.
 
 The caller's key must determine everything Triton specialises on: the constexprs, the dtypes,
 and (unless the parameter is marked ``do_not_specialize``) each integer argument's value class
 (1, divisible by 16) and each pointer's 16-byte alignment. The launchers of this package pass
 the integer arguments themselves and the pointers' alignment in the key.
 
-:meth:`CachedLaunch.bind` goes one step further for a call that repeats with only a few
-arguments changed (a decode step's fresh output, say): a :class:`BoundLaunch` holds every other
-argument already flattened and encoded, and a launch costs one list and one C call.
+:meth:`CachedLaunch.flat` goes one step further for a caller that builds the launcher's
+arguments itself (the seesaw kernel's host side): a :class:`FlatLaunch` takes the flattened
+arguments, pointers as addresses and each TMA descriptor as the ``CUtensorMap`` and sizes that
+:func:`tma_arg` encodes from an address and the descriptor's :class:`TmaSpec`. What such a
+caller keeps between calls (encodings of the addresses it has seen) belongs to an object the
+caller owns, never to this module.
 
 Under Triton's interpreter, or with a launch hook installed (profilers such as proton), every
-call takes the ordinary path. Where the installed Triton's launcher does not have the expected shape, the
-descriptors are encoded per launch by Triton's own launcher (``direct`` is then False).
+call takes the ordinary path. Where the installed Triton's launcher does not have the expected
+shape, :meth:`CachedLaunch.flat` returns None and callers take the ordinary path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 from triton import knobs
 from triton.runtime import driver
 
 from mla_var3.kernel._common import interpreting
 
-__all__ = ["Address", "BoundLaunch", "CachedLaunch"]
-
-#: turn the direct launcher path off (for A/B timing of the host cost)
-DIRECT = True
+__all__ = ["CachedLaunch", "FlatLaunch", "TmaSpec", "current_stream", "tma_arg"]
 
 
 class CachedLaunch:
@@ -44,6 +44,9 @@ class CachedLaunch:
 
     ``launch_pdl``: compile and launch it as a programmatic dependent launch (on a GPU; the
     kernel must wait with ``griddepcontrol.wait`` before it reads what the kernel before it wrote).
+
+    The compiled kernels are kept per (device, key): the compile cache of this kernel, keyed by
+    what the kernel is specialised on, never by an address.
 
     >>> launch = CachedLaunch(my_kernel)                                    # doctest: +SKIP
     >>> launch(key, grid, (x, y, n), dict(BLOCK=128), num_warps=4)          # doctest: +SKIP
@@ -54,7 +57,6 @@ class CachedLaunch:
         self.options = {"launch_pdl": True} if launch_pdl else {}
         self._const_names: list[str] | None = None
         self._compiled: dict[Hashable, tuple] = {}
-        self._encoded: dict[int, tuple] = {}
 
     def _constexpr_names(self) -> list[str]:
         if self._const_names is None:
@@ -64,6 +66,10 @@ class CachedLaunch:
                 raise ValueError(f"{self.fn.__name__}: constexpr parameters must come last for CachedLaunch")
             self._const_names = [p.name for p in params[len(params) - n_const:]]
         return self._const_names
+
+    def _keep(self, device, key: Hashable, compiled, constexprs: dict) -> None:
+        const_vals = tuple(constexprs[n] for n in self._constexpr_names())
+        self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                  *, num_warps: int) -> None:
@@ -77,166 +83,99 @@ class CachedLaunch:
         hit = self._compiled.get((device, key))
         if hit is None:
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, **self.options)
-            const_vals = tuple(constexprs[n] for n in self._constexpr_names())
-            self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
+            self._keep(device, key, compiled, constexprs)
             return
         compiled, const_vals, direct = hit
         stream = driver.active.get_current_stream(device)
-        if direct is None or not DIRECT:
+        if direct is None or direct[2]:
+            # not the expected launcher, or descriptor arguments: Triton's launcher encodes them
             compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
                          None, *args, *const_vals)
             return
-        raw, base, desc_meta = direct
-        flat = []
-        for i, a in enumerate(args):
-            meta = desc_meta.get(i, False)
-            if meta is False:
-                flat.append(a)
-            else:
-                flat.extend(self._encode(a, meta))
-        raw(grid[0], grid[1], grid[2], stream, compiled.function, *base, *flat, *const_vals)
+        raw, base, _ = direct
+        raw(grid[0], grid[1], grid[2], stream, compiled.function, *base, *args, *const_vals)
 
     def prepare(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                 *, num_warps: int) -> None:
-        """Compile the kernel for ``key`` as :meth:`__call__` would, without launching it (the
-        first launch compiles with real tensors; this lets a later launch of a kernel the call
-        does not run yet, on addresses alone, take the direct path). Nothing under the
-        interpreter or a launch hook, or when already compiled."""
+        """Compile the kernel for ``key`` as :meth:`__call__` would, without launching it (with
+        real tensors in ``args``). Nothing under the interpreter or a launch hook, or when
+        already compiled."""
         if interpreting() or _hooked():
             return
         device = driver.active.get_current_device()
         if (device, key) in self._compiled:
             return
         compiled = self.fn.warmup(*args, grid=grid, **constexprs, num_warps=num_warps, **self.options)
-        const_vals = tuple(constexprs[n] for n in self._constexpr_names())
-        self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
-
-    def _encode(self, desc, meta) -> tuple:
-        """A host descriptor's launch arguments (the CUtensorMap, shape, strides), encoded once
-        per descriptor object."""
-        hit = self._encoded.get(id(desc))
-        if hit is not None and hit[0] is desc:
-            return hit[1]
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
-        if len(self._encoded) > 1024:
-            self._encoded.clear()
-        enc = tuple(make_tensordesc_arg(desc, meta))
-        self._encoded[id(desc)] = (desc, enc)
-        return enc
-
-    def bind(self, key: Hashable, grid: tuple[int, int, int], args: tuple, varying: tuple[int, ...]) -> "BoundLaunch":
-        """A launch of the kernel compiled for ``key`` with ``args`` fixed except the positions in
-        ``varying`` (increasing), which each call gives as addresses (ints): a pointer argument's,
-        or the base address of a tensor-descriptor argument (the descriptor in ``args`` then gives
-        the shape, strides, box and layout; each address is encoded once). The fixed arguments are
-        flattened and encoded now: tensors are kept as addresses, so the caller must keep them
-        alive (or, as a decode step's repeat does, key the bound launch by their addresses).
-        Requires :meth:`ready`."""
-        if not self.ready(key):
-            raise ValueError(f"{self.fn.__name__}: bind() needs a kernel compiled for this key on the direct path")
-        compiled, const_vals, (raw, base, desc_meta) = self._compiled[(driver.active.get_current_device(), key)]
-        pieces: list[list] = [[]]
-        encoders = []
-        for i, a in enumerate(args):
-            meta = desc_meta.get(i, False)
-            if i in varying:
-                encoders.append(None if meta is False else _AddressEncoder(a, meta))
-                pieces.append([])
-            elif meta is False:
-                pieces[-1].append(a.data_ptr() if hasattr(a, "data_ptr") else a)
-            else:
-                pieces[-1].extend(self._encode(a, meta))
-        if len(encoders) != len(varying):
-            raise ValueError(f"{self.fn.__name__}: varying positions {varying} outside the {len(args)} arguments")
-        head = (grid[0], grid[1], grid[2])
-        return BoundLaunch(raw, head, (compiled.function, *base, *pieces[0]), tuple(encoders),
-                           tuple(tuple(p) for p in pieces[1:]), tuple(const_vals))
+        self._keep(device, key, compiled, constexprs)
 
     def ready(self, key: Hashable) -> bool:
-        """Whether a call with ``key`` takes the direct path (its kernel is compiled on the
-        current device, no launch hook is installed, and the launcher has the expected shape):
-        then tensor-descriptor arguments may hold addresses only."""
+        """Whether the kernel for ``key`` is compiled on the current device and a call takes the
+        direct path (no launch hook, the launcher of the expected shape)."""
         if interpreting() or _hooked():
             return False
         hit = self._compiled.get((driver.active.get_current_device(), key))
-        return hit is not None and hit[2] is not None and DIRECT
+        return hit is not None and hit[2] is not None
+
+    def flat(self, key: Hashable) -> "FlatLaunch | None":
+        """The compiled kernel for ``key`` as a :class:`FlatLaunch`, or None where it is not on
+        the direct path (not compiled on this device, a launch hook, another launcher shape)."""
+        if not self.ready(key):
+            return None
+        compiled, const_vals, (raw, base, desc_meta) = self._compiled[(driver.active.get_current_device(), key)]
+        return FlatLaunch(raw, (compiled.function, *base), const_vals, desc_meta)
 
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
         return len(self._compiled)
 
 
-class Address:
-    """What a host TMA descriptor needs of its tensor, the address and dtype, without keeping the
-    tensor alive (a cached descriptor must not hold a call's output: the allocator could never
-    reuse its memory)."""
+class FlatLaunch:
+    """A compiled kernel's C launcher with its fixed parts: ``launch(grid, stream, flat)`` issues
+    it with ``flat``, the runtime arguments in order with pointers as addresses (ints) and each
+    TMA descriptor argument expanded to what :func:`tma_arg` returns.
 
-    __slots__ = ("ptr", "dtype")
+    ``desc_meta``: ``{argument position: descriptor metadata}`` (what :class:`TmaSpec` needs)."""
 
-    def __init__(self, ptr: int, dtype) -> None:
-        self.ptr, self.dtype = ptr, dtype
+    __slots__ = ("raw", "head", "consts", "desc_meta")
 
-    def data_ptr(self) -> int:
-        return self.ptr
+    def __init__(self, raw, head: tuple, consts: tuple, desc_meta: dict) -> None:
+        self.raw, self.head, self.consts, self.desc_meta = raw, head, consts, desc_meta
 
-
-class _AddressEncoder:
-    """A tensor descriptor's launch arguments at a given base address: the descriptor ``desc``
-    (shape, strides, box, layout) moved to ``addr``, each address encoded once (a decode step's
-    outputs come back at a handful of addresses)."""
-
-    __slots__ = ("desc", "meta", "dtype", "cache")
-
-    def __init__(self, desc, meta) -> None:
-        self.desc, self.meta, self.dtype, self.cache = desc, meta, desc.base.dtype, {}
-
-    def __call__(self, addr: int) -> tuple:
-        enc = self.cache.get(addr)
-        if enc is None:
-            import dataclasses
-
-            from triton.backends.nvidia.driver import make_tensordesc_arg
-
-            if len(self.cache) > 64:
-                self.cache.clear()
-            moved = dataclasses.replace(self.desc, base=Address(addr, self.dtype))
-            enc = self.cache[addr] = tuple(make_tensordesc_arg(moved, self.meta))
-        return enc
+    def launch(self, grid: tuple[int, int, int], stream: int, flat: tuple) -> None:
+        self.raw(grid[0], grid[1], grid[2], stream, *self.head, *flat, *self.consts)
 
 
-class BoundLaunch:
-    """One compiled kernel's launch with all arguments fixed but a few addresses (see
-    :meth:`CachedLaunch.bind`): ``bound(stream, *addresses)`` issues it on ``stream`` (a raw CUDA
-    stream handle, the one the caller's tensors are ordered on).
+@dataclass(frozen=True, eq=False)
+class TmaSpec:
+    """Everything a TMA descriptor argument's encoding depends on but its address: the compiled
+    kernel's descriptor metadata (swizzle, element type, box) and the global shape and strides
+    (elements). Hashed by identity (a launch spec keeps its own, and an owner keeps encodings
+    per (spec, address): hashing the fields on every call would cost more than the lookup)."""
 
-    The launcher's argument tuple is built once per (stream, addresses) and kept (at most
-    ``MAX_ARG_TUPLES``): a decode step's fresh outputs come back at a handful of addresses from
-    the caching allocator, and building the tuple was most of a bound launch's Python time
-    (3.1 of 3.6 us on a slow host with 100 arguments)."""
+    swizzle: int
+    elem_size: int
+    elem_type: int
+    block: tuple[int, ...]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
 
-    __slots__ = ("raw", "head", "mid", "encoders", "tails", "consts", "flat")
-    MAX_ARG_TUPLES = 32
+    @classmethod
+    def of(cls, meta: dict, shape, strides) -> "TmaSpec":
+        if meta is None or meta.get("fp4_padded"):
+            raise ValueError("TmaSpec needs the compiled kernel's descriptor metadata (no fp4 padding)")
+        return cls(int(meta["swizzle"]), int(meta["elem_size"]), int(meta["elem_type"]), tuple(meta["block_size"]),
+                   tuple(int(x) for x in shape), tuple(int(x) for x in strides))
 
-    def __init__(self, raw, head, mid, encoders, tails, consts) -> None:
-        self.raw, self.head, self.mid, self.encoders, self.tails, self.consts = raw, head, mid, encoders, tails, consts
-        self.flat: dict = {}
 
-    def __call__(self, stream: int, *addresses: int) -> None:
-        key = (stream, *addresses)
-        flat = self.flat.get(key)
-        if flat is None:
-            parts = [*self.head, stream, *self.mid]
-            for enc, tail, addr in zip(self.encoders, self.tails, addresses):
-                if enc is None:
-                    parts.append(addr)
-                else:
-                    parts.extend(enc(addr))
-                parts.extend(tail)
-            if len(self.flat) >= self.MAX_ARG_TUPLES:
-                self.flat.clear()
-            flat = self.flat[key] = (*parts, *self.consts)
-        self.raw(*flat)
+def tma_arg(spec: TmaSpec, address: int) -> tuple:
+    """The launcher's arguments for a TMA descriptor of ``spec`` at ``address``: the encoded
+    ``CUtensorMap``, then the shape and strides (as Triton's launcher passes them)."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    tensor_map = driver.active.utils.fill_tma_descriptor(
+        address, spec.swizzle, spec.elem_size, TMA_DTYPE_DEVICE_TO_HOST[spec.elem_type], list(spec.block),
+        list(spec.shape), list(spec.strides), 0)
+    return (tensor_map, *spec.shape, *spec.strides)
 
 
 def current_stream(device_index: int) -> int:

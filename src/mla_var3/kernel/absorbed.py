@@ -33,7 +33,6 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +40,11 @@ import triton
 import triton.language as tl
 
 from mla_var3.kernel import backends
-from mla_var3.kernel._common import (
-    CHECK_ENV, SMEM_LIMIT, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale,
-    check_seqlens,
-    interpreting, next_pow2, num_sms, values_checked,
-)
+from mla_var3.kernel._common import SMEM_LIMIT, cdiv, interpreting, next_pow2, num_sms
 from mla_var3.kernel._jit import LOG2E, finalize_lse, online_softmax_step, operand, to_storage
 from mla_var3.kernel.combine import combine_planned
-from mla_var3.kernel.decode_plan import PLAN_BLOCK, DecodePlan, plan_decode, uniform_plan
+from mla_var3.kernel.decode import AbsorbedDecode
+from mla_var3.kernel.decode_plan import PLAN_BLOCK, DecodePlan, uniform_plan
 
 __all__ = [
     "FlashMLAConfig", "candidate_configs", "choose_num_splits", "default_config", "flash_mla", "flash_mla_paged",
@@ -294,75 +290,14 @@ def _flash_mla_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# validation
-
-
-def _check_pow2(name: str, value: int, what: str) -> None:
-    if value < 16 or value & (value - 1):
-        raise ValueError(f"{name}: {what} must be a power of two >= 16 for the Triton kernel, got {value}")
-
-
-def _check_queries(qc, qpe, out):
-    """Validate qc/qpe (and out) and return (sizes, device)."""
-    sizes: dict[str, int] = {}
-    if not isinstance(qc, torch.Tensor):
-        raise ValueError(f"qc must be a torch.Tensor [B, H, S, K], got {type(qc).__name__}")
-    device = qc.device
-    check_device("qc", qc)
-    dtypes = allowed_dtypes(device)
-    bind_shape("qc", qc, "B H S K", sizes, dtypes=dtypes, device=device)
-    bind_shape("qpe", qpe, "B H S P", sizes, dtypes=(qc.dtype,), device=device)
-    _check_pow2("qc", sizes["K"], "the latent width K (last dim)")
-    _check_pow2("qpe", sizes["P"], "the RoPE width P (last dim)")
-    if out is not None:
-        bind_output("out", out, "B H S K", sizes, dtypes=(qc.dtype,), device=device)
-    return sizes, device
-
-
-def _validate_dense(qc, qpe, z, kpe, seqlens, out):
-    sizes, device = _check_queries(qc, qpe, out)
-    bind_shape("z", z, "B T K", sizes, dtypes=(qc.dtype,), device=device)
-    bind_shape("kpe", kpe, "B T P", sizes, dtypes=(qc.dtype,), device=device)
-    if sizes["S"] > sizes["T"]:
-        raise ValueError(f"qc has S={sizes['S']} query tokens but z holds only T={sizes['T']} keys; "
-                         f"the cache must include the new tokens (S <= T)")
-    seqlens = check_seqlens(seqlens, sizes["B"], sizes["T"], sizes["S"], device)
-    return sizes, seqlens
-
-
-def _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out):
-    sizes, device = _check_queries(qc, qpe, out)
-    width = sizes["K"] + sizes["P"]
-    bind_shape("kv_cache", kv_cache, f"NB PAGE 1 {width}", sizes, dtypes=(qc.dtype,), device=device)
-    if kv_cache.stride(3) != 1:
-        raise ValueError(f"kv_cache must have a unit stride in its last dim, got strides {list(kv_cache.stride())}")
-    bind_shape("block_table", block_table, "B MAXB", sizes, dtypes=(torch.int32,), device=device)
-    if seqlens is None:
-        raise ValueError("seqlens [B] int32 is required with a paged cache")
-    t = sizes["MAXB"] * sizes["PAGE"]
-    if sizes["S"] > t:
-        raise ValueError(f"qc has S={sizes['S']} query tokens but the block table covers only "
-                         f"T={t} keys (max_blocks {sizes['MAXB']} x page_block_size {sizes['PAGE']})")
-    seqlens = check_seqlens(seqlens, sizes["B"], t, sizes["S"], device)
-    if sizes["B"] and values_checked(device):
-        # every block a sequence uses must be a valid page
-        used = torch.arange(sizes["MAXB"], device=device)[None, :] < (seqlens.long()[:, None] + sizes["PAGE"] - 1) // sizes["PAGE"]
-        pages = block_table[used]
-        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= sizes["NB"]):
-            raise ValueError(f"block_table entries for the blocks within seqlens must lie in [0, num_blocks="
-                             f"{sizes['NB']}), got min {int(pages.min())}, max {int(pages.max())}")
-    sizes["T"] = t
-    return sizes, seqlens
-
-
-# ---------------------------------------------------------------------------------------------
 # launch
 
 
 def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seqlens, out, sizes, *, scale,
-             causal, config, plan, page_size, paged, upcast):
+             causal, config, plan, page_size, paged, upcast, decode=None):
     """Allocate outputs and build the kernel's arguments: (grid, kwargs, config, out, lse,
-    plan, partials). Works on meta tensors too (for compiling without data)."""
+    plan, partials). ``plan``: the plan to run (None: a uniform one, for compiling on meta
+    tensors); ``decode``: the owner of the partials' workspace (None: fresh ones)."""
     b, h, s, k, p, t = sizes["B"], sizes["H"], sizes["S"], sizes["K"], sizes["P"], sizes["T"]
     device = qc.device
     rows = h * s
@@ -370,17 +305,15 @@ def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seq
         config = default_config(b, rows, t, k, p, device=device)
     config.validate()
     if plan is None:
-        if seqlens is not None and device.type != "meta":
-            plan = plan_decode(seqlens, rows, capacity=t, k=k, packed=False)   # one program per item here
-        else:
-            plan = uniform_plan(b, rows, t, k=k, device=device, num_splits=config.num_splits)
-    else:
-        plan.check_for(b, rows, cdiv(t, PLAN_BLOCK), device)
+        plan = uniform_plan(b, rows, t, k=k, device=device, num_splits=config.num_splits)
     if out is None:
         out = torch.empty((b, h, s, k), dtype=qc.dtype, device=device)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=device)
-    o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=device)
-    lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=device)
+    if decode is not None and device.type != "meta":
+        o_part, lse_part = decode.partials(plan.max_slots, rows, k, device)
+    else:
+        o_part = torch.empty((plan.max_slots, rows, k), dtype=torch.float32, device=device)
+        lse_part = torch.empty((plan.max_slots, rows), dtype=torch.float32, device=device)
     dummy_i32 = seqlens if seqlens is not None else plan.seqs
     bt = block_table if block_table is not None else dummy_i32
     names = ("b", "h", "s", "k")
@@ -403,11 +336,14 @@ def _prepare(qc, qpe, z_view, kpe_view, z_strides, kpe_strides, block_table, seq
     return grid, kwargs, config, out, lse, plan, (o_part, lse_part)
 
 
-def _launch(*args, **kw):
-    grid, kwargs, config, out, lse, plan, (o_part, lse_part) = _prepare(*args, **kw, upcast=interpreting())
-    b, h, s, k = out.shape
-    if b == 0 or h * s == 0:
-        return out, lse
+def _launch(qc, *args, **kw):
+    b, h, s, k = qc.shape
+    if b == 0 or h * s == 0:        # nothing to attend: empty outputs, no plan
+        out = args[7]
+        if out is None:
+            out = torch.empty((b, h, s, k), dtype=qc.dtype, device=qc.device)
+        return out, torch.empty((b, h, s), dtype=torch.float32, device=qc.device)
+    grid, kwargs, config, out, lse, plan, (o_part, lse_part) = _prepare(qc, *args, **kw, upcast=interpreting())
     _flash_mla_kernel[grid](**kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     if plan.may_split:
         combine_planned(o_part, lse_part, plan.seqs, out, lse, head_major=True)
@@ -445,22 +381,37 @@ def example_launch(b: int, h: int, s: int, t: int, k: int = 512, p: int = 64, *,
     return args, config
 
 
-def _flash_mla_triton(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
+def _portable_plan(decode, seqlens, source, sizes: dict, config, num_splits):
+    """The plan of a portable call: the owner's (one program per item here), or, for a uniform
+    batch with a portable ``config``, its ``num_splits`` items per sequence."""
+    b, rows, t = sizes["B"], sizes["H"] * sizes["S"], sizes["T"]
+    if num_splits is None and config is not None and seqlens is None and config.num_splits != 1:
+        num_splits = config.num_splits
+    return decode.plan_for(seqlens, source if source is not None else seqlens, b, rows, t, k=sizes["K"],
+                           device=sizes["device"], packed=False, num_splits=num_splits)
+
+
+def flash_mla_portable(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, decode, source=None,
+                       num_splits=None, entry=None):
     """The portable Triton backend of :func:`flash_mla` (inputs already validated)."""
     b, h, s, k = qc.shape
-    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=z.shape[1])
+    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=z.shape[1], device=qc.device)
+    plan = None if b == 0 or h * s == 0 else _portable_plan(decode, seqlens, source, sizes, config, num_splits)
     return _launch(qc, qpe, z, kpe, (z.stride(0), z.stride(1), z.stride(2)), kpe.stride(), None, seqlens, out,
-                   sizes, scale=scale, causal=causal, config=config, plan=plan, page_size=1, paged=False)
+                   sizes, scale=scale, causal=causal, config=config, plan=plan, page_size=1, paged=False,
+                   decode=decode)
 
 
-def _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
+def flash_mla_paged_portable(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, decode,
+                             source=None, entry=None):
     """The portable Triton backend of :func:`flash_mla_paged` (inputs already validated)."""
     b, h, s, k = qc.shape
     nb, page, _, width = kv_cache.shape
-    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=block_table.shape[1] * page)
+    sizes = dict(B=b, H=h, S=s, K=k, P=qpe.shape[-1], T=block_table.shape[1] * page, device=qc.device)
+    plan = None if b == 0 or h * s == 0 else _portable_plan(decode, seqlens, source, sizes, config, None)
     strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(3))
     return _launch(qc, qpe, kv_cache, kv_cache[..., k:], strides, strides, block_table, seqlens, out, sizes,
-                   scale=scale, causal=causal, config=config, plan=plan, page_size=page, paged=True)
+                   scale=scale, causal=causal, config=config, plan=plan, page_size=page, paged=True, decode=decode)
 
 
 def gluon_applies(qc: torch.Tensor, qpe: torch.Tensor, seqlens, config, out) -> bool:
@@ -473,44 +424,14 @@ def gluon_applies(qc: torch.Tensor, qpe: torch.Tensor, seqlens, config, out) -> 
             and p % 16 == 0 and p <= 256 and seqlens is None and config is None and out is None)
 
 
-#: repeat functions of seesaw calls (see ``seesaw_attention``), keyed by every input's address,
-#: shape, strides and dtype and the other arguments: a decode step calls each layer with the
-#: same buffers, and a repeated call then skips every check and set-up
-_REPLAYS: dict = {}
-
-
-def _replay_key(kind: str, tensors: tuple, scale, causal, extra) -> tuple | None:
-    """The key of a repeatable call, or None (no repeat: value checks are on, or an input is not a
-    tensor). ``tensors``: four tensors, or five whose last may be None (the lengths of a dense
-    call); each enters by address, shape, strides and dtype. ``extra``: the plan, or ``(plan,
-    value)``, the plan by identity (a plan is built per step).
-
-    Written out as one tuple expression: this runs on every repeated decode call, and building
-    the key through a per-tensor helper and a generator took ~3x as long on the host."""
-    if os.environ.get(CHECK_ENV, "0") not in ("", "0"):
-        return None
-    try:
-        if len(tensors) == 5:
-            a, b, c, d, e = tensors
-            last = None if e is None else (e.data_ptr(), e.shape, e.stride(), e.dtype)
-        else:
-            (a, b, c, d), last = tensors, None
-        ident = (id(extra[0]), extra[1]) if isinstance(extra, tuple) else id(extra)
-        return (kind, a.data_ptr(), a.shape, a.stride(), a.dtype, b.data_ptr(), b.shape, b.stride(), b.dtype,
-                c.data_ptr(), c.shape, c.stride(), c.dtype, d.data_ptr(), d.shape, d.stride(), d.dtype, last,
-                float(scale), bool(causal), ident)
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
-backends.register("flash_mla", "triton", _flash_mla_triton)
-backends.register("flash_mla_paged", "triton", _flash_mla_paged_triton)
+backends.register("flash_mla", "triton", flash_mla_portable)
+backends.register("flash_mla_paged", "triton", flash_mla_paged_portable)
 
 
 def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,
               causal: bool = True, seqlens: torch.Tensor | None = None, config: FlashMLAConfig | None = None,
-              out: torch.Tensor | None = None, backend: str = "auto",
-              plan: DecodePlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              out: torch.Tensor | None = None, backend: str = "auto", plan: DecodePlan | None = None,
+              decode: AbsorbedDecode | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a dense latent cache.
 
     Parameters
@@ -527,9 +448,12 @@ def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.T
     out : [B, H, S, K], optional        output buffer (any strides, no overlapping elements), qc's dtype
     backend : str       ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`)
     plan : DecodePlan, optional     the split of the batch's key blocks over the SMs
-                        (:func:`mla_var3.kernel.decode_plan.plan_decode`): build it once per decode
-                        step and pass it to every layer; default: built for this call (on the GPU
-                        with ``seqlens``, once per shape on the host without)
+                        (:func:`mla_var3.kernel.decode_plan.plan_decode`), built by the caller for
+                        these lengths (a run over other lengths raises ValueError)
+    decode : AbsorbedDecode, optional   the caller's decode state (:mod:`mla_var3.kernel.decode`:
+                        the step's plan, the workspace): pass one object to every layer of a
+                        step; default: one made for this call (its plan built on the GPU with
+                        ``seqlens``, on the host once per shape without). Not with ``plan``.
 
     Returns
     -------
@@ -542,22 +466,15 @@ def flash_mla(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.T
     forbids). No host synchronisation otherwise: the call can be captured in a CUDA graph.
     Inference only: the outputs carry no gradient.
     """
-    check_inference(qc, qpe, z, kpe)
-    if _REPLAYS and out is None and config is None and backend == "auto":
-        replay = _REPLAYS.get(_replay_key("dense", (qc, qpe, z, kpe, seqlens), scale, causal, plan))
-        if replay is not None:
-            return replay()
-    sizes, seqlens = _validate_dense(qc, qpe, z, kpe, seqlens, out)
-    scale = check_scale(scale)
-    run = backends.select("flash_mla", qc.device, backend)
-    return run(qc, qpe, z, kpe, scale=scale, causal=bool(causal), seqlens=seqlens, config=config, out=out,
-               plan=plan)
+    return _owner(decode, plan, qc, backend).run(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens,
+                                                 out=out, config=config)
 
 
 def flash_mla_paged(qc: torch.Tensor, qpe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                     seqlens: torch.Tensor, *, scale: float, causal: bool = True,
                     config: FlashMLAConfig | None = None, out: torch.Tensor | None = None,
-                    backend: str = "auto", plan: DecodePlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    backend: str = "auto", plan: DecodePlan | None = None,
+                    decode: AbsorbedDecode | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed MLA attention over a paged latent cache (FlashMLA's layout).
 
     Parameters
@@ -567,19 +484,27 @@ def flash_mla_paged(qc: torch.Tensor, qpe: torch.Tensor, kv_cache: torch.Tensor,
     block_table : [B, max_blocks] int32 (any strides)   page of each block of each sequence;
         entries past a sequence's last block are never read (may be -1 or garbage)
     seqlens : [B] int32   valid keys per sequence: 0 (empty) or S <= seqlens[b] <= max_blocks * page_block_size
-    scale, causal, config, out, backend, plan : as in :func:`flash_mla`
+    scale, causal, config, out, backend, plan, decode : as in :func:`flash_mla`
 
     Returns (o_latent [B, H, S, K] in qc's dtype, lse [B, H, S] float32). On sm_90 with 64-token
     pages, K = 512 and P = 64 the warp-specialised Gluon kernel runs; other shapes the portable
     one. The values of ``seqlens`` and ``block_table`` are checked as in :func:`flash_mla`.
     """
-    check_inference(qc, qpe, kv_cache)
-    if _REPLAYS and out is None and config is None and backend == "auto":
-        replay = _REPLAYS.get(_replay_key("paged", (qc, qpe, kv_cache, block_table, seqlens), scale, causal, plan))
-        if replay is not None:
-            return replay()
-    sizes, seqlens = _validate_paged(qc, qpe, kv_cache, block_table, seqlens, out)
-    scale = check_scale(scale)
-    run = backends.select("flash_mla_paged", qc.device, backend)
-    return run(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=bool(causal), config=config, out=out,
-               plan=plan)
+    return _owner(decode, plan, qc, backend).run_paged(qc, qpe, kv_cache, block_table, seqlens, scale=scale,
+                                                       causal=causal, out=out, config=config)
+
+
+def _owner(decode: AbsorbedDecode | None, plan: DecodePlan | None, qc, backend: str) -> AbsorbedDecode:
+    """The decode state a call runs with: the caller's, or one made for this call (holding the
+    caller's ``plan`` if given)."""
+    if decode is not None:
+        if not isinstance(decode, AbsorbedDecode):
+            raise ValueError(f"decode must be an AbsorbedDecode (mla_var3.kernel.decode), got {type(decode).__name__}")
+        if plan is not None:
+            raise ValueError("pass either plan or decode (an AbsorbedDecode holds its plan: decode.use_plan(plan))")
+        if backend != "auto" and backend != decode.backend:
+            raise ValueError(f"backend={backend!r} differs from the decode object's {decode.backend!r}: the "
+                             f"AbsorbedDecode fixes its backend")
+        return decode
+    owner = AbsorbedDecode(qc.device if isinstance(qc, torch.Tensor) else None, backend=backend, readback=False)
+    return owner if plan is None else owner.use_plan(plan)

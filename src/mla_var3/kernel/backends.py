@@ -19,15 +19,16 @@ Example
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-#: packages whose modules register device-specific backends on import (loaded by the first
-#: lookup, named here rather than imported: they build on the portable modules, which import
-#: this registry).
-PLUGINS = ("mla_var3.kernel.hopper",)
+#: modules whose import registers backends (loaded by the first lookup, named here rather than
+#: imported: they build on this registry): the absorbed design's portable module (its entry
+#: point, :mod:`mla_var3.kernel.decode`, sits below it) and the device-specific package.
+PLUGINS = ("mla_var3.kernel.absorbed", "mla_var3.kernel.hopper")
 
 
 def _always(device: torch.device) -> bool:
@@ -51,15 +52,13 @@ class Backend:
 
 
 _REGISTRY: dict[str, dict[str, Backend]] = {}
-_plugins_loaded = False
 
 
 def _table(design: str) -> dict[str, Backend]:
-    """The backends of ``design`` after the plugin packages have registered theirs."""
-    global _plugins_loaded
-    if not _plugins_loaded:
-        _plugins_loaded = True
-        for package in PLUGINS:
+    """The backends of ``design`` after the plugin packages have registered theirs (imported on
+    the first lookup)."""
+    for package in PLUGINS:
+        if package not in sys.modules:
             importlib.import_module(package)
     return _REGISTRY.get(design, {})
 

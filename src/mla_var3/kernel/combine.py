@@ -250,14 +250,16 @@ def _planned_launch(o_part, lse_part, seqs, out, lse, head_major):
                                                                        BLOCK_V=block_v, PDL=not interpreting())
 
 
-def bind_combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
-                         lse: torch.Tensor, *, head_major: bool = True):
-    """:func:`combine_planned` bound to these partials and plan, for outputs laid out as ``out``
-    and ``lse`` (same strides, 16-byte aligned): ``bound(stream, out_address, lse_address)``
-    (a :class:`mla_var3.kernel._launch.BoundLaunch`), or None where the launch is not on its
-    direct path yet (a first call compiles it) or there is nothing to merge."""
+def combine_flat(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, *, head_major: bool = True):
+    """:func:`combine_planned`'s launch for calls laid out as these tensors (their strides and
+    16-byte alignment; fresh allocations of the same shapes are): ``(flat, grid, ints)``, whose
+    ``flat.launch(grid, stream, (o_part, lse_part, seqs, out, lse addresses, *ints))`` issues it,
+    or None where it is not on the direct path yet (a first call compiles it) or a launch hook
+    is installed."""
     b, h, s, _ = out.shape
     if b == 0 or h * s == 0:
         return None
     key, grid, args, _ = _planned_launch(o_part, lse_part, seqs, out, lse, head_major)
-    return _combine_launch.bind(key, grid, args, (3, 4)) if _combine_launch.ready(key) else None
+    flat = _combine_launch.flat(key)
+    return None if flat is None else (flat, grid, args[5:])

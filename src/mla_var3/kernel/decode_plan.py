@@ -84,7 +84,7 @@ from mla_var3.analysis.item_cut import UNIT as _UNIT
 from mla_var3.kernel._common import cdiv, interpreting, num_sms
 from mla_var3.kernel._launch import CachedLaunch
 
-__all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BLOCKS", "PACKED_PRICE",
+__all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BLOCKS", "lengths_stamp", "PACKED_PRICE",
            "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "RANKINGS", "auto_reference", "cut_candidates", "item_makespan",
            "kind_estimate", "one_wave_cut", "packed_capacity", "packed_makespan", "packed_reference",
            "packing_may_pay", "packs", "plan_capacity", "plan_decode", "plan_reference", "plan_tensors", "row_slots",
@@ -193,6 +193,8 @@ class DecodePlan:
     kind_readback : the GPU's choice on its way to the host (:class:`KindReadback`), for a plan
         whose kind the GPU chose eagerly on CUDA; None otherwise. Once it has arrived, an eager
         call launches the chosen kind's kernel alone (:meth:`known_kind`).
+    lengths : the stamp of the lengths the plan was built from (:func:`lengths_stamp`; None for
+        a uniform batch): a run over other lengths must not use it.
     """
 
     items: torch.Tensor
@@ -206,6 +208,7 @@ class DecodePlan:
     packed: torch.Tensor | None = None
     packed_programs: int = 0
     kind_readback: "KindReadback | None" = None
+    lengths: tuple | None = None
 
     @property
     def max_items(self) -> int:
@@ -267,7 +270,7 @@ class KindReadback:
     @classmethod
     def start(cls, flag: torch.Tensor) -> "KindReadback":
         """Queue the copy of ``flag`` ([1] int64 on a CUDA device) on the current stream."""
-        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        host = torch.empty(1, dtype=torch.int64, device="cpu", pin_memory=True)
         host.copy_(flag, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -280,6 +283,22 @@ class KindReadback:
                 return None
             self.value, self.event = bool(self.host[0]), None
         return self.value
+
+
+def lengths_stamp(seqlens: torch.Tensor | None) -> tuple | None:
+    """What identifies the lengths a plan is built from, without a host synchronisation: on the
+    CPU their values; on a device the tensor's address and version counter (bumped by every
+    in-place write), or its address alone for an inference tensor (which counts no versions).
+    None for a uniform batch (no lengths)."""
+    if seqlens is None:
+        return None
+    if seqlens.device.type == "cpu":
+        return ("values", tuple(seqlens.tolist()))
+    try:
+        version = seqlens._version
+    except RuntimeError:                 # created under torch.inference_mode(): no version counter
+        version = None
+    return (seqlens.data_ptr(), tuple(seqlens.shape), version)
 
 
 def row_slots(rows: int, sms: int) -> int:
@@ -697,8 +716,8 @@ def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str
     a one-program-per-item :class:`DecodePlan` on ``device``, its partial slots those the plan
     uses (a forced item length may use more than the buffers' ``max_slots``)."""
     batch = len(ref["seqs"])
-    items = torch.tensor(ref["items"], dtype=torch.int32).reshape(-1, 4).to(device)
-    seqs = torch.tensor(ref["seqs"], dtype=torch.int32).reshape(batch, 2).to(device)
+    items = torch.tensor(ref["items"], dtype=torch.int32, device="cpu").reshape(-1, 4).to(device)
+    seqs = torch.tensor(ref["seqs"], dtype=torch.int32, device="cpu").reshape(batch, 2).to(device)
     return DecodePlan(items, seqs, batch, rows, cdiv(capacity, PLAN_BLOCK),
                       max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]))
 
@@ -1255,13 +1274,15 @@ def plan_decode(seqlens: torch.Tensor | None, rows: int, *, capacity: int, k: in
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0 keys, got {capacity}")
     return build_plan(seqlens, batch, rows, capacity, k=k, sms=sms, device=device, packed=packed,
-                      readback=readback)
+                      readback=readback, source=seqlens)
 
 
-def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device: torch.device,
-               sms: int | None = None, packed: bool | None = None, readback: bool = False) -> DecodePlan:
-    """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor, the address of
-    one (an int: a replayed call holds no tensor), or None."""
+def build_plan(seqlens: torch.Tensor | None, batch: int, rows: int, capacity: int, *, k: int, device: torch.device,
+               sms: int | None = None, packed: bool | None = None, readback: bool = False,
+               source: torch.Tensor | None = None) -> DecodePlan:
+    """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor or None;
+    ``source``: the caller's lengths tensor ``seqlens`` was converted from (its stamp is the
+    plan's :attr:`DecodePlan.lengths`; default ``seqlens``)."""
     sms = sms if sms is not None else _device_sms(device)
     max_blocks = cdiv(capacity, PLAN_BLOCK)
     packed, size, programs, slots_all = _plan_buffers(batch, rows, sms, max_blocks, packed)
@@ -1270,13 +1291,14 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
     items = torch.empty((size, 4), dtype=torch.int32, device=device)
     seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
     starts = None if programs is None else torch.empty((programs + 1,), dtype=torch.int32, device=device)
+    stamp = lengths_stamp(source if source is not None else seqlens)
     if not batch:
         items.fill_(-1)
         if starts is not None:
             starts.zero_()
-        return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts)
+        return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts, lengths=stamp)
     dummy = seqlens if seqlens is not None else seqs
-    align = (dummy if isinstance(dummy, int) else dummy.data_ptr()) % 16
+    align = dummy.data_ptr() % 16
     block = 128 if interpreting() else 256
     block_b = _seq_block(batch, block)
     comb = _combine_units(rows, k)
@@ -1303,5 +1325,5 @@ def build_plan(seqlens, batch: int, rows: int, capacity: int, *, k: int, device:
         kind_readback = KindReadback.start(est[1:])
     return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
                       packed=est[1:] if packed is None else None, packed_programs=programs_p,
-                      kind_readback=kind_readback)
+                      kind_readback=kind_readback, lengths=stamp)
 

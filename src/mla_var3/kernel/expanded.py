@@ -546,7 +546,7 @@ def example_launch(b: int, h: int, s: int, t: int, d: int = 128, p: int = 64, *,
     return arg_types(args), config
 
 
-def _flash_attention_triton(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
+def flash_attention_portable(q, qpe, k, v, kpe, *, scale, causal, seqlens, config, out):
     """The portable Triton backend of :func:`flash_attention` (inputs already validated)."""
     b, h, s, d = q.shape
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
@@ -557,7 +557,7 @@ def _flash_attention_triton(q, qpe, k, v, kpe, *, scale, causal, seqlens, config
     return out, lse
 
 
-backends.register("flash_attention", "triton", _flash_attention_triton)
+backends.register("flash_attention", "triton", flash_attention_portable)
 
 
 def flash_attention(q: torch.Tensor, qpe: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpe: torch.Tensor, *,

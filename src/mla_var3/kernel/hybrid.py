@@ -438,7 +438,9 @@ def _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast: bool) -> tuple
     return (cdiv(s, block_r), b * h), args
 
 
-def _merge(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
+def merge_parts(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
+    """Merge the expanded part ``(o_e, lse_e)`` and the latent part ``(o_l, lse_l)`` of a hybrid
+    call into ``o``, ``o_latent`` and ``lse`` in place (one launch; see :func:`merge_partials`)."""
     grid, args = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, interpreting())
     _merge_kernel[grid](**args, num_warps=4)
 
@@ -466,7 +468,7 @@ def merge_partials(o_e: torch.Tensor, lse_e: torch.Tensor, o_l: torch.Tensor, ls
     o_latent = torch.empty((b, h, s, k), dtype=dtype, device=o_e.device)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=o_e.device)
     if b * h * s:
-        _merge(o_e, lse_e, o_l, lse_l, o, o_latent, lse)
+        merge_parts(o_e, lse_e, o_l, lse_l, o, o_latent, lse)
     return o, o_latent, lse
 
 
@@ -550,7 +552,7 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
     raise ValueError(f"part must be 'latent', 'merge' or 'persistent', got {part!r}")
 
 
-def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent,
+def mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent,
                           overlap: bool = True):
     """The portable Triton backend of :func:`mla_var6_plus` (inputs already validated; ``out``,
     ``out_latent`` may be None: allocated here). ``overlap`` is accepted for a uniform backend
@@ -583,11 +585,11 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
     # independent launches: on the GPU they may overlap (compute-bound latent, memory-bound expanded)
     _launch_latent(qc, qpe, z_old, kpe_old, o_l, lse_l, t, scale, causal, config.latent)
     _fa._launch(q, qpe, k_new, v_new, kpe_new, o_e, lse_e, None, scale, causal, config.expanded)
-    _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
+    merge_parts(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
     return out, out_latent, lse
 
 
-backends.register("mla_var6_plus", "triton", _mla_var6_plus_triton)
+backends.register("mla_var6_plus", "triton", mla_var6_plus_portable)
 
 
 def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,

@@ -53,11 +53,10 @@ import triton
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, bind_shape, cdiv, check_scale, check_seqlens, num_sms
-from mla_var3.kernel.absorbed import (
-    _REPLAYS, _flash_mla_paged_triton, _flash_mla_triton, _replay_key, gluon_applies,
-)
-from mla_var3.kernel.hopper import absorbed_seesaw as seesaw
+from mla_var3.kernel.absorbed import flash_mla_paged_portable, flash_mla_portable, gluon_applies
 from mla_var3.kernel.combine import combine
+from mla_var3.kernel.decode import AbsorbedDecode
+from mla_var3.kernel.hopper import seesaw_host as seesaw
 
 from mla_var3.kernel.hopper._gluon import (
     GLUON_AVAILABLE, GLUON_IMPORT_ERROR, LOG2E as _LOG2E, TORCH_TO_GL as _TORCH_TO_GL, descriptor as _descriptor,
@@ -439,8 +438,9 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     b, h, s, t, k, p = (sizes[x] for x in "BHSTKP")
     if schedule == "seesaw":
         if seesaw.seesaw_applies(qc, qpe, (z, kpe)):
-            return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=None,
-                                    num_splits=num_splits)
+            return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens,
+                                           decode=AbsorbedDecode(qc.device, readback=False),
+                                           num_splits=num_splits if seqlens is None else None)
         schedule = "pipelined"
     hs = h * s
     dev = qc.device
@@ -507,31 +507,30 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 # the sm_90 backends of the absorbed design
 
 
-def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, plan):
+def _flash_mla_hopper(qc, qpe, z, kpe, *, scale, causal, seqlens, config, out, decode, source=None,
+                      num_splits=None, entry=None):
     """The sm_90 backend of :func:`flash_mla`: the warp-specialised seesaw kernel where it
     applies (K = 512, P = 64, no portable ``config``; dense or ragged), the pipelined Gluon
-    kernel for other widths without ``seqlens``, else the portable kernel."""
+    kernel for other widths without ``seqlens`` or a caller's plan, else the portable kernel."""
     if config is None and seesaw.seesaw_applies(qc, qpe, (z, kpe)):
-        key = _replay_key("dense", (qc, qpe, z, kpe, seqlens), scale, causal, plan) if out is None else None
-        return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, plan=plan,
-                                       out=out, checked=True, replays=_REPLAYS if key is not None else None,
-                                       replay_key=key)
-    if plan is None and gluon_applies(qc, qpe, seqlens, config, out):
+        return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens, decode=decode,
+                                       source=source, out=out, num_splits=num_splits, checked=True, entry=entry)
+    if not decode.given and num_splits is None and gluon_applies(qc, qpe, seqlens, config, out):
         return flash_mla_gluon(qc, qpe, z, kpe, scale=scale, causal=causal, schedule="pipelined")
-    return _flash_mla_triton(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out,
-                             plan=plan)
+    return flash_mla_portable(qc, qpe, z, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config, out=out,
+                             decode=decode, source=source, num_splits=num_splits)
 
 
-def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, plan):
+def _flash_mla_paged_hopper(qc, qpe, kv_cache, block_table, seqlens, *, scale, causal, config, out, decode,
+                            source=None, entry=None):
     """The sm_90 backend of :func:`flash_mla_paged`: the seesaw kernel over FlashMLA's layout
     (64-token pages, K = 512, P = 64), else the portable kernel."""
     if config is None and seesaw.seesaw_applies(qc, qpe, (kv_cache, None), paged=True):
-        key = _replay_key("paged", (qc, qpe, kv_cache, block_table, seqlens), scale, causal, plan) if out is None else None
         return seesaw.seesaw_attention(qc, qpe, (kv_cache, None), scale=scale, causal=causal, seqlens=seqlens,
-                                       plan=plan, block_table=block_table, out=out, checked=True,
-                                       replays=_REPLAYS if key is not None else None, replay_key=key)
-    return _flash_mla_paged_triton(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
-                                   config=config, out=out, plan=plan)
+                                       decode=decode, source=source, block_table=block_table, out=out, checked=True,
+                                       entry=entry)
+    return flash_mla_paged_portable(qc, qpe, kv_cache, block_table, seqlens, scale=scale, causal=causal,
+                                   config=config, out=out, decode=decode, source=source)
 
 
 backends.register("flash_mla", "gluon", _flash_mla_hopper, supports=backends.gluon_hopper, priority=10)

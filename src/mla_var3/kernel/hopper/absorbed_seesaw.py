@@ -26,7 +26,9 @@ Design
   has ended, so that the combine's wait covers it): the item plan then runs in the item kernel,
   without the loader warp's cost, and an eager call's later launches are issued while it runs.
   An eager call made once the choice has reached the host (``DecodePlan.known_kind``, copied
-  behind the planner without a synchronisation) launches the chosen kernel alone instead.
+  behind the planner without a synchronisation) launches the chosen kernel alone instead. The
+  host side (which calls take this kernel, the launches of a call, every kind compiled before
+  any launches) is :mod:`mla_var3.kernel.hopper.seesaw_host`.
   Rows are ``head * S + token`` (the native layout) or ``token * H + head`` (FlashMLA's
   ``[b, s, h, 576]``), as the queries lie, so neither the queries nor the output are copied. Its two warpgroups (WG0,
   WG1; 4 warps each) hold the two halves of the ``[64, K]`` fp32 output: WG0 columns
@@ -83,24 +85,20 @@ Design
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
 (4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
 buffer's RoPE piece), ``K`` a multiple of 128 with ``K / 2 <= 256`` (wgmma N), 64-token pages.
-Checked on an H200 at ``K = 512`` only, so the default path (:func:`seesaw_applies`) takes it
-only there. Measured against official FlashMLA: ``docs/kernels/flash-mla.md`` §6 and §8.
+Checked on an H200 at ``K = 512`` only, so the default path
+(:func:`mla_var3.kernel.hopper.seesaw_host.seesaw_applies`) takes it only there. Measured against official FlashMLA: ``docs/kernels/flash-mla.md`` §6 and §8.
 
 Example
 -------
->>> o_latent, lse = seesaw_attention(qc, qpe, (z, kpe), scale=192 ** -0.5, causal=True,
-...                                  seqlens=None, plan=None)                     # doctest: +SKIP
+>>> o_latent, lse = flash_mla(qc, qpe, z, kpe, scale=192 ** -0.5)   # on sm_90  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 
-from mla_var3.kernel._common import cdiv
-from mla_var3.kernel._launch import Address, CachedLaunch, current_stream
-from mla_var3.kernel.combine import bind_combine_planned, combine_planned
-from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS, DecodePlan, build_plan, plan_decode, uniform_plan
+from mla_var3.kernel._launch import CachedLaunch
+from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS
 from mla_var3.kernel.hopper import _gluon
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
@@ -110,9 +108,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "seesaw_applies", "compile_for_sm90", "seesaw_attention"]
+__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "compile_for_sm90"]
 
 BLOCK_M = 64          # rows (head x token) per program
 BLOCK_N = 64          # keys per block; the two warpgroups take alternate blocks
@@ -693,347 +690,9 @@ if GLUON_AVAILABLE:
 # host side
 
 if GLUON_AVAILABLE:
-    _launch = CachedLaunch(_flash_mla_seesaw)
+    LAUNCH = CachedLaunch(_flash_mla_seesaw)
     #: the packed kernel after the item kernel, for a plan whose kind the GPU chose
-    _launch_pdl = CachedLaunch(_flash_mla_seesaw, launch_pdl=True)
-
-
-def seesaw_applies(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, paged: bool = False) -> bool:
-    """Whether the default path runs the seesaw kernel: DeepSeek's widths ``K == 512, P == 64``
-    (the only ones checked on a GPU; the kernel compiles for any ``K`` a multiple of 128 up to
-    512 with ``P == 64``), bf16/fp16 queries whose rows (``head * S + token`` or ``token * H +
-    head``) are evenly strided alike in ``qc`` and ``qpe``, keys that TMA can address (unit last
-    stride, 16-byte aligned base and strides), and 64-token pages for a paged cache."""
-    k, p = qc.shape[-1], qpe.shape[-1]
-    if not (GLUON_AVAILABLE and p == 64 and k == 512 and qc.dtype in (torch.bfloat16, torch.float16)):
-        return False
-    order, order_pe = _row_order(qc), _row_order(qpe)
-    if order is None or order_pe is None or order_pe[0] != order[0]:
-        return False
-    if paged:
-        cache = keys[0]
-        return cache.shape[1] == BLOCK_N and _tma_ok(cache) and _tma_ok(cache[..., k:])
-    return _tma_ok(keys[0]) and _tma_ok(keys[1])
-
-
-def _tma_ok(x: torch.Tensor) -> bool:
-    """A unit last stride, a 16-byte aligned base and 16-byte multiples for the other strides."""
-    e = x.element_size()
-    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((st * e) % 16 == 0 for st in x.stride()[:-1])
-
-
-def _row_order(x: torch.Tensor) -> tuple[bool, int] | None:
-    """How ``x [B, H, S, W]`` lays out its rows: ``(head_major, row_stride)`` when row
-    ``head * S + token`` (head-major) or ``token * H + head`` sits at ``row * row_stride`` with a
-    unit last stride and 16-byte aligned strides (TMA); None otherwise."""
-    _, h, s, _ = x.shape
-    sb, sh, ss, sw = x.stride()
-    if sw != 1 or (x.data_ptr() % 16) or (sb * x.element_size()) % 16:
-        return None
-    if s == 1 or h == 1 or sh == s * ss:
-        order = (True, sh if s == 1 else ss)
-    elif ss == h * sh:
-        order = (False, sh)
-    else:
-        return None
-    return order if (order[1] * x.element_size()) % 16 == 0 else None
-
-
-_DESCRIPTORS: dict = {}
-_WORKSPACES: dict = {}
-#: repeats take their bound launches (off: the ordinary repeat every time; for A/B timing of the host cost)
-BOUND_REPEATS = True
-
-
-def _partials(slots: int, rows: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split items' fp32 partial outputs ``[slots, rows, k]`` and LSE ``[slots, rows]``: one
-    workspace per device and stream, grown on demand and re-used by the next call on that
-    stream (calls on one stream run in order, so none overlaps the last one's combine); a fresh
-    allocation during CUDA-graph capture (the graph owns its memory)."""
-    n = slots * rows * (k + 1)
-    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        buf = torch.empty(n, dtype=torch.float32, device=dev)
-    else:
-        key = (dev.index, current_stream(dev.index))
-        buf = _WORKSPACES.get(key)
-        if buf is None or buf.numel() < n:
-            buf = _WORKSPACES[key] = torch.empty(n, dtype=torch.float32, device=dev)
-    return buf[: slots * rows * k].view(slots, rows, k), buf[slots * rows * k: n].view(slots, rows)
-
-
-def _desc(x: torch.Tensor, shape: tuple, strides: tuple, block: tuple, cached: bool = True):
-    """A TMA descriptor of ``x``'s memory seen as ``shape`` / ``strides``. ``cached``: one
-    descriptor per pointer, shape, strides, dtype and box, kept across calls (a decode step
-    re-uses the same buffers layer after layer) and holding the address only; otherwise a fresh
-    one on the tensor itself (the first, compiling launch of a kernel binds real tensors)."""
-    if not cached:
-        return TensorDescriptor(x, list(shape), list(strides), list(block), _gluon.layout(block, x.dtype))
-    key = (x.data_ptr(), shape, strides, x.dtype, block)
-    d = _DESCRIPTORS.get(key)
-    if d is None:
-        if len(_DESCRIPTORS) > 512:
-            _DESCRIPTORS.clear()
-        d = _DESCRIPTORS[key] = TensorDescriptor(Address(key[0], x.dtype), list(shape), list(strides), list(block),
-                                                  _gluon.layout(block, x.dtype))
-    return d
-
-
-def _rows_desc(x: torch.Tensor, row_stride: int, box_w: int, cached: bool):
-    """TMA descriptor of ``x [B, H, S, W]`` as ``[B, H*S, W]`` rows ``row_stride`` apart (see
-    :func:`_row_order`)."""
-    b, h, s, w = x.shape
-    return _desc(x, (b, h * s, w), (x.stride(0), row_stride, 1), (1, BLOCK_M, box_w), cached)
-
-
-def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor], *,
-                     scale: float, causal: bool, seqlens: torch.Tensor | None, plan: DecodePlan | None,
-                     block_table: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                     num_splits: int | None = None, checked: bool = False,
-                     replays: dict | None = None, replay_key=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the seesaw kernel on validated inputs (the backend behind ``flash_mla`` and
-    ``flash_mla_paged`` on sm_90; see :func:`seesaw_applies`).
-
-    qc [B, H, S, K], qpe [B, H, S, P]: bf16/fp16 with the same row order.
-    keys: dense ``(z [B, T, K], kpe [B, T, P])``; paged ``(cache [pages, 64, 1, K + P], None)``
-        with ``block_table [B, max_blocks]`` (any strides).
-    seqlens [B] int32 or None (every sequence T keys); plan: a :class:`DecodePlan` for (B, H*S), or
-        None to build one (on the GPU with ``seqlens``, on the host once per shape without).
-    out [B, H, S, K] optional, written in place (any strides; a temporary when its rows do not
-        follow the queries' order). num_splits: without seqlens and plan, force that many items per
-        sequence. checked: the caller has already asked :func:`seesaw_applies`.
-    replays, replay_key: once the kernel's launch is on its direct path, store under
-        ``replays[replay_key]`` a function that repeats this call (``() -> (o_latent, lse)``, fresh
-        outputs, no ``out``) without any check or set-up: the caller's key must determine every
-        input's address, shape, strides and dtype, and the other arguments. The function holds
-        addresses, not tensors.
-
-    Returns ``(o_latent [B, H, S, K], lse [B, H, S] float32)``; no host synchronisation.
-    """
-    b, h, s, k = qc.shape
-    p = qpe.shape[-1]
-    rows = h * s
-    dev = qc.device
-    order = _row_order(qc)
-    if not (checked or seesaw_applies(qc, qpe, keys, paged=block_table is not None)):
-        raise ValueError("the seesaw kernel needs K = 512, P = 64, bf16/fp16, qc and qpe with rows laid out alike "
-                         "(head * S + token or token * H + head) and TMA-addressable keys (see seesaw_applies)")
-    head_major = order[0]
-
-    def rows_buffer() -> torch.Tensor:
-        x = torch.empty((b, h, s, k) if head_major else (b, s, h, k), dtype=qc.dtype, device=dev)
-        return x if head_major else x.transpose(1, 2)
-
-    o_stride = k                                   # a fresh rows_buffer()'s row stride
-    if out is None:
-        out = o_run = rows_buffer()
-    else:
-        o_order = _row_order(out)
-        o_run = out if o_order is not None and o_order[0] == head_major else rows_buffer()
-        o_stride = o_order[1] if o_run is out else k
-    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-    if b == 0 or rows == 0:
-        return out, lse
-    paged = block_table is not None
-    if paged:
-        cache = keys[0]
-        nb, page, _, width = cache.shape
-        t = block_table.shape[1] * page
-        max_blocks, tstrides = block_table.shape[1], block_table.stride()
-    else:
-        z, kpe = keys
-        t = z.shape[1]
-        max_blocks, tstrides = cdiv(t, BLOCK_N), (0, 0)
-    plan_given = plan is not None
-    if plan is None:
-        if seqlens is not None:
-            plan = plan_decode(seqlens, rows, capacity=t, k=k, readback=False)
-        else:
-            plan = uniform_plan(b, rows, t, k=k, device=dev, num_splits=num_splits)
-    else:
-        plan.check_for(b, rows, cdiv(t, BLOCK_N), dev)
-    # int32 placeholders where there is no table / no lengths (never read)
-    seq_arg = seqlens if seqlens is not None else plan.items
-    table = block_table if paged else plan.items
-    tail = (rows, s, h, t, max_blocks, scale * _gluon.LOG2E, *lse.stride(), *tstrides)
-    # the kernels to launch, in order: (kind, launcher, launch key, constexprs), kind = (PERSISTENT,
-    # GATED). A plan whose kind the GPU chose runs through both, the item kernel first and the
-    # packed kernel as its programmatic dependent (see DecodePlan.packed and the kernel's GATED),
-    # or, once the host has the choice (DecodePlan.known_kind: eager calls), through the chosen
-    # one alone, launched plainly (a programmatic dependent launch after another kernel could read
-    # what that kernel is still writing)
-    base_key = (qc.dtype, bool(causal), paged, seqlens is not None, head_major, tail[:5] + tail[6:],
-                table.data_ptr() % 16, seq_arg.data_ptr() % 16)
-
-    def kernel(kind: tuple, launcher) -> tuple:
-        return (kind, launcher, base_key + kind,
-                dict(K=k, P=p, CAUSAL=bool(causal), PAGED=paged, HAS_SEQLENS=seqlens is not None,
-                     HEAD_MAJOR=head_major, PERSISTENT=kind[0], GATED=kind[1]))
-
-    gated_pair = (kernel((False, True), _launch), kernel((True, True), _launch_pdl))
-    packed_alone = kernel((True, True), _launch)
-
-    def kernels_for(pl: DecodePlan) -> tuple:
-        """The launches plan ``pl`` takes now (see above); a repeat launches on addresses alone,
-        so the packed kernel alone only once it is compiled (the first call prepares it)."""
-        if pl.starts is None or pl.packed is None:
-            return (kernel((pl.starts is not None, False), _launch),)
-        known = pl.known_kind()
-        if known is None or (known and not packed_alone[1].ready(packed_alone[2])):
-            return gated_pair
-        return (packed_alone,) if known else gated_pair[:1]
-
-    kernels = kernels_for(plan)
-    cached = all(launcher.ready(key) for _, launcher, key, _ in kernels)
-
-    def input_descs(descs_cached: bool) -> tuple:
-        """The queries' and keys' TMA descriptors (see :func:`_desc` for ``descs_cached``)."""
-        if paged:
-            cs = cache.stride()
-            z_desc = _desc(cache, (nb, page, k), (cs[0], cs[1], 1), (1, BLOCK_N, k // 2), descs_cached)
-            kr_desc = _desc(cache[..., k:], (nb, page, p), (cs[0], cs[1], 1), (1, BLOCK_N, p), descs_cached)
-        else:
-            z_desc = _desc(z, tuple(z.shape), tuple(z.stride()), (1, BLOCK_N, k // 2), descs_cached)
-            kr_desc = _desc(kpe, tuple(kpe.shape), tuple(kpe.stride()), (1, BLOCK_N, p), descs_cached)
-        return (_rows_desc(qc, order[1], k // 2, descs_cached), _rows_desc(qpe, _row_order(qpe)[1], p, descs_cached),
-                z_desc, kr_desc)
-
-    inputs = input_descs(cached)
-
-    def launch_args(pl: DecodePlan, kind: tuple, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab,
-                    descs_cached: bool, op: torch.Tensor, lp: torch.Tensor) -> tuple:
-        """Kernel ``kind``'s grid and arguments for plan ``pl``, writing ``o`` / ``l_out``."""
-        persistent, g = kind
-        programs = (pl.packed_programs if g else pl.programs) if persistent else pl.max_items
-        ins = inputs if descs_cached == cached else input_descs(descs_cached)
-        return (cdiv(rows, BLOCK_M), programs, 1), (
-            *ins, _rows_desc(o, o_stride, k // 2, descs_cached),
-            _desc(op, (pl.max_slots, rows, k), (rows * k, k, 1), (1, BLOCK_M, k // 2), descs_cached),
-            l_out, lp, op, seq, tab, pl.items, pl.starts if pl.starts is not None else pl.items,
-            pl.packed if g else pl.items, *tail)
-
-    def run(pl: DecodePlan, o: torch.Tensor, o_stride: int, l_out: torch.Tensor, seq, tab, descs_cached: bool,
-            launches: tuple | None = None) -> None:
-        """Launch the kernels for plan ``pl`` (``launches``, default: :func:`kernels_for`) into
-        ``o`` / ``l_out``, then the combine."""
-        op, lp = _partials(pl.max_slots, rows, k, dev)
-        for kind, launcher, key, consts in launches or kernels_for(pl):
-            grid, args = launch_args(pl, kind, o, o_stride, l_out, seq, tab, descs_cached, op, lp)
-            launcher(key, grid, args, consts, num_warps=4)
-        if pl.may_split:
-            combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major)
-
-    def bind(pl: DecodePlan, o: torch.Tensor, l_out: torch.Tensor, seq, tab):
-        """The kernels' and the combine's launches for plan ``pl`` bound to the current workspace,
-        for outputs laid out as ``o`` / ``l_out`` (fresh ones a repeat has just written: all
-        launches compiled for them): a tuple of bound launches in order, or None off the direct
-        path."""
-        op, lp = _partials(pl.max_slots, rows, k, dev)
-        combine = bind_combine_planned(op, lp, pl.seqs, o, l_out, head_major=head_major) if pl.may_split else None
-        launches = kernels_for(pl)
-        if not all(launcher.ready(key) for _, launcher, key, _ in launches) or (pl.may_split and combine is None):
-            return None
-        bound = []
-        for kind, launcher, key, _ in launches:
-            grid, args = launch_args(pl, kind, o, k, l_out, seq, tab, True, op, lp)
-            bound.append(launcher.bind(key, grid, args, (4, 6)))
-        return tuple(bound) + ((combine,) if combine is not None else ())
-
-    run(plan, o_run, o_stride, lse, seq_arg, table, cached, kernels)
-    if plan.kind_readback is not None and not packed_alone[1].ready(packed_alone[2]):
-        # the calls repeating this one launch the packed kernel alone once the plan's kind has
-        # reached the host, on addresses only: compile it now, on this call's tensors (no launch)
-        op, lp = _partials(plan.max_slots, rows, k, dev)
-        grid, args = launch_args(plan, (True, True), o_run, o_stride, lse, seq_arg, table, False, op, lp)
-        packed_alone[1].prepare(packed_alone[2], grid, args, packed_alone[3], num_warps=4)
-    if o_run is not out:
-        out.copy_(o_run)
-    if replays is not None and cached:
-        per_call_plan = plan if plan_given or seqlens is None else None
-        seq_ptr = seq_arg.data_ptr() if seqlens is not None else None
-        table_ptr = table.data_ptr() if paged else None
-
-        def run_again() -> tuple[torch.Tensor, torch.Tensor]:
-            pl = per_call_plan if per_call_plan is not None else build_plan(seq_ptr, b, rows, t, k=k, device=dev)
-            o = rows_buffer()
-            l_out = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-            run(pl, o, k, l_out, seq_ptr if seq_ptr is not None else pl.items,
-                table_ptr if table_ptr is not None else pl.items, True)
-            return o, l_out
-
-        if len(replays) > 256:
-            replays.clear()
-        if per_call_plan is None:   # ragged without a plan: each repeat plans anew (three launches)
-            replays[replay_key] = run_again
-        else:
-            seq_fixed = seq_ptr if seq_ptr is not None else per_call_plan.items
-            tab_fixed = table_ptr if table_ptr is not None else per_call_plan.items
-            replays[replay_key] = _Repeat(
-                run_again, lambda o, l_out: bind(per_call_plan, o, l_out, seq_fixed, tab_fixed), (b, h, s, k),
-                head_major, qc.dtype, dev, per_call_plan)
-    return out, lse
-
-
-class _Repeat:
-    """The repeat of a seesaw call with a fixed plan (a decode step's later layers): fresh
-    outputs, then the kernels and the combine as bound launches (no Python set-up), while the
-    current stream and its workspace are those they were bound with; otherwise (another stream,
-    a grown workspace, a CUDA-graph capture) the ordinary repeat, which binds anew. Launches
-    bound while the plan's kind was still on its way to the host (``DecodePlan.known_kind``)
-    are bound anew once it has landed, to the chosen kernel alone.
-
-    ``repeat()`` returns ``(o_latent [B, H, S, K], lse [B, H, S])`` like the call;
-    ``repeat.token_major()`` gives ``o_latent`` as ``[B, S, H, K]`` (FlashMLA's order, a plain
-    tensor when the kernel wrote that order, or when S = 1, where both orders are one layout)."""
-
-    __slots__ = ("slow", "binder", "shape", "head_major", "lse_shape", "dtype", "dev", "index", "bound", "tm_shape",
-                 "plan", "pending")
-
-    def __init__(self, slow, binder, shape: tuple, head_major: bool, dtype: torch.dtype, dev: torch.device,
-                 plan: DecodePlan) -> None:
-        self.slow, self.binder, self.head_major, self.dtype, self.dev = slow, binder, head_major, dtype, dev
-        # the plan while its bound launches wait for its kind to reach the host (see above)
-        self.plan, self.pending = plan, None
-        b, h, s, k = shape
-        self.shape = shape if head_major else (b, s, h, k)     # the order the kernel writes
-        # S = 1: a contiguous [B, H, 1, K] is a contiguous [B, 1, H, K], so a token-major repeat
-        # allocates that shape directly (no transpose on the host)
-        self.tm_shape = (b, s, h, k) if head_major and s == 1 else None
-        self.lse_shape, self.index, self.bound = (b, h, s), dev.index, None
-
-    def _run(self, shape: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """(the output, lse, whether the output has ``shape``): on the bound launches an output
-        of ``shape`` (default: the order the kernel writes), else the kernel's order."""
-        stream = current_stream(self.index)
-        if self.pending is not None and self.pending.kind_readback.get() is not None:
-            self.pending = self.bound = None           # the kind has landed: bind the chosen kernel alone
-        bound = self.bound
-        if bound is not None and BOUND_REPEATS and bound[0] == stream and \
-                _WORKSPACES.get((self.index, stream)) is bound[1] and not torch.cuda.is_current_stream_capturing():
-            x = torch.empty(shape or self.shape, dtype=self.dtype, device=self.dev)
-            l_out = torch.empty(self.lse_shape, dtype=torch.float32, device=self.dev)
-            x_ptr, l_ptr = x.data_ptr(), l_out.data_ptr()
-            for launch in bound[2]:
-                launch(stream, x_ptr, l_ptr)
-            return x, l_out, shape is not None
-        o, l_out = self.slow()
-        self.bound = None
-        if not torch.cuda.is_current_stream_capturing():
-            launches = self.binder(o, l_out)
-            if launches is not None:
-                self.bound = (stream, _WORKSPACES.get((self.index, stream)), launches)
-                rb = self.plan.kind_readback
-                self.pending = self.plan if rb is not None and rb.value is None else None
-        return (o if self.head_major else o.transpose(1, 2)), l_out, False
-
-    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, l_out, _ = self._run()
-        return (x if self.head_major else x.transpose(1, 2)), l_out
-
-    def token_major(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, l_out, done = self._run(self.tm_shape)
-        if done:
-            return x, l_out
-        return (x.transpose(1, 2) if self.head_major else x), l_out
+    LAUNCH_AFTER = CachedLaunch(_flash_mla_seesaw, launch_pdl=True)
 
 
 def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: bool = True, paged: bool = False,

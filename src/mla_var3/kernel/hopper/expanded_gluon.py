@@ -47,7 +47,7 @@ import triton
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
-from mla_var3.kernel.expanded import _flash_attention_triton, tma_compatible
+from mla_var3.kernel.expanded import flash_attention_portable, tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
@@ -381,7 +381,7 @@ def flash_attention_hopper(q, qpe, k, v, kpe, *, scale, causal, seqlens, config,
     ``config`` where its TMA loads apply, else the portable kernel."""
     if config is None and q.shape[2] > GLUON_MIN_S and gluon_applies(q, qpe, k, v, kpe, seqlens):
         return flash_attention_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, out=out)
-    return _flash_attention_triton(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
+    return flash_attention_portable(q, qpe, k, v, kpe, scale=scale, causal=causal, seqlens=seqlens, config=config,
                                    out=out)
 
 

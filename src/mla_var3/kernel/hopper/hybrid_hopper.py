@@ -19,13 +19,13 @@ from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import num_sms
 from mla_var3.kernel.hopper import absorbed_gluon, window_gluon as wg
-from mla_var3.kernel.hybrid import _merge, _mla_var6_plus_triton, expanded_persistent
+from mla_var3.kernel.hybrid import expanded_persistent, merge_parts, mla_var6_plus_portable
 
 __all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_var6_plus_hopper"]
 
 #: (K, P) of the calls the Hopper path takes: the widths its kernels were checked at end to end on
 #: an H200 (DeepSeek's; the seesaw latent kernel takes no other). Other widths run the portable path.
-CHECKED_WIDTHS = {(512, 64)}
+CHECKED_WIDTHS = frozenset({(512, 64)})
 #: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_partition.py, docs/kernels/mla-var6-plus.md
 #: section 9): the window kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (38 at s = 16, 52 at s = 32;
 #: bandwidth and its swap-AB MMAs), the seesaw latent kernel ~ LATENT_US_PER_TOKEN * s (31 and 69)
@@ -41,17 +41,11 @@ PARTITION_MARGIN = 12
 PARTITION_MAX_S = 32
 
 
-_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
-
-
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """One long-lived side stream per device for the latent part (created once, so a CUDA graph
-    capture and its replays see the same stream)."""
+    """A side stream for the latent part: from torch's per-device stream pool (no stream is
+    created or kept here; a CUDA graph records the fork and the join, not the stream)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
-    if stream is None:
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
+    return torch.cuda.Stream(device=index)
 
 
 def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int, n_len: int, causal: bool,
@@ -134,7 +128,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
                       else out_latent.zero_())
         return out, out_latent, lse
     if not checked or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
-        return _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
+        return mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
                                      config=config, out=out, out_latent=out_latent)
     kpe_old = kpe[:, :o_len]
     if expanded_programs == "auto":                  # a partition where the window kernel takes the call
@@ -208,7 +202,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
                 if st != main:                       # allocated on a forked stream, read on main
                     for x in outs:
                         x.record_stream(main)
-    _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
+    merge_parts(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
     return out, out_latent, lse
 
 
