@@ -236,6 +236,10 @@ def _us(seconds: float) -> str:
 # ------------------------------------------------------------------------------ dispatcher
 
 
+#: what :meth:`Dispatcher._recall` returns for a key never remembered (None is a value: no crossover)
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class Dispatcher:
     """Picks the design per call from the cost model and measured times.
@@ -321,15 +325,35 @@ class Dispatcher:
         if not self.use_measured:
             return []
         key = ("measured", dims, problem.b, problem.s, problem.t)
-        if key not in self._memo:
+        found = self._recall(key)
+        if found is _MISSING:
             dev = self.resolve_device().key
             found = M.from_results(self.results, dev, dims, problem, self.dtype) if self.results else []
             have = {(m.kernel, m.n) for m in found}
             if self.use_autotune:
                 found += [m for m in M.from_autotune(dev, dims, problem, self.dtype, self.autotune_path)
                           if (m.kernel, m.n) not in have]
-            self._memo[key] = found
-        return self._memo[key]
+            self._remember(key, found)
+        return found
+
+    #: decisions (and measurements, crossovers) kept per shape, the oldest dropped beyond this
+    #: many: a long-running server asks for one per shape bucket, never a growing number
+    MAX_REMEMBERED = 512
+
+    def _recall(self, key):
+        """What was remembered under ``key``, or :data:`_MISSING`."""
+        return self._memo.get(key, _MISSING)
+
+    def _remember(self, key, value) -> None:
+        """Keep ``value`` under ``key``, dropping the oldest remembered shape beyond
+        :attr:`MAX_REMEMBERED` (the device and calibration entries stay)."""
+        memo = self._memo
+        shapes = memo.setdefault("shapes", [])
+        if key not in memo:
+            shapes.append(key)
+            if len(shapes) > self.MAX_REMEMBERED:
+                memo.pop(shapes.pop(0), None)
+        memo[key] = value
 
     # -- the decision ---------------------------------------------------------------------
     def decide(self, dims: MLADims, problem: Problem, cache: CacheInfo | None = None, design: str = "auto",
@@ -347,10 +371,12 @@ class Dispatcher:
         if n is not None and design != "hybrid":
             raise ValueError(f"n={n} applies to the hybrid design only (design={design!r})")
         key = ("decision", dims, problem.b, problem.s, problem.t, cache, design, n)
-        if key not in self._memo:
-            self._memo[key] = self._decide(dims, Problem(problem.b, problem.s, problem.t, causal=problem.causal),
-                                           cache, design, n)
-        return self._memo[key]
+        decision = self._recall(key)
+        if decision is _MISSING:
+            decision = self._decide(dims, Problem(problem.b, problem.s, problem.t, causal=problem.causal), cache,
+                                    design, n)
+            self._remember(key, decision)
+        return decision
 
     def _hybrid_range(self, cache: CacheInfo, t: int) -> tuple[int, int] | str:
         """(n_min, n_max) the cache can run, or why the hybrid is impossible."""
@@ -506,10 +532,10 @@ class Dispatcher:
 
     def _context(self, dims: MLADims, problem: Problem, ceil: Ceilings) -> str:
         key = ("cross", dims, problem.b, problem.t)
-        if key not in self._memo:
-            self._memo[key] = crossover_s(dims, problem.b, problem.t, self.resolve_device(), self.ceilings,
-                                          fast=FA_COST_MODEL)
-        cross = self._memo[key]
+        cross = self._recall(key)
+        if cross is _MISSING:
+            cross = crossover_s(dims, problem.b, problem.t, self.resolve_device(), self.ceilings, fast=FA_COST_MODEL)
+            self._remember(key, cross)
         dev = self.resolve_device()
         where = (f"FlashAttention overtakes FlashMLA (kernels alone) at s >= {cross}" if cross is not None
                  else "FlashAttention never overtakes FlashMLA (kernels alone) for s <= t")
@@ -548,10 +574,10 @@ def grid_check(results, dims: MLADims, device: str | Device = "h200", cache: Cac
     choice has no measurement). ``cache`` defaults to a hybrid cache whose window is t;
     ``calibration`` is the model's (:class:`Dispatcher`'s parameter).
     """
-    from mla_var3.dispatch.measured import _result_records
+    from mla_var3.dispatch.measured import result_records
 
     paths = tuple(results)
-    points = sorted({(r.b, r.s, r.t) for p in paths for r in _result_records(p)[1]
+    points = sorted({(r.b, r.s, r.t) for p in paths for r in result_records(p)[1]
                      if r.kind == "design" and r.status == "ok"})
     model = Dispatcher(device, use_measured=False, dtype=dtype, calibration=calibration)
     meas = Dispatcher(device, results=paths, use_autotune=False, dtype=dtype)

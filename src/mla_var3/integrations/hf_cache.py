@@ -156,13 +156,13 @@ def keep_first(state, lengths: torch.Tensor, owner=None):
 
     Latent and expanded containers: views up to the longest kept sequence, zero past each length
     (the padding every container has). Paged: the same blocks with the shorter lengths (the rows
-    past them are overwritten by the next appends). Hybrid: re-split from its latents (kept for
+    past them are overwritten by the next appends; no host synchronisation). Hybrid: re-split from its latents (kept for
     every token, the layer's default), the window re-expanded with ``owner``'s weights.
     """
     lengths = lengths.to(device=state.seqlens.device, dtype=torch.int32)
-    t = int(lengths.max()) if lengths.numel() else 0
-    if state.kind == "paged":
+    if state.kind == "paged":       # the lengths alone: no host read (a captured decode step takes this path)
         return PagedLatentCache(state.kv, state.block_table, lengths, state.k, state.free, state.reserved)
+    t = int(lengths.max()) if lengths.numel() else 0
     if state.kind == "expanded":
         return ExpandedCache(*(masked(x[:, :t], lengths) for x in (state.k, state.v, state.kpe)), lengths)
     latent = LatentCache(masked(state.z[:, :t], lengths), masked(state.kpe[:, :t], lengths), lengths)

@@ -59,6 +59,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 
 from mla_var3.integrations.hf_cache import MLACache, keep_first, with_room
 from mla_var3.model import MODES, LatentCache, MLAConfig, MLALayer, PagedLatentCache
+from mla_var3.model import AttentionState
 
 #: the MLA projections and norms (HF DeepSeek names) an MLA attention module has.
 KV_PATH = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
@@ -152,10 +153,12 @@ def _mla_modules(model: nn.Module) -> list[tuple[str, nn.Module, MLAConfig]]:
 # ----------------------------------------------------------------------------------- adapter
 
 
-def _valid_tokens(mask, b: int, q: int) -> torch.Tensor | None:
+def _valid_tokens(mask, b: int, q: int, *, sync: bool = True) -> torch.Tensor | None:
     """``[B, Q]`` bool: which of the q new tokens are real, from the mask transformers gives
     attention (None: all of them). A 4D mask's last query row sees every real key of a causal
-    batch; its last q columns are the new tokens (``MLACacheLayer.get_mask_sizes``)."""
+    batch; its last q columns are the new tokens (``MLACacheLayer.get_mask_sizes``). ``sync``:
+    return None when every token is real (a host synchronisation); without, the tensor as it is
+    (a paged cache attends without reading it on the host: CUDA-graph capturable)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
@@ -170,6 +173,8 @@ def _valid_tokens(mask, b: int, q: int) -> torch.Tensor | None:
     valid = last if last.dtype == torch.bool else (last > torch.finfo(last.dtype).min / 2 if
                                                    last.is_floating_point() else last != 0)
     valid = valid.expand(b, q)
+    if not sync:
+        return valid
     return None if bool(valid.all()) else valid
 
 
@@ -209,22 +214,22 @@ class MLAAttention(nn.Module):
         b, q = hidden_states.shape[:2]
         slot = cache.layer(self.layer_idx) if cache is not None else None
         state = slot.state if slot is not None else None
-        valid = self._valid(attention_mask, cache, b, q)
+        paged = cache.paged if cache is not None else self.paged
+        valid = self._valid(attention_mask, cache, b, q, sync=not paged)
         if position_ids is None:                       # transformers' default: the fed tokens, counted
             position_ids = torch.arange(q, device=hidden_states.device) + (slot.seen if slot is not None else 0)
         positions = position_ids.reshape(-1, q).expand(b, q).long()
-        paged = cache.paged if cache is not None else self.paged
         out, state = self._attend(hidden_states, positions, valid, state, paged)
         if slot is not None:
             slot.state, slot.seen, slot.owner = state, slot.seen + q, self.mla
         return out, None
 
-    def _valid(self, mask, cache, b: int, q: int):
+    def _valid(self, mask, cache, b: int, q: int, sync: bool):
         if cache is None:
-            return _valid_tokens(mask, b, q)
+            return _valid_tokens(mask, b, q, sync=sync)
         memo = cache._mask_memo
         if memo is None or memo[0] is not mask:      # one read per step, shared by the layers
-            cache._mask_memo = memo = (mask, _valid_tokens(mask, b, q))
+            cache._mask_memo = memo = (mask, _valid_tokens(mask, b, q, sync=sync))
         return memo[1]
 
     def _start(self, state, b: int, s: int, like: torch.Tensor, paged: bool):
@@ -238,11 +243,17 @@ class MLAAttention(nn.Module):
         return with_room(state, s)
 
     def _attend(self, x: torch.Tensor, positions: torch.Tensor, valid, state, paged: bool):
+        """The layer over the real tokens of ``x [B, Q, hidden]`` (``valid [B, Q]``, None: all):
+        the real tokens of each row first, in order, appended and attended; padding gets
+        ``_nothing``. A paged cache attends all Q packed tokens and keeps the real ones
+        (:func:`keep_first` trims the lengths on the device: no host synchronisation; a real
+        token ``i`` still sees exactly the keys before it, as the causal rule counts from the
+        end); the other caches attend the most real tokens of a row (a host read)."""
         b, q = x.shape[:2]
         if valid is None:                                          # nothing padded: the layer as it is
             return self.mla(x, positions, cache=self._start(state, b, q, x, paged), mode=self.mode)
         counts = valid.sum(1)
-        s = int(counts.max())
+        s = q if paged else int(counts.max())
         if s == 0:                                                 # only padding in this step
             return self._nothing(x), state
         before = state.seqlens.long() if state is not None else torch.zeros(b, dtype=torch.long, device=x.device)
@@ -354,9 +365,11 @@ def enable(model: nn.Module, *, mode: str = "auto", paged: bool = False) -> nn.M
                          f"({', '.join(KV_PATH)} and a query projection) with a config giving "
                          f"{', '.join(CONFIG_FIELDS[2:])}")
     modules = dict(model.named_modules())
+    state = AttentionState()        # one dispatcher (its decisions) and decode state for the model's layers
     for order, (name, module, cfg) in enumerate(found):
         layer_idx = getattr(module, "layer_idx", None)
         adapter = MLAAttention(module, cfg, layer_idx if isinstance(layer_idx, int) else order, mode, paged)
+        adapter.mla.attention_state = state
         parent, _, attr = name.rpartition(".")
         setattr(modules[parent] if parent else model, attr, adapter)
     hooks = []

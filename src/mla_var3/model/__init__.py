@@ -9,7 +9,7 @@ KV-cache containers of the three designs, and the one path that runs a design ov
 >>> out, cache = layer(next_hidden, next_positions, cache=cache, mode="absorbed")
 """
 
-from mla_var3.model.attention import default_dispatcher, mla_attention, run_design
+from mla_var3.model.attention import AttentionState, default_dispatcher, mla_attention, run_design
 from mla_var3.model.backend import attention_fn
 from mla_var3.model.cache import ExpandedCache, LatentCache, PagedLatentCache
 from mla_var3.model.config import MLAConfig, YarnScaling, yarn_get_mscale
@@ -23,5 +23,5 @@ __all__ = [
     "MLAConfig", "YarnScaling", "yarn_get_mscale", "MLALayer", "RMSNorm", "MODES",
     "LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache",
     "AbsorbedWeights", "absorbed_weights", "apply_rope", "rope_cos_sin", "rope_inv_freq", "attention_fn",
-    "default_dispatcher", "expand_kv", "mla_attention", "run_design",
+    "AttentionState", "default_dispatcher", "expand_kv", "mla_attention", "run_design",
 ]

@@ -41,15 +41,59 @@ from mla_var3.model.buffers import pad_stack
 from mla_var3.model.expand import expand_kv
 from mla_var3.shapes import MLADims, Problem
 
-_DEFAULT: dict[str, Dispatcher] = {}
-
-
 def default_dispatcher(device: torch.device | str) -> Dispatcher:
-    """One shared :class:`Dispatcher` per torch device type: the detected GPU on CUDA, h200 elsewhere."""
-    kind = torch.device(device).type
-    if kind not in _DEFAULT:
-        _DEFAULT[kind] = Dispatcher(device=None if kind == "cuda" else "h200")
-    return _DEFAULT[kind]
+    """A new :class:`Dispatcher` for tensors on ``device``: the detected GPU on CUDA, the h200
+    elsewhere. Its decisions are kept by the object: keep it (an :class:`AttentionState`, a
+    layer) rather than make one per call (a first decision per shape costs milliseconds)."""
+    return Dispatcher(device=None if torch.device(device).type == "cuda" else "h200")
+
+
+class AttentionState:
+    """What running attention keeps between calls, owned by its caller (a layer, a model's
+    adapters, an engine's step): the :class:`Dispatcher` (its decisions) and the absorbed
+    design's decode state (:class:`~mla_var3.kernel.decode.AbsorbedDecode`: the plan of the
+    lengths last seen, the workspace). Several layers may share one dispatcher; each layer keeps
+    its own decode state (its cache's lengths are its own tensor).
+
+    >>> state = AttentionState()                                              # doctest: +SKIP
+    >>> o, decision = mla_attention(q_nope, q_pe, cache, w_uk, w_uv, scale=sm, state=state)
+    """
+
+    def __init__(self, dispatcher: Dispatcher | None = None) -> None:
+        if dispatcher is not None and not isinstance(dispatcher, Dispatcher):
+            raise ValueError(f"dispatcher must be a mla_var3.dispatch.Dispatcher, got {type(dispatcher).__name__}")
+        self._dispatcher = dispatcher
+        self._decode = None
+
+    def dispatcher(self, device: torch.device | str) -> Dispatcher:
+        """The dispatcher (made for ``device`` on first use unless one was given)."""
+        if self._dispatcher is None:
+            self._dispatcher = default_dispatcher(device)
+        return self._dispatcher
+
+    def decode(self, device: torch.device | str):
+        """The absorbed design's decode state (made on first use), or None off CUDA without the
+        interpreter's kernels (the references keep no state)."""
+        if self._decode is None:
+            from mla_var3.kernel.decode import AbsorbedDecode
+
+            self._decode = AbsorbedDecode(device)
+        return self._decode
+
+
+#: decisions per octave of context length: the dispatcher decides at t rounded up to one of these
+#: steps (1/16 octave, at most 6.25 % above t), so a decode whose cache grows by a token per step
+#: asks for a new decision about once per t/16 steps, not at every step
+DECISION_STEPS_PER_OCTAVE = 16
+
+
+def decision_t(t: int) -> int:
+    """``t`` rounded up to the dispatcher's step (:data:`DECISION_STEPS_PER_OCTAVE`)."""
+    t = int(t)
+    if t <= 2 * DECISION_STEPS_PER_OCTAVE:
+        return max(t, 1)
+    step = 1 << max(0, t.bit_length() - 1 - DECISION_STEPS_PER_OCTAVE.bit_length() + 1)
+    return -(-t // step) * step
 
 
 def _seqlens(cache):
@@ -62,7 +106,7 @@ def _seqlens(cache):
 
 
 def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.Tensor, w_uv: torch.Tensor,
-               *, scale: float, n: int | None = None, backend: str = "auto") -> torch.Tensor:
+               *, scale: float, n: int | None = None, backend: str = "auto", decode=None) -> torch.Tensor:
     """Attention of the s new tokens over ``cache`` (which holds them last) with ``design``.
 
     Parameters
@@ -74,6 +118,8 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
     scale : softmax scale
     n : the hybrid's split (newest tokens read expanded, at most the cache's window; default the window)
     backend : 'auto', 'reference' or 'kernel' (:mod:`mla_var3.model.backend`)
+    decode : the caller's :class:`~mla_var3.kernel.decode.AbsorbedDecode` for the absorbed
+        kernels (default: one made for the call); ignored by the references
 
     Returns ``O [B, H, S, DV]`` (in the kernels' or references' dtype). Inputs are not
     validated here: :func:`mla_attention` and the layer do that.
@@ -99,12 +145,14 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
     dt = q_nope.dtype
     qc = fn("absorb_query")(q_nope, w_uk).to(dt)
     if not d.split:                           # absorbed
+        kernel = fn("flash_mla_paged" if cache.kind == "paged" else d.kernel)
+        owner = {} if decode is None or _is_reference(kernel) else {"decode": decode}
         if cache.kind == "paged":
-            o_latent, _ = fn("flash_mla_paged")(qc, q_pe, cache.kv, cache.block_table, cache.seqlens, scale=scale,
-                                                causal=True)
+            o_latent, _ = kernel(qc, q_pe, cache.kv, cache.block_table, cache.seqlens, scale=scale, causal=True,
+                                 **owner)
         else:  # a LatentCache, or a HybridCache with latent copies of its window (z holds every token)
-            o_latent, _ = fn(d.kernel)(qc, q_pe, cache.z, cache.kpe, scale=scale, causal=True,
-                                       seqlens=_seqlens(cache))
+            o_latent, _ = kernel(qc, q_pe, cache.z, cache.kpe, scale=scale, causal=True, seqlens=_seqlens(cache),
+                                 **owner)
         return fn("decompress")(o_latent.to(dt), w_uv)
     split, decompress = fn(d.kernel), fn("decompress")
     n = cache.n if n is None else n
@@ -118,6 +166,10 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
     if cache.uniform:
         return attend(slice(None), _hybrid_parts(cache, n, None))
     return torch.cat([attend(slice(i, i + 1), _hybrid_parts(cache, n, i)) for i in range(cache.batch)])
+
+
+def _is_reference(fn) -> bool:
+    return getattr(fn, "__module__", "").startswith("mla_var3.reference")
 
 
 def _one_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -196,7 +248,7 @@ def _check(q_nope, q_pe, cache, w_uk, w_uv) -> tuple[int, int, int, int, int, in
 
 def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.Tensor, w_uv: torch.Tensor, *,
                   scale: float, design: str = "auto", n: int | None = None, dispatcher: Dispatcher | None = None,
-                  backend: str = "auto") -> tuple[torch.Tensor, Decision]:
+                  backend: str = "auto", state: AttentionState | None = None) -> tuple[torch.Tensor, Decision]:
     """MLA attention of the s new tokens over a cache that already holds them.
 
     Parameters
@@ -208,8 +260,10 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.T
     scale : softmax scale (``MLAConfig.softmax_scale``)
     design : 'auto' (decide) or a design to force ('absorbed', 'hybrid', 'expanded' or an alias)
     n : hybrid split to force (<= the cache's window)
-    dispatcher : the :class:`Dispatcher` (default: :func:`default_dispatcher`)
+    dispatcher : the :class:`Dispatcher` (default: ``state``'s, else a new one for this call, which
+        decides anew: milliseconds)
     backend : 'auto', 'reference' or 'kernel' (see :mod:`mla_var3.model.backend`)
+    state : the caller's :class:`AttentionState` (its dispatcher and decode state), optional
 
     Returns
     -------
@@ -217,13 +271,20 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.T
     decision : Decision
 
     Ragged batches (different ``cache.seqlens``) are decided at t = the longest sequence, or on
-    CUDA for a paged cache at its capacity: with no host synchronisation the call can be captured
+    CUDA for a paged cache at its capacity, rounded up to the dispatcher's step
+    (:func:`decision_t`): with no host synchronisation the call can be captured
     in a CUDA graph over a latent or paged cache (see :meth:`PagedLatentCache.reserve` for the
     cache's side of a captured decode step).
     """
     b, h, s, d, p, k = _check(q_nope, q_pe, cache, w_uk, w_uv)
     dims, dtype = dims_for_dtype(MLADims(h=h, d=d, p=p, k=k, dv=w_uv.shape[2], name="call"), q_nope.dtype)
-    dispatcher = dispatcher or default_dispatcher(q_nope.device)
-    decision = dispatcher.decide(dims, Problem(b=b, s=s, t=_decision_t(cache)), CacheInfo.of(cache), design, n)
-    o = run_design(decision.design, q_nope, q_pe, cache, w_uk, w_uv, scale=scale, n=decision.n, backend=backend)
+    if state is not None and not isinstance(state, AttentionState):
+        raise ValueError(f"state must be an AttentionState, got {type(state).__name__}")
+    if dispatcher is None:
+        dispatcher = state.dispatcher(q_nope.device) if state is not None else default_dispatcher(q_nope.device)
+    t = max(decision_t(_decision_t(cache)), s)
+    decision = dispatcher.decide(dims, Problem(b=b, s=s, t=t), CacheInfo.of(cache), design, n)
+    decode = state.decode(q_nope.device) if state is not None and q_nope.device.type == "cuda" else None
+    o = run_design(decision.design, q_nope, q_pe, cache, w_uk, w_uv, scale=scale, n=decision.n, backend=backend,
+                   decode=decode)
     return o.to(q_nope.dtype), decision

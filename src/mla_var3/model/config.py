@@ -18,6 +18,8 @@ Example
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import dataclasses
 import math
 import numbers
@@ -28,10 +30,10 @@ from mla_var3._io import MAX_INT, quote
 from mla_var3.shapes import MLADims, get_preset
 
 #: RoPE facts of the public DeepSeek-V3 config.json (``rope_scaling`` block and ``rope_theta``).
-DEEPSEEK_V3_ROPE = dict(
+DEEPSEEK_V3_ROPE = MappingProxyType(dict(
     rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
     beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
-)
+))
 
 #: default hybrid window (newest tokens kept expanded) when a call gives no ``n``.
 DEFAULT_HYBRID_N = 64

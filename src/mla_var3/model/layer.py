@@ -36,6 +36,7 @@ float64 for float64 inputs).
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 import torch
@@ -44,7 +45,7 @@ from torch import nn
 from mla_var3.designs import CACHE_KINDS, DESIGNS
 from mla_var3.dispatch.decide import CacheInfo
 from mla_var3.model import weights as W
-from mla_var3.model.attention import mla_attention, run_design
+from mla_var3.model.attention import AttentionState, mla_attention, run_design
 from mla_var3.model.cache import ExpandedCache, LatentCache, PagedLatentCache
 from mla_var3.model.config import MLAConfig
 from mla_var3.model.expand import expand_kv
@@ -53,9 +54,9 @@ from mla_var3.model.rope import apply_rope, compute_dtype, rope_cos_sin, rope_in
 from mla_var3.shapes import check_window
 
 MODES = tuple(d.mode for d in DESIGNS)
-_CACHE_TYPES = {c.kind: c for c in (ExpandedCache, LatentCache, PagedLatentCache, HybridCache)}
+_CACHE_TYPES = MappingProxyType({c.kind: c for c in (ExpandedCache, LatentCache, PagedLatentCache, HybridCache)})
 #: the cache kinds each mode runs over ("auto": the dispatcher's).
-_CACHE_FOR_MODE = {**{d.mode: d.mode_caches for d in DESIGNS}, "auto": CACHE_KINDS}
+_CACHE_FOR_MODE = MappingProxyType({**{d.mode: d.mode_caches for d in DESIGNS}, "auto": CACHE_KINDS})
 
 
 class RMSNorm(nn.Module):
@@ -112,6 +113,11 @@ class MLALayer(nn.Module):
         self.o_proj = nn.Linear(c.h * c.dv, c.hidden, bias=c.attention_bias, **kw)
         #: "auto" (kernels on CUDA, references elsewhere), "reference" or "kernel".
         self.backend = "auto"
+        #: what attention keeps between this layer's calls: the dispatcher of mode "auto" (share one
+        #: across layers: ``AttentionState(dispatcher)``) and the absorbed kernels' decode state
+        self.attention_state = AttentionState()
+        #: the design mode "auto" forces ("auto": the dispatcher decides)
+        self.auto_design = "auto"
         self._inv_freq = rope_inv_freq(cfg)[0]  # float64, a plain attribute: immune to .to(dtype)
         self._absorbed_key: tuple | None = None
         self._absorbed: W.AbsorbedWeights | None = None
@@ -159,6 +165,17 @@ class MLALayer(nn.Module):
         """A layer from one or several ``.safetensors`` files holding its attention weights under
         ``prefix`` (e.g. ``"model.layers.3.self_attn."``); other keys in the files are ignored."""
         return cls.from_state_dict(cfg, W.read_safetensors(paths, prefix), prefix, dtype=dtype, device=device)
+
+    @property
+    def dispatcher(self):
+        """The :class:`~mla_var3.dispatch.Dispatcher` of mode "auto" (``attention_state``'s);
+        setting one gives the layer a new :class:`AttentionState` around it (several layers may
+        share one dispatcher)."""
+        return self.attention_state.dispatcher(self.kv_b_proj.weight.device)
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher) -> None:
+        self.attention_state = AttentionState(dispatcher)
 
     # ----------------------------------------------------------------- weights
     @property
@@ -264,9 +281,9 @@ class MLALayer(nn.Module):
             RoPE positions of the new tokens (usually ``seqlens[b] + arange(S)``).
         cache : ExpandedCache (naive), LatentCache or PagedLatentCache (absorbed), HybridCache
             (hybrid), any but an ExpandedCache ("auto"), or None for an empty one.
-        mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`:
-            ``self.dispatcher`` (default one per device type), ``self.auto_design`` (force a
-            design, default 'auto'); the decision is left in ``self.last_decision``)
+        mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`,
+            of ``self.attention_state``; ``self.auto_design`` forces a design, default 'auto'; the
+            decision is left in ``self.last_decision``)
         n : int, optional
             Hybrid window (newest tokens kept expanded) of a new HybridCache: defaults to
             ``cfg.hybrid_n`` in mode "hybrid"; in mode "auto" it makes the new cache a
@@ -282,11 +299,13 @@ class MLALayer(nn.Module):
         b, s = hidden_states.shape[:2]
         cache = self._append(cache if cache is not None else self._empty_cache(mode, n, b, z.dtype, z.device), z, kpe)
         w, c = self.absorbed, self.cfg
+        state = self.attention_state
         if mode == "auto":
             o, self.last_decision = mla_attention(q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale,
-                                                  design=getattr(self, "auto_design", "auto"),
-                                                  dispatcher=getattr(self, "dispatcher", None), backend=self.backend)
+                                                  design=self.auto_design, backend=self.backend, state=state)
         else:
-            o = run_design(mode, q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale, backend=self.backend)
+            decode = state.decode(z.device) if z.is_cuda else None
+            o = run_design(mode, q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale, backend=self.backend,
+                           decode=decode)
         o = o.to(hidden_states.dtype).transpose(1, 2).reshape(b, s, c.h * c.dv)
         return self.o_proj(o), cache
