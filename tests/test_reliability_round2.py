@@ -143,3 +143,130 @@ def test_a_cli_devices_file_with_a_number_that_is_not_finite(capsys, tmp_path, f
     for argv in (["cost", "--design", "flash_mla", "--devices-file", str(path)],
                  ["regime", "--device", "x", "--devices-file", str(path)], ["devices", "--devices-file", str(path)]):
         assert_usage_error(*run_cli(capsys, *argv)[::2], str(path), "finite")
+
+
+# ------------------------------------------------------------------------------------------------
+# B, C. calibration files: every field checked at load (rules, ceilings, sms, types)
+# ------------------------------------------------------------------------------------------------
+
+def _shipped_calibration() -> dict:
+    from importlib import resources
+
+    return json.loads(resources.files("mla_var3.conf").joinpath("calibration-h200.json").read_text())
+
+
+def _write_calibration(tmp_path, change) -> str:
+    raw = _shipped_calibration()
+    change(raw)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def change(raw):
+        obj = raw
+        for key in keys[:-1]:
+            obj = obj[key]
+        obj[keys[-1]] = value
+    return change
+
+
+#: (change, words of the error): each made the file load and fail later (AttributeError,
+#: TypeError) in every cost/regime/report/explain call and in mode="auto", or be read silently
+#: with another meaning.
+BAD_RULES = {
+    "rule a string": (_set("default_backends", "flash_mla", ["gluon"]), "rule 0 must be a JSON object"),
+    "rules an object": (_set("default_backends", "flash_mla", {"backend": "gluon"}), "must be a list of rules"),
+    "s_gt a string": (_set("default_backends", "flash_attention", [{"backend": "gluon", "s_gt": "x"}]),
+                      "'s_gt' must be an integer"),
+    "s_gt a bool": (_set("default_backends", "flash_attention", [{"backend": "gluon", "s_gt": True}]),
+                    "'s_gt' must be an integer"),
+    "s_gt a float": (_set("default_backends", "flash_attention", [{"backend": "gluon", "s_gt": 64.5}]),
+                     "'s_gt' must be an integer"),
+    "misspelt s_gte": (_set("default_backends", "flash_attention", [{"backend": "gluon", "s_gte": 64}]),
+                       "unknown key 's_gte'"),
+    "no backend": (_set("default_backends", "flash_mla", [{"s_gt": 4}]), "missing 'backend'"),
+    "backend a number": (_set("default_backends", "flash_mla", [{"backend": 3}]), "'backend' must be a string"),
+    "unknown backend": (_set("default_backends", "flash_mla", [{"backend": "cutlass"}]), "no time law"),
+    "unknown design": (_set("default_backends", "flash-mla", [{"backend": "gluon"}]), "unknown design"),
+    "rules a list": (_set("default_backends", []), "must be a JSON object of design"),
+}
+
+BAD_FIELDS = {
+    "flops 1e300": (_set("ceilings", "flops_per_s", 1e300), "'flops_per_s' must lie in"),
+    "flops tiny": (_set("ceilings", "flops_per_s", 1e-300), "'flops_per_s' must lie in"),
+    "bytes 1e-300": (_set("ceilings", "bytes_per_s", 1e-300), "'bytes_per_s' must lie in"),
+    "bytes 0": (_set("ceilings", "bytes_per_s", 0), "'bytes_per_s' must be positive"),
+    "bytes negative": (_set("ceilings", "bytes_per_s", -4e12), "'bytes_per_s' must be positive"),
+    "flops a string": (_set("ceilings", "flops_per_s", "7.1e14"), "'flops_per_s' must be a number"),
+    "flops a bool": (_set("ceilings", "flops_per_s", True), "'flops_per_s' must be a number"),
+    "no bytes": (lambda raw: raw["ceilings"].pop("bytes_per_s"), "missing 'bytes_per_s'"),
+    "ceilings a list": (_set("ceilings", [1, 2]), "'ceilings' must be a JSON object"),
+    "sms 132.5": (_set("sms", 132.5), "'sms' must be an integer"),
+    "sms a string": (_set("sms", "132"), "'sms' must be an integer"),
+    "sms a bool": (_set("sms", True), "'sms' must be an integer"),
+    "sms 0": (_set("sms", 0), "'sms' must be positive"),
+    "sms 10**7": (_set("sms", 10**7), "'sms' must be at most"),
+    "gpu a string": (_set("gpu", "false"), "'gpu' must be true or false"),
+    "device a number": (_set("device", 200), "'device' must be a string"),
+    "value a string": (lambda raw: raw["parameters"][0].update(value="116.8"), "'value' must be a number"),
+    "value a bool": (lambda raw: raw["parameters"][0].update(value=True), "'value' must be a number"),
+    "name twice": (lambda raw: raw["parameters"].append(dict(raw["parameters"][0])), "is given twice"),
+    "parameter a list": (lambda raw: raw["parameters"].append([1]), "must be a JSON object"),
+    "group unknown": (lambda raw: raw["parameters"][0].update(group="cpu"), "'group' must be 'gpu' or 'host'"),
+    "fitted a string": (lambda raw: raw["parameters"][0].update(fitted="no"), "'fitted' must be true or false"),
+    "commits not strings": (_set("commits", "measurements", [1, 2]), "must be a list of strings"),
+    "points a dict": (_set("points", {}), "'points' must be a JSON list"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RULES) + list(BAD_FIELDS))
+def test_bc_a_bad_calibration_field_is_refused_at_load(tmp_path, case):
+    from mla_var3.analysis.calibration import CalibrationFileError, load_calibration
+
+    change, words = {**BAD_RULES, **BAD_FIELDS}[case]
+    path = _write_calibration(tmp_path, change)
+    with pytest.raises(CalibrationFileError) as info:
+        load_calibration(path)
+    assert path in str(info.value) and words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("value", ["Infinity", "NaN", "1e999", HUGE])
+@pytest.mark.parametrize("field", ["flops_per_s", "bytes_per_s", "sms", "value"])
+def test_c_numbers_that_are_not_finite_in_a_calibration_file(tmp_path, field, value):
+    """``"flops_per_s": Infinity`` made ``cost`` report 85 µs instead of 999 µs, exit 0."""
+    from mla_var3.analysis.calibration import CalibrationFileError, load_calibration
+
+    marker = 123456.789
+    where = {"sms": _set("sms", marker), "value": lambda raw: raw["parameters"][0].update(value=marker)}
+    path = _write_calibration(tmp_path, where.get(field, _set("ceilings", field, marker)))
+    text = open(path).read().replace(repr(marker), value)
+    open(path, "w").write(text)
+    with pytest.raises(CalibrationFileError, match=r"calibration file .*cal\.json.* holds .* at line 1 column"):
+        load_calibration(path)
+
+
+@pytest.mark.parametrize("command", [["cost", "--design", "flash_mla"], ["regime"], ["explain"]])
+@pytest.mark.parametrize("case", ["flops Infinity", "rule a string", "s_gt a string", "bytes 1e-300"])
+def test_bc_cli_refuses_the_calibration_file_once(capsys, tmp_path, command, case):
+    changes = {"flops Infinity": _set("ceilings", "flops_per_s", float("inf")), **{k: v[0] for k, v in BAD_RULES.items()},
+               **{k: v[0] for k, v in BAD_FIELDS.items()}}
+    path = _write_calibration(tmp_path, changes[case])
+    code, out, err = run_cli(capsys, *command, "--calibration", path)
+    assert_usage_error(code, err, path, "calibration file")
+
+
+def test_bc_good_rules_still_load_and_pick(tmp_path):
+    from mla_var3.analysis.calibration import load_calibration, predict
+    from mla_var3.shapes import Problem, get_preset
+
+    path = _write_calibration(tmp_path, _set("default_backends", "flash_attention",
+                                             [{"backend": "gluon", "s_gt": 64}, {"backend": "triton", "s_gt": None}]))
+    cal = load_calibration(path)
+    v3 = get_preset("deepseek-v3")
+    assert cal.default_backend("flash_attention", Problem(b=1, s=65, t=4096)) == "gluon"
+    assert cal.default_backend("flash_attention", Problem(b=1, s=64, t=4096)) == "triton"     # null s_gt: any s
+    assert predict(cal, "flash_attention", v3, Problem(b=1, s=16, t=4096)).backend == "triton"
