@@ -270,3 +270,56 @@ def test_bc_good_rules_still_load_and_pick(tmp_path):
     assert cal.default_backend("flash_attention", Problem(b=1, s=65, t=4096)) == "gluon"
     assert cal.default_backend("flash_attention", Problem(b=1, s=64, t=4096)) == "triton"     # null s_gt: any s
     assert predict(cal, "flash_attention", v3, Problem(b=1, s=16, t=4096)).backend == "triton"
+
+
+# ------------------------------------------------------------------------------------------------
+# D. a corrupt autotune key: skipped with a warning naming the file, never fatal mid-forward
+# ------------------------------------------------------------------------------------------------
+
+def _autotune_with_keys(path, buckets: list[str]) -> None:
+    """An autotune cache whose hybrid entries have these shape buckets (and one good absorbed one)."""
+    import triton
+
+    from mla_var3.runtime.autotune import AutotuneCache, cache_key
+    from mla_var3.shapes import Problem, get_preset
+
+    v3 = get_preset("deepseek-v3")
+    cache = AutotuneCache(path)
+    good = cache_key("NVIDIA H200", "flash_mla", v3, Problem(32, 16, 4096), "bf16", triton.__version__)
+    cache.put(good, {"BLOCK_N": 64}, time_us=1000.0)
+    for bucket in buckets:
+        parts = good.split("|")
+        cache.put("|".join([parts[0], "mla_var6_plus", parts[2], bucket, *parts[4:]]), {"BLOCK_N": 64}, time_us=900.0)
+
+
+BAD_BUCKETS = {"nX": "b32-s16-t4096-nX-causal", "n alone": "b32-s16-t4096-n-causal",
+               "n 5000 digits": "b32-s16-t4096-n" + "9" * 5000 + "-causal", "two n": "b32-s16-t4096-n64-n128-causal",
+               "no n": "b32-s16-t4096-causal", "n unicode digit": "b32-s16-t4096-n\u0663-causal",
+               "n float": "b32-s16-t4096-n1e3-causal"}
+
+
+@pytest.mark.parametrize("case", list(BAD_BUCKETS))
+def test_d_corrupt_hybrid_keys_are_skipped_naming_the_file(tmp_path, case):
+    from mla_var3.dispatch.decide import CacheInfo, Dispatcher
+    from mla_var3.dispatch.measured import from_autotune
+    from mla_var3.shapes import Problem, get_preset
+
+    path = tmp_path / "autotune.json"
+    _autotune_with_keys(path, [BAD_BUCKETS[case], "b32-s16-t4096-n1024-causal"])
+    v3, pr = get_preset("deepseek-v3"), Problem(32, 16, 4096)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        found = from_autotune("h200", v3, pr, "bf16", path)
+        dec = Dispatcher("h200", autotune_path=path).decide(v3, pr, CacheInfo("hybrid", 4096))
+    assert sorted((m.kernel, m.n) for m in found) == [("flash_mla", None), ("mla_var6_plus", 1024)]
+    assert dec.design in ("absorbed", "hybrid", "expanded")
+    if case != "no n":       # a bucket without n is an older format, skipped quietly as before
+        assert any(str(path) in str(w.message) and "holds no split n" in str(w.message) for w in seen)
+
+
+def test_d_explain_with_a_corrupt_hybrid_key_runs(capsys, tmp_path):
+    path = tmp_path / "autotune.json"
+    _autotune_with_keys(path, [BAD_BUCKETS["nX"]])
+    code, out, err = run_cli(capsys, "explain", "--b", "32", "--s", "16", "--t", "4096", "--autotune-cache", str(path))
+    assert code == 0 and "choice:" in out, err
+    assert str(path) in err and "warning" in err
