@@ -323,3 +323,38 @@ def test_d_explain_with_a_corrupt_hybrid_key_runs(capsys, tmp_path):
     code, out, err = run_cli(capsys, "explain", "--b", "32", "--s", "16", "--t", "4096", "--autotune-cache", str(path))
     assert code == 0 and "choice:" in out, err
     assert str(path) in err and "warning" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# E. the expanded law at sizes the CLI accepts
+# ------------------------------------------------------------------------------------------------
+
+def _visible_rows_keys_by_block(s: int, t: int, block_m: int) -> int:
+    """The causal sum block by block, as the law states it (the closed form must equal it)."""
+    blocks = -(-s // block_m)
+    return sum(block_m * (t - s + min(s, (j + 1) * block_m)) for j in range(blocks))
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64, 128])
+def test_e_closed_form_equals_the_block_sum(block_m):
+    from mla_var3.analysis.kernel_laws import _visible_rows_keys
+
+    for s in [*range(1, 300), 511, 512, 513, 4095, 4096, 4097]:
+        for t in (s, s + 1, s + 63, s + 4096):
+            assert _visible_rows_keys(s, t, block_m, True) == _visible_rows_keys_by_block(s, t, block_m), (s, t)
+            assert _visible_rows_keys(s, t, block_m, False) == -(-s // block_m) * block_m * t
+
+
+@pytest.mark.parametrize("design", ["flash_attention", "mla_var6_plus", "flash_mla"])
+def test_e_huge_sizes_return(design):
+    """``cost --s 2**53 --t 2**53`` summed 2**53 / block_m terms in Python: it never returned. Run
+    in a child process so a regression fails here (the limit is a hang guard, generous on a
+    loaded machine) instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    big = str(2**53)
+    proc = subprocess.run([sys.executable, "-m", "mla_var3", "cost", "--design", design, "--s", big, "--t", big,
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["time_s"] > 0
