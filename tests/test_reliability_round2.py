@@ -358,3 +358,101 @@ def test_e_huge_sizes_return(design):
                            "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["time_s"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# F. reserve: a token count, checked; blocks allocated without a step per block
+# ------------------------------------------------------------------------------------------------
+
+#: (value, words): reserve("4") raised a TypeError, reserve(2.5) was accepted and reserve(10**12)
+#: never returned (one Python iteration per block).
+BAD_TOKENS = [("4", "non-negative integer"), (2.5, "non-negative integer"), (-1, "non-negative integer"),
+              (True, "non-negative integer"), (None, "non-negative integer"), (float("nan"), "non-negative integer"),
+              (10**12, "at most 2,147,483,647"), (2**31, "at most 2,147,483,647"), (10**400, "at most")]
+
+
+@pytest.mark.parametrize("value,words", BAD_TOKENS, ids=[repr(v)[:12] for v, _ in BAD_TOKENS])
+def test_f_paged_reserve_refuses_what_is_not_a_token_count(value, words):
+    from mla_var3.model.cache import PagedLatentCache
+
+    cache = PagedLatentCache.empty(2, 16, 16, block_size=16)
+    with pytest.raises(ValueError, match=f"tokens must be .*{words}"):
+        cache.reserve(value)
+
+
+@pytest.mark.parametrize("value,words", BAD_TOKENS[:4] + BAD_TOKENS[6:8], ids=[repr(v)[:12] for v, _ in
+                                                                              BAD_TOKENS[:4] + BAD_TOKENS[6:8]])
+@pytest.mark.parametrize("kind", ["latent", "hybrid"])
+def test_f_latent_and_hybrid_reserve_refuse_what_is_not_a_length(kind, value, words):
+    from mla_var3.model.cache import LatentCache
+    from mla_var3.model.hybrid_cache import HybridCache
+
+    cache = LatentCache.empty(2, 16, 16) if kind == "latent" else HybridCache.empty(2, 2, 16, 16, 16, 4)
+    with pytest.raises(ValueError, match=f"max_len must be .*{words}"):
+        cache.reserve(value)
+
+
+def test_f_a_reservation_too_large_to_allocate_names_the_argument():
+    import torch
+
+    from mla_var3.model.cache import PagedLatentCache
+
+    cache = PagedLatentCache.empty(2, 512, 64, block_size=64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"tokens=2,147,483,647: the buffers \(4,947\.8 GB\) could not be allocated"):
+        cache.reserve(2**31 - 1)
+
+
+def _blocks_one_by_one(cache, lengths, s):
+    """The allocation rule, one block at a time (what the closed form must reproduce)."""
+    import torch
+
+    bs = cache.block_size
+    table = [row[: -(-t // bs)] for row, t in zip(cache.block_table.tolist(), lengths)]
+    free, grown = list(cache.free), cache.num_blocks
+    for b, t in enumerate(lengths):
+        while len(table[b]) * bs < t + s:
+            if free:
+                table[b].append(free.pop(0))
+            else:
+                table[b].append(grown)
+                grown += 1
+    width = max((len(r) for r in table), default=0)
+    out = torch.zeros(cache.batch, width, dtype=torch.int32)
+    for b, row in enumerate(table):
+        out[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return grown, out, tuple(free)
+
+
+def test_f_blocks_are_the_ones_a_block_by_block_rule_takes():
+    import random
+
+    import torch
+
+    from mla_var3.model.cache import PagedLatentCache
+
+    rng = random.Random(1)
+    for _ in range(150):
+        b, bs, k, p = rng.randint(0, 4), rng.choice([1, 2, 16, 17, 64]), 4, 2
+        cache = PagedLatentCache.empty(b, k, p, num_blocks=rng.randint(0, 6), block_size=bs)
+        for _ in range(rng.randint(0, 3)):
+            s = rng.randint(1, 40)
+            cache = cache.append(torch.randn(b, s, k), torch.randn(b, s, p))
+            if rng.random() < 0.5:
+                cache = cache.reserve(rng.randint(0, 50))
+        if b and rng.random() < 0.5:          # ragged lengths over the same blocks
+            lengths = torch.tensor([rng.randint(0, cache.max_len) for _ in range(b)], dtype=torch.int32)
+            cache = PagedLatentCache(cache.kv, cache.block_table, lengths, k, cache.free, 0)
+        s = rng.randint(0, 100)
+        kv, table, free = cache._blocks_for(cache.seqlens.tolist(), s, "s")
+        grown, want, want_free = _blocks_one_by_one(cache, cache.seqlens.tolist(), s)
+        assert kv.shape[0] == grown and torch.equal(kv[: cache.num_blocks], cache.kv) and not kv[cache.num_blocks:].any()
+        assert torch.equal(table, want) and free == want_free
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_f_empty_paged_cache_converts_to_latent(b):
+    """``to_latent`` of a paged cache holding no token raised 'cannot reshape tensor of 0 elements'."""
+    from mla_var3.model.cache import PagedLatentCache
+
+    latent = PagedLatentCache.empty(b, 16, 16, block_size=16).reserve(5).to_latent()
+    assert latent.z.shape == (b, 0, 16) and latent.kpe.shape == (b, 0, 16) and latent.lengths == (0,) * b

@@ -28,6 +28,16 @@ from mla_var3.kernel._common import values_checked
 #: spare rows of a new buffer: ``max(MIN_SLACK, SLACK_FRACTION * rows)`` (and at least one step).
 MIN_SLACK = 64
 SLACK_FRACTION = 0.25
+#: the most tokens a sequence may hold: lengths are int32 on the device.
+MAX_LENGTH = 2**31 - 1
+
+
+def allocation_error(name: str, value: int, exc: BaseException, nbytes: int | None = None) -> ValueError:
+    """The error of a reservation whose buffers could not be allocated: it names the argument and
+    its value (the allocator's message alone names neither)."""
+    size = f" ({nbytes / 1e9:,.1f} GB)" if nbytes is not None else ""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(f"{name}={value:,}: the buffers{size} could not be allocated: {reason[:200]}")
 
 
 def check_seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
