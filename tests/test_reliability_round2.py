@@ -456,3 +456,40 @@ def test_f_empty_paged_cache_converts_to_latent(b):
 
     latent = PagedLatentCache.empty(b, 16, 16, block_size=16).reserve(5).to_latent()
     assert latent.z.shape == (b, 0, 16) and latent.kpe.shape == (b, 0, 16) and latent.lengths == (0,) * b
+
+
+# ------------------------------------------------------------------------------------------------
+# G. the layer's absorbed weights after an in-place update of kv_b_proj.weight
+# ------------------------------------------------------------------------------------------------
+
+#: ways a trainer or an adapter library changes the weight in place (PEFT's LoRA merge is the
+#: first: ``base_layer.weight.data += delta``; its unmerge the second).
+IN_PLACE = {
+    "data +=": lambda w: w.data.__iadd__(0.3),
+    "data -=": lambda w: w.data.__isub__(0.3),
+    "data.copy_": lambda w: w.data.copy_(w.data * 1.5),
+    "data[rows] =": lambda w: w.data[: w.shape[0] // 2].mul_(-1),
+    "no_grad add_": lambda w: w.add_(0.1),
+    "data = new": lambda w: setattr(w, "data", w.data + 0.2),
+}
+
+
+@pytest.mark.parametrize("mode", ["absorbed", "naive", "hybrid", "auto"])
+@pytest.mark.parametrize("update", list(IN_PLACE))
+def test_g_layer_follows_in_place_weight_updates(update, mode):
+    """Was: max |out - fresh layer| = 2.67 after ``kv_b_proj.weight.data += 0.3`` (logits of an
+    enabled model off the stock model's by up to 7.7 after a LoRA merge)."""
+    import torch
+
+    from mla_var3.model import MLAConfig, MLALayer
+
+    cfg = MLAConfig.from_preset("deepseek-v3").scaled(div=16, h=4)
+    layer = MLALayer.random(cfg, dtype=torch.float64, seed=0).requires_grad_(False)
+    x = torch.randn(2, 5, cfg.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(5).expand(2, 5)
+    layer(x, pos, mode=mode)                                     # forms (and keeps) the absorbed weights
+    IN_PLACE[update](layer.kv_b_proj.weight)
+    fresh = MLALayer.from_state_dict(cfg, layer.state_dict())
+    got, _ = layer(x, pos, mode=mode)
+    want, _ = fresh(x, pos, mode=mode)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
