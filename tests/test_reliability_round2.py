@@ -493,3 +493,44 @@ def test_g_layer_follows_in_place_weight_updates(update, mode):
     got, _ = layer(x, pos, mode=mode)
     want, _ = fresh(x, pos, mode=mode)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# I. enable() on a model whose attention modules share a module or a cache slot
+# ------------------------------------------------------------------------------------------------
+
+def _tiny_hf_model():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        q_lora_rank=24, first_k_dense_replace=3, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.DeepseekV3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("pair", [(0, 1), (0, 2), (1, 2)])
+def test_i_an_attention_module_shared_by_two_layers_is_refused(pair):
+    """Was: replaced under its first name only; generate then failed on MLACache containers."""
+    from mla_var3.integrations.transformers import enable, is_enabled
+
+    model = _tiny_hf_model()
+    a, b = pair
+    model.model.layers[b].self_attn = model.model.layers[a].self_attn
+    with pytest.raises(ValueError, match=rf"model\.layers\.{a}\.self_attn and model\.layers\.{b}\.self_attn are one "
+                                         r"DeepseekV3Attention module shared by two layers"):
+        enable(model)
+    assert not is_enabled(model)
+
+
+def test_i_two_attention_modules_with_one_layer_idx_are_refused():
+    from mla_var3.integrations.transformers import enable, is_enabled
+
+    model = _tiny_hf_model()
+    model.model.layers[2].self_attn.layer_idx = 0
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn and model\.layers\.2\.self_attn both have "
+                                         r"layer_idx=0"):
+        enable(model)
+    assert not is_enabled(model)
