@@ -534,3 +534,94 @@ def test_i_two_attention_modules_with_one_layer_idx_are_refused():
                                          r"layer_idx=0"):
         enable(model)
     assert not is_enabled(model)
+
+
+# ------------------------------------------------------------------------------------------------
+# J. one softmax-scale validator at every entry point
+# ------------------------------------------------------------------------------------------------
+
+def _bad_scales():
+    import torch
+
+    return {"True": True, "False": False, "'0.1'": "0.1", "None": None, "nan": float("nan"), "inf": float("inf"),
+            "-inf": float("-inf"), "-0.5": -0.5, "0": 0, "0.0": 0.0, "[0.1]": [0.1], "1+0j": 1 + 0j,
+            "10**400": 10**400, "tensor(True)": torch.tensor(True), "tensor 2 values": torch.tensor([0.1, 0.2])}
+
+
+BAD_SCALES = ["True", "False", "'0.1'", "None", "nan", "inf", "-inf", "-0.5", "0", "0.0", "[0.1]", "1+0j", "10**400",
+              "tensor(True)", "tensor 2 values"]
+
+
+def _scale_calls():
+    """entry point -> a call taking the scale (small valid inputs, float32 under the interpreter:
+    the scale is checked before anything runs)."""
+    import torch
+
+    from mla_var3 import kernel, reference as ref
+    from mla_var3.model import LatentCache, mla_attention
+    from mla_var3.shapes import MLADims, Problem
+
+    dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16))
+    lengths = torch.tensor([16, 9], dtype=torch.int32)
+    kv, table = ref.make_paged(x.z, x.kpe, lengths, page_block_size=16)
+    cache = LatentCache(x.z, x.kpe, lengths)
+    return {
+        "kernel.flash_attention": lambda sc: kernel.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, scale=sc),
+        "kernel.flash_mla": lambda sc: kernel.flash_mla(x.qc, x.qpe, x.z, x.kpe, scale=sc),
+        "kernel.flash_mla_paged": lambda sc: kernel.flash_mla_paged(x.qc, x.qpe, kv, table, lengths, scale=sc),
+        "kernel.mla_var6_plus": lambda sc: kernel.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new,
+                                                                scale=sc),
+        "reference.flash_attention": lambda sc: ref.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, sc),
+        "reference.flash_mla": lambda sc: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, sc),
+        "reference.flash_mla_paged": lambda sc: ref.flash_mla_paged(x.qc, x.qpe, kv, table, lengths, sc),
+        "reference.mla_var6_plus": lambda sc: ref.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, sc),
+        "model.mla_attention": lambda sc: mla_attention(x.q, x.qpe, cache, x.w_uk, x.w_uv, scale=sc, design="absorbed",
+                                                        backend="reference"),
+    }
+
+
+ENTRY_POINTS = ["kernel.flash_attention", "kernel.flash_mla", "kernel.flash_mla_paged", "kernel.mla_var6_plus",
+                "reference.flash_attention", "reference.flash_mla", "reference.flash_mla_paged",
+                "reference.mla_var6_plus", "model.mla_attention"]
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES)
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_j_bad_scales_are_refused_at_every_entry_point(entry, scale):
+    if entry == "kernel.flash_attention" and scale == "None":
+        pytest.skip("None is the expanded kernel's default scale, 1/sqrt(d + p)")
+    call = _scale_calls()[entry]
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        call(_bad_scales()[scale])
+
+
+def test_j_real_scales_of_other_types_give_the_float_result():
+    import numpy as np
+    import torch
+
+    call = _scale_calls()["reference.flash_mla"]
+    want = call(0.125)
+    for scale in (np.float32(0.125), np.float64(0.125), torch.tensor(0.125), torch.tensor([0.125])):
+        for got, ref in zip(call(scale), want):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", ["True", "'0.1'", "nan", "-0.5", "0"])
+def test_j_compat_positional_mistake_is_refused(scale):
+    """``flash_mla_with_kvcache(q, k, tb, sl, 64, meta, None, True)`` put ``causal`` in the scale's
+    position and ran with scale 1.0; a string scale was accepted too."""
+    import torch
+
+    from mla_var3 import reference as ref
+    from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+    from mla_var3.shapes import MLADims, Problem
+
+    dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16)
+    lengths = torch.tensor([16, 9], dtype=torch.int32)
+    kv, table = ref.make_paged(x.z, x.kpe, lengths, page_block_size=16)
+    q = torch.cat([x.qc, x.qpe], dim=-1).transpose(1, 2).contiguous()
+    meta, _ = get_mla_metadata()
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        flash_mla_with_kvcache(q, kv, table, lengths, dims.k, meta, None, _bad_scales()[scale])

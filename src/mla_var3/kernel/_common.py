@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from mla_var3 import _values
+
 #: shared memory one program (CTA) may use on sm_90, in bytes, as Triton reports the limit.
 SMEM_LIMIT = 232_448
 
@@ -131,14 +133,9 @@ def check_device(name: str, x: torch.Tensor) -> None:
 
 
 def check_scale(scale) -> float:
-    """Validate a softmax scale: a finite positive number."""
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"scale must be a positive float, got {scale!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
-    return value
+    """Validate a softmax scale (:func:`mla_var3._values.check_scale`: a finite number > 0, not
+    a bool or a string); the float."""
+    return _values.check_scale(scale)
 
 
 #: environment variable that turns on the checks of tensor *values* on CUDA inputs (lengths in
