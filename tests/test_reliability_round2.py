@@ -625,3 +625,70 @@ def test_j_compat_positional_mistake_is_refused(scale):
     meta, _ = get_mla_metadata()
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
         flash_mla_with_kvcache(q, kv, table, lengths, dims.k, meta, None, _bad_scales()[scale])
+
+
+# ------------------------------------------------------------------------------------------------
+# K. one length-dtype rule for every tensor of lengths
+# ------------------------------------------------------------------------------------------------
+
+def _bad_lengths():
+    import torch
+
+    return {"bool": torch.tensor([True, True]), "uint8": torch.tensor([1, 1], dtype=torch.uint8),
+            "int16": torch.tensor([1, 1], dtype=torch.int16), "float32": torch.tensor([1.0, 1.0]),
+            "complex": torch.tensor([1 + 0j, 1 + 0j]), "list": [1, 1]}
+
+
+def _length_calls():
+    """place -> a call taking a [2] tensor of lengths (1 is valid for every one of them)."""
+    import torch
+
+    from mla_var3 import kernel, reference as ref
+    from mla_var3.compat import flash_mla_with_kvcache
+    from mla_var3.model import ExpandedCache, LatentCache, PagedLatentCache
+    from mla_var3.model.hybrid_cache import HybridCache
+    from mla_var3.shapes import MLADims, Problem
+
+    dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16))
+    xb = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16)
+    kv, table = ref.make_paged(x.z, x.kpe, torch.tensor([16, 16], dtype=torch.int32), page_block_size=16)
+    q = torch.cat([xb.qc, xb.qpe], dim=-1).transpose(1, 2).contiguous()
+    return {
+        "LatentCache": lambda sl: LatentCache(x.z, x.kpe, sl),
+        "ExpandedCache": lambda sl: ExpandedCache(x.k, x.v, x.kpe, sl),
+        "HybridCache": lambda sl: HybridCache(x.z, x.kpe, x.k[:, -4:], x.v[:, -4:], sl, 4),
+        "PagedLatentCache": lambda sl: PagedLatentCache(kv, table, sl, dims.k),
+        "kernel.flash_attention": lambda sl: kernel.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, seqlens=sl),
+        "kernel.flash_mla": lambda sl: kernel.flash_mla(x.qc, x.qpe, x.z, x.kpe, scale=0.1, seqlens=sl),
+        "kernel.flash_mla_paged": lambda sl: kernel.flash_mla_paged(x.qc, x.qpe, kv, table, sl, scale=0.1),
+        "compat": lambda sl: flash_mla_with_kvcache(q, kv.to(torch.bfloat16), table, sl, dims.k, None),
+        "reference.flash_attention": lambda sl: ref.flash_attention(x.q, x.qpe, x.k, x.v, x.kpe, 0.1, seqlens=sl),
+        "reference.flash_mla": lambda sl: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, 0.1, seqlens=sl),
+        "reference.flash_mla_paged": lambda sl: ref.flash_mla_paged(x.qc, x.qpe, kv, table, sl, 0.1),
+    }
+
+
+LENGTH_PLACES = ["LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache", "kernel.flash_attention",
+                 "kernel.flash_mla", "kernel.flash_mla_paged", "compat", "reference.flash_attention",
+                 "reference.flash_mla", "reference.flash_mla_paged"]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int16", "float32", "complex", "list"])
+@pytest.mark.parametrize("place", LENGTH_PLACES)
+def test_k_lengths_that_are_not_int32_or_int64_are_refused(place, dtype):
+    """Was: ``LatentCache(z, kpe, torch.tensor([True, True]))`` gave lengths (1, 1)."""
+    call = _length_calls()[place]
+    words = "be an int32 or int64 tensor" if dtype == "list" else f"have dtype in (int32, int64), got {dtype}"
+    with pytest.raises(ValueError, match=r"seqlens must " + words.replace("(", r"\(").replace(")", r"\)")):
+        call(_bad_lengths()[dtype])
+
+
+@pytest.mark.parametrize("place", ["LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache",
+                                   "reference.flash_mla"])
+def test_k_int32_and_int64_lengths_still_work(place):
+    import torch
+
+    call = _length_calls()[place]
+    for dtype in (torch.int32, torch.int64):
+        call(torch.tensor([16, 3], dtype=dtype))

@@ -6,6 +6,8 @@ everywhere. No torch here.
   position is a shifted argument, e.g. ``causal``; not a string: ``"0.1"`` is a caller's bug).
 * :func:`check_count`: a count of tokens, blocks, ...: an integer >= 0 (not a bool, float or
   string) up to a limit.
+* :func:`check_length_dtype`: a tensor of per-sequence lengths is int32 or int64 (a bool tensor
+  would read as lengths 0 and 1; torch is imported only when it is called).
 
 >>> check_scale(0.125), check_count(3, "tokens")
 (0.125, 3)
@@ -55,3 +57,23 @@ def check_count(value, name: str, limit: int = MAX_INT) -> int:
     if value > limit:
         raise ValueError(f"{name} must be at most {limit:,}, got {quote(value)}")
     return value
+
+
+#: the dtypes a tensor of lengths may have (names of torch dtypes). A bool tensor is refused
+#: (``True`` would read as a length of 1), as are floating, complex and narrow integer ones
+#: (uint8 wraps at 256).
+LENGTH_DTYPES = ("int32", "int64")
+
+
+def check_length_dtype(name: str, lengths):
+    """``lengths`` unless it is not a tensor of :data:`LENGTH_DTYPES`: the one rule for every
+    tensor of per-sequence lengths the package takes (the kernels' and references' ``seqlens``,
+    the caches' ``seqlens``); ValueError naming ``name`` and the dtype."""
+    import torch
+
+    if not isinstance(lengths, torch.Tensor):
+        raise ValueError(f"{name} must be an int32 or int64 tensor, got {type(lengths).__name__}")
+    dtype = str(lengths.dtype).replace("torch.", "")
+    if dtype not in LENGTH_DTYPES:
+        raise ValueError(f"{name} must have dtype in ({', '.join(LENGTH_DTYPES)}), got {dtype}")
+    return lengths

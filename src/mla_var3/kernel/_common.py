@@ -172,7 +172,8 @@ def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device) -> torc
     """
     if seqlens is None:
         return None
-    bind_shape("seqlens", seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
+    _values.check_length_dtype("seqlens", seqlens)
+    bind_shape("seqlens", seqlens, "B", {"B": b})
     if seqlens.device != device:
         raise ValueError(f"seqlens is on {seqlens.device} but the other inputs are on {device}")
     if b and values_checked(device):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_var3._values import check_scale
+from mla_var3._values import check_length_dtype, check_scale
 
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -63,6 +63,8 @@ def flash_attention(q, qpe, k, v, kpe, scale: float, causal: bool = True, seqlen
     q [B,H,S,D], qpe [B,H,S,P], k, v [B,T,H,D], kpe [B,T,P] -> (o [B,H,S,D], lse [B,H,S]).
     """
     scale = check_scale(scale)
+    if seqlens is not None:
+        check_length_dtype("seqlens", seqlens)
     cd = _compute_dtype(q, qpe, k, v, kpe)
     k, v, kpe = (_zero_past(x, seqlens) for x in (k, v, kpe))
     b, h, s, _ = q.shape
@@ -84,6 +86,8 @@ def flash_mla(qc, qpe, z, kpe, scale: float, causal: bool = True, seqlens=None):
     gets lse = +inf, as official FlashMLA reports it.
     """
     scale = check_scale(scale)
+    if seqlens is not None:
+        check_length_dtype("seqlens", seqlens)
     cd = _compute_dtype(qc, qpe, z, kpe)
     z, kpe = _zero_past(z, seqlens), _zero_past(kpe, seqlens)
     b, h, s, _ = qc.shape
