@@ -692,3 +692,58 @@ def test_k_int32_and_int64_lengths_still_work(place):
     call = _length_calls()[place]
     for dtype in (torch.int32, torch.int64):
         call(torch.tensor([16, 3], dtype=dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# O. no command; P. calibrate checks its inputs before timing
+# ------------------------------------------------------------------------------------------------
+
+def test_o_no_command_is_one_usage_line_and_status_2(capsys):
+    """Was: 16 lines of help on stderr. A missing command is a usage error (argparse's own answer
+    to a required sub-command is status 2); the help stays with --help, on stdout, status 0."""
+    code, out, err = run_cli(capsys)
+    assert_usage_error(code, err, "a command is required", "cost", "calibrate", "--help")
+    assert out == ""
+    code, out, err = run_cli(capsys, "--help")
+    assert code == 0 and "COMMAND" in out and err == ""
+
+
+@pytest.fixture
+def no_timing(monkeypatch):
+    """calibrate must refuse bad input before the timing run starts."""
+    from mla_var3.runtime import calibrate as runtime_calibrate
+
+    def refuse(**_):
+        raise AssertionError("the timing run started")
+    monkeypatch.setattr(runtime_calibrate, "run_calibration", refuse)
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"\xff\xfegarbage", "not UTF-8 text"), (b"\x00\x01", "not valid JSON"), (b"", "is empty"),
+    (b"[1]", "JSON object of devices"), (b'{"x": {"name": "X"}}', "missing"),
+    (('{"x": {"name": "X", "bf16_tflops": %s, "bandwidth_gbs": 1, "memory_gb": 1}}' % HUGE).encode(), "finite"),
+])
+def test_p_calibrate_refuses_a_bad_devices_file_before_timing(capsys, tmp_path, no_timing, content, words):
+    path = tmp_path / "devs.bin"
+    path.write_bytes(content)
+    code, out, err = run_cli(capsys, "calibrate", "--devices-file", str(path), "--out", str(tmp_path / "c.json"))
+    assert_usage_error(code, err, "--devices-file", str(path), words)
+
+
+@pytest.mark.parametrize("out,words", [
+    ("missing_dir/x.json", "does not exist"), (".", "is a folder"), ("file.txt/x.json", "is not a folder"),
+])
+def test_p_calibrate_refuses_an_output_path_it_cannot_write_before_timing(capsys, tmp_path, monkeypatch, no_timing,
+                                                                          out, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file.txt").write_text("x")
+    code, _, err = run_cli(capsys, "calibrate", "--out", out)
+    assert_usage_error(code, err, "--out", words)
+
+
+def test_p_calibrate_missing_devices_file_and_env(capsys, tmp_path, monkeypatch, no_timing):
+    code, _, err = run_cli(capsys, "calibrate", "--devices-file", str(tmp_path / "nope.json"))
+    assert_usage_error(code, err, "--devices-file", "no such file")
+    monkeypatch.setenv("MLA_VAR3_DEVICES", str(tmp_path / "gone.json"))
+    code, _, err = run_cli(capsys, "calibrate", "--out", str(tmp_path / "c.json"))
+    assert_usage_error(code, err, "$MLA_VAR3_DEVICES", "gone.json")
