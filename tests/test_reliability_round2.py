@@ -747,3 +747,202 @@ def test_p_calibrate_missing_devices_file_and_env(capsys, tmp_path, monkeypatch,
     monkeypatch.setenv("MLA_VAR3_DEVICES", str(tmp_path / "gone.json"))
     code, _, err = run_cli(capsys, "calibrate", "--out", str(tmp_path / "c.json"))
     assert_usage_error(code, err, "$MLA_VAR3_DEVICES", "gone.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# the probe after the fixes: variants of the same kinds, each case's expectation in its row
+# (63 cases: 36 through the CLI, 27 through the API). Verdicts of the first run: 58 as expected;
+# parse_calibration(None) and parse_calibration(5) raised AttributeError (fixed: the reader
+# refuses what is not JSON text); three rows expected the key "source" where --json writes
+# "calibrated_source" (the rows were wrong, not the program).
+# ------------------------------------------------------------------------------------------------
+
+def _cal_text(change) -> str:
+    raw = _shipped_calibration()
+    change(raw)
+    return json.dumps(raw)
+
+
+def _param(name: str, **fields):
+    def change(raw):
+        next(p for p in raw["parameters"] if p["name"] == name).update(fields)
+    return change
+
+
+_DEV = '{"x": {"name": "X", "bf16_tflops": 100, "bandwidth_gbs": 1000, "memory_gb": 80%s}}'
+_DEEP = "[" * 100_000 + "]" * 100_000
+BIG = str(2**53)
+
+#: (id, files {name: text or bytes; "DIR" makes a folder}, argv ({name} is the file's path), exit status,
+#: words of the one error line, or of stdout for status 0)
+CLI_PROBES = [
+    ("cal sms 1e308", {"c": _cal_text(_set("sms", 1e308))}, ["cost", "--design", "flash_mla", "--calibration", "{c}"],
+     2, ["'sms' must be an integer"]),
+    ("cal format other", {"c": '{"format": "x"}'}, ["cost", "--design", "flash_mla", "--calibration", "{c}"], 2,
+     ["not a calibration file"]),
+    ("cal a folder", {"c": "DIR"}, ["regime", "--calibration", "{c}"], 2, ["it is a directory"]),
+    ("cal empty", {"c": ""}, ["explain", "--calibration", "{c}"], 2, ["is empty"]),
+    ("cal key twice", {"c": _cal_text(lambda raw: None).replace('"sms": 132', '"sms": 132, "sms": 64')},
+     ["cost", "--design", "flash_mla", "--calibration", "{c}"], 2, ["'sms' appears twice"]),
+    ("cal BOM", {"c": b"\xef\xbb\xbf" + _cal_text(lambda raw: None).encode()},
+     ["cost", "--design", "flash_mla", "--calibration", "{c}"], 2, ["not valid JSON"]),
+    ("cal efficiency 1e308", {"c": _cal_text(_param("flash_mla.gluon.program_us", value=1e308))},
+     ["regime", "--calibration", "{c}"], 2, ["flash_mla.gluon.program_us", "outside its range"]),
+    ("cal ceilings kind 5", {"c": _cal_text(_set("ceilings", "kind", 5))}, ["explain", "--calibration", "{c}"], 2,
+     ["'kind' must be a string"]),
+    ("cal default_backends null", {"c": _cal_text(_set("default_backends", None))},
+     ["cost", "--design", "flash_mla", "--calibration", "{c}", "--json"], 0, ['"calibrated_source": "roofline"']),
+    ("cal rules empty list", {"c": _cal_text(_set("default_backends", "flash_mla", []))},
+     ["cost", "--design", "flash_mla", "--calibration", "{c}", "--json"], 0, ['"calibrated_source": "roofline"']),
+    ("cal s_gt 2**60", {"c": _cal_text(_set("default_backends", "flash_attention", [{"backend": "gluon",
+                                                                                     "s_gt": 2**60}]))},
+     ["cost", "--design", "flash_attention", "--calibration", "{c}"], 2, ["'s_gt' must be an integer of at most"]),
+    ("calibration none", {}, ["cost", "--design", "flash_mla", "--calibration", "none", "--json"], 0,
+     ['"calibrated_source": "roofline"']),
+    ("dev sms 132.0", {"d": _DEV % ', "sms": 132.0'}, ["cost", "--design", "flash_mla", "--devices-file", "{d}"], 2,
+     ["'sms' must be an integer"]),
+    ("dev nested deep", {"d": _DEEP}, ["cost", "--design", "flash_mla", "--devices-file", "{d}"], 2,
+     ["nested too deeply"]),
+    ("dev key twice", {"d": '{"x": {"name": "X"}, "x": {"name": "Y"}}'}, ["devices", "--devices-file", "{d}"], 2,
+     ["appears twice"]),
+    ("dev measured -1e999", {"d": _DEV % ', "measured": {"bf16_tflops": -1e999}'}, ["devices", "--devices-file", "{d}"],
+     2, ["-1e999", "finite"]),
+    ("dev bandwidth -0", {"d": _DEV.replace('"bandwidth_gbs": 1000', '"bandwidth_gbs": -0') % ""},
+     ["devices", "--devices-file", "{d}"], 2, ["positive number"]),
+    ("dev 1E400", {"d": _DEV.replace("100,", "1E400,") % ""}, ["devices", "--devices-file", "{d}"], 2,
+     ["1E400", "beyond a float's range"]),
+    ("dev 309 nines", {"d": _DEV.replace("100,", "9" * 309 + ",") % ""}, ["devices", "--devices-file", "{d}"], 2,
+     ["beyond a float's range"]),
+    ("dev 309 ones: finite, out of range", {"d": _DEV.replace("100,", "1" * 309 + ",") % ""},
+     ["devices", "--devices-file", "{d}"], 2, ["must be between"]),
+    ("autotune config 1e999", {"a": '{"format": 1, "entries": {"k": {"config": {"a": 1e999}, "time_us": 1}}}'},
+     ["explain", "--autotune-cache", "{a}"], 0, ["choice:"]),
+    ("autotune random bytes", {"a": bytes(range(256))}, ["explain", "--autotune-cache", "{a}"], 0, ["choice:"]),
+    ("autotune missing", {}, ["explain", "--autotune-cache", "missing.json"], 2, ["--autotune-cache", "no such file"]),
+    ("results time 1e999", {"r": _results_text("1e999")}, ["explain", "--results", "{r}"], 2, ["--results", "finite"]),
+    ("results records a string", {"r": '{"records": "x"}'}, ["regime", "--results", "{r}"], 2,
+     ["'records' must be a JSON list"]),
+    ("cost 2**53 everywhere", {}, ["cost", "--design", "flash_attention", "--b", BIG, "--s", BIG, "--t", BIG, "--json"],
+     0, ['"time_s"']),
+    ("hybrid n = t = 2**53", {}, ["cost", "--design", "mla_var6_plus", "--s", "16", "--t", BIG, "--n", BIG, "--json"],
+     0, ['"time_s"']),
+    ("explain 2**53", {}, ["explain", "--b", BIG, "--s", BIG, "--t", BIG], 0, ["choice:"]),
+    ("regime s up to 2**53", {}, ["regime", "--b", "1", "--t", BIG, "--s", "1," + BIG], 0, ["crossover"]),
+    ("empty command", {}, [""], 2, ["invalid choice"]),
+    ("option without command", {}, ["--json"], 2, ["unrecognized arguments"]),
+    ("misspelt command", {}, ["costt"], 2, ["invalid choice"]),
+    ("calibrate out empty", {}, ["calibrate", "--out", ""], 2, ["--out"]),
+    ("calibrate out a folder with slash", {"o": "DIR"}, ["calibrate", "--out", "{o}/"], 2, ["is a folder"]),
+    ("calibrate devices a folder", {"d": "DIR"}, ["calibrate", "--devices-file", "{d}"], 2,
+     ["--devices-file", "it is a directory"]),
+    ("calibrate max-seconds 1e400", {}, ["calibrate", "--max-seconds", "1e400"], 2, ["--max-seconds"]),
+]
+
+
+@pytest.mark.parametrize("case", CLI_PROBES, ids=[c[0] for c in CLI_PROBES])
+def test_probe_cli(capsys, tmp_path, monkeypatch, no_timing, case):
+    _, files, argv, status, words = case
+    monkeypatch.chdir(tmp_path)
+    paths = {}
+    for name, content in files.items():
+        path = tmp_path / f"{name}.json"
+        if content == "DIR":
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        paths[name] = str(path)
+    code, out, err = run_cli(capsys, *[a.format(**paths) for a in argv])
+    if status == 2:
+        assert_usage_error(code, err, *words)
+    else:
+        assert code == 0, err
+        assert all(w in out for w in words), out
+        assert "Traceback" not in err and all(line.startswith("mla-var3: warning:") for line in err.splitlines()), err
+
+
+def _api_probes():
+    import numpy as np
+    import torch
+
+    from mla_var3 import _io, reference as ref
+    from mla_var3.analysis.calibration import load_calibration, parse_calibration
+    from mla_var3.compat import flash_mla_with_kvcache
+    from mla_var3.model import ExpandedCache, LatentCache, PagedLatentCache, mla_attention
+    from mla_var3.model.hybrid_cache import HybridCache
+    from mla_var3.runtime.autotune import AutotuneCache
+    from mla_var3.shapes import MLADims, Problem
+
+    dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16))
+    xb = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16)
+    lengths = torch.tensor([16, 9], dtype=torch.int32)
+    kv, table = ref.make_paged(xb.z, xb.kpe, lengths, page_block_size=16)
+    q = torch.cat([xb.qc, xb.qpe], dim=-1).transpose(1, 2).contiguous()
+    paged = PagedLatentCache.empty(2, 16, 16, block_size=16)
+    latent = LatentCache(x.z, x.kpe, lengths)
+
+    def put(tmp, config, **info):
+        AutotuneCache(tmp / "a.json").put("k", config, **info)
+
+    # id -> (call(tmp_path), None for "works", else the words of the ValueError)
+    return {
+        "latent reserve np.int64": (lambda tmp: LatentCache.empty(2, 16, 16).reserve(np.int64(10)), None),
+        "paged reserve np.int32": (lambda tmp: paged.reserve(np.int32(5)), None),
+        "paged reserve 0 is itself": (lambda tmp: paged.reserve(0) is paged or 1 / 0, None),
+        "paged reserve 0-d tensor": (lambda tmp: paged.reserve(torch.tensor(5)), "tokens must be a non-negative integer"),
+        "hybrid reserve np.float64": (lambda tmp: HybridCache.empty(2, 2, 16, 16, 16, 4).reserve(np.float64(3.0)),
+                                      "max_len must be a non-negative integer"),
+        "lengths 0-d": (lambda tmp: LatentCache(x.z, x.kpe, torch.tensor(16, dtype=torch.int32)),
+                        "seqlens must be a [B=2] tensor"),
+        "expanded bool lengths": (lambda tmp: ExpandedCache(x.k, x.v, x.kpe, torch.tensor([True, False])),
+                                  "seqlens must have dtype in (int32, int64), got bool"),
+        "kernel lengths 2-d": (lambda tmp: __import__("mla_var3.kernel", fromlist=["x"]).flash_mla(
+            x.qc, x.qpe, x.z, x.kpe, scale=0.1, seqlens=lengths[None]), "seqlens must be [B]"),
+        "scale np inf": (lambda tmp: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, np.float64("inf")),
+                         "scale must be a positive finite number"),
+        "scale tensor nan": (lambda tmp: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, torch.tensor(float("nan"))),
+                             "scale must be a positive finite number"),
+        "scale bf16 tensor": (lambda tmp: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, torch.tensor(0.1, dtype=torch.bfloat16)),
+                              None),
+        "compat softmax_scale 0.0": (lambda tmp: flash_mla_with_kvcache(q, kv, table, lengths, 32, None,
+                                                                        softmax_scale=0.0), "scale must be"),
+        "compat softmax_scale False": (lambda tmp: flash_mla_with_kvcache(q, kv, table, lengths, 32, None,
+                                                                          softmax_scale=False), "scale must be"),
+        "mla_attention scale True": (lambda tmp: mla_attention(x.q, x.qpe, latent, x.w_uk, x.w_uv, scale=True,
+                                                               design="absorbed", backend="reference"), "scale must be"),
+        "load_calibration int path": (lambda tmp: load_calibration(123), "expected a path"),
+        "load_calibration bytes path": (lambda tmp: load_calibration(b"x.json"), "expected a path"),
+        "parse_calibration None": (lambda tmp: parse_calibration(None), "expected JSON text"),
+        "parse_calibration 5": (lambda tmp: parse_calibration(5), "expected JSON text"),
+        "autotune put nan config": (lambda tmp: put(tmp, {"a": float("nan")}), "not a finite number"),
+        "autotune put huge int config": (lambda tmp: put(tmp, {"a": 10**400}), "not a finite number"),
+        "autotune put huge time": (lambda tmp: put(tmp, {"a": 1}, time_us=10**400), "not a positive time"),
+        "autotune put time 1e308": (lambda tmp: put(tmp, {"a": 1}, time_us=1e308), None),
+        "json 1e308 is finite": (lambda tmp: _io.parse_json('{"a": 1e308}', "f")["a"] == 1e308 or 1 / 0, None),
+        "json -0.0": (lambda tmp: _io.parse_json('{"a": -0.0}', "f"), None),
+        "json 30-digit int": (lambda tmp: _io.parse_json('{"a": 123456789012345678901234567890}', "f"), None),
+        "json lenient NaN": (lambda tmp: _io.parse_json('{"a": NaN}', "f", finite=False), None),
+        "json nested NaN in a list": (lambda tmp: _io.parse_json('{"a": [1, {"b": [NaN]}]}', "f"), "holds NaN"),
+    }
+
+
+API_PROBES = ["latent reserve np.int64", "paged reserve np.int32", "paged reserve 0 is itself",
+              "paged reserve 0-d tensor", "hybrid reserve np.float64", "lengths 0-d", "expanded bool lengths",
+              "kernel lengths 2-d", "scale np inf", "scale tensor nan", "scale bf16 tensor", "compat softmax_scale 0.0",
+              "compat softmax_scale False", "mla_attention scale True", "load_calibration int path",
+              "load_calibration bytes path", "parse_calibration None", "parse_calibration 5", "autotune put nan config",
+              "autotune put huge int config", "autotune put huge time", "autotune put time 1e308",
+              "json 1e308 is finite", "json -0.0", "json 30-digit int", "json lenient NaN", "json nested NaN in a list"]
+
+
+@pytest.mark.parametrize("case", API_PROBES)
+def test_probe_api(tmp_path, case):
+    call, words = _api_probes()[case]
+    if words is None:
+        call(tmp_path)
+    else:
+        with pytest.raises(ValueError) as info:
+            call(tmp_path)
+        assert words in str(info.value), str(info.value)

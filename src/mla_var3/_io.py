@@ -188,6 +188,8 @@ def parse_json(text: str | bytes, where: str, expect: type | None = dict,
     (NaN and infinite floats; an integer of more than 310 digits as infinity) for a reader that
     checks its entries one by one and drops the bad ones (:func:`is_finite` never raises on them).
     """
+    if not isinstance(text, (str, bytes)):
+        raise error(f"{where}: expected JSON text (str or bytes), got {type(text).__name__}")
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
