@@ -522,5 +522,5 @@ def test_paged_reserve_then_appends_in_place():
     lat = c.to_latent()
     assert torch.equal(lat.z[0, :70], z[0]) and (lat.z[0, 70:72] == 1).all() and (lat.z[0, 72] == 2).all()
     assert (lat.z[1, 5:7] == 1).all() and (lat.z[1, 7] == 2).all() and (lat.z[1, 8] == 3).all()
-    with pytest.raises(ValueError, match="tokens must be >= 0"):
+    with pytest.raises(ValueError, match="tokens must be a non-negative integer"):
         paged.reserve(-1)

@@ -113,11 +113,14 @@ def test_fp8_block_scales_are_dequantised():
 
 def test_absorbed_weights_layout_and_caching():
     cfg = cfg_for()
-    layer = MLALayer.random(cfg, dtype=F64, seed=4).requires_grad_(False)   # inference: formed once, cached
+    layer = MLALayer.random(cfg, dtype=F64, seed=4).requires_grad_(False)   # inference: views, made once
     w = layer.absorbed
     weight = layer.kv_b_proj.weight.detach()
     assert w.w_uk.shape == (cfg.h, cfg.d, cfg.k) and w.w_uv.shape == (cfg.h, cfg.k, cfg.d)
-    assert w.w_uk.dtype == weight.dtype and w.w_uk.is_contiguous() and w.w_uv.is_contiguous()
+    assert w.w_uk.dtype == weight.dtype and w.w_uk.data_ptr() == weight.data_ptr()   # views: never stale
+    dense = absorbed_weights(weight, cfg.h, cfg.d, cfg.dv)
+    assert dense.w_uk.is_contiguous() and dense.w_uv.is_contiguous()
+    assert torch.equal(dense.w_uk, w.w_uk) and torch.equal(dense.w_uv, w.w_uv)
     head = 2
     assert torch.equal(w.w_uk[head], weight[head * 2 * cfg.d: head * 2 * cfg.d + cfg.d])
     assert torch.equal(w.w_uv[head], weight[head * 2 * cfg.d + cfg.d: (head + 1) * 2 * cfg.d].T)
@@ -126,9 +129,12 @@ def test_absorbed_weights_layout_and_caching():
     torch.testing.assert_close(k_nope, torch.einsum("hdk,btk->bthd", w.w_uk, z))
     torch.testing.assert_close(v, torch.einsum("btk,hkd->bthd", z, w.w_uv))
     assert layer.absorbed is w                                     # formed once
+    before = w.w_uk.clone()
     with torch.no_grad():
         layer.kv_b_proj.weight.mul_(2)
-    assert layer.absorbed is not w and torch.equal(layer.absorbed.w_uk, 2 * w.w_uk)
+    assert torch.equal(layer.absorbed.w_uk, 2 * before)
+    layer.kv_b_proj.weight.data = layer.kv_b_proj.weight.data * 3         # a new tensor: new views
+    assert layer.absorbed is not w and torch.equal(layer.absorbed.w_uk, 6 * before)
     views = absorbed_weights(layer.kv_b_proj.weight, cfg.h, cfg.d, cfg.dv, contiguous=False)
     assert views.w_uk.data_ptr() == layer.kv_b_proj.weight.data_ptr()
     with pytest.raises(ValueError, match=r"kv_b_proj.weight must be \[h\*\(d\+dv\)"):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 
 #: the longest piece of a user's text quoted back in a message.
@@ -34,6 +35,8 @@ _QUOTE = 60
 MAX_INT = 2**53
 #: the largest JSON file read (results and caches are kilobytes to a few megabytes).
 MAX_READ_BYTES = 64 * 2**20
+#: the most digits of a JSON integer converted (a float holds at most 309 integer digits).
+_MAX_INT_DIGITS = 310
 
 
 class InputFileError(ValueError):
@@ -108,6 +111,63 @@ class _DuplicateKey(Exception):
     pass
 
 
+class _NotFinite(Exception):
+    """A JSON number the finite reader refuses: ``args`` = (its text, why)."""
+
+
+def is_finite(value) -> bool:
+    """Whether ``value`` is an int or float a float holds finitely (never raises: an int of 400
+    digits is simply not finite, where ``math.isfinite`` would raise OverflowError). bool is not
+    a number here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return -sys.float_info.max <= value <= sys.float_info.max
+    return math.isfinite(value)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text, "beyond a float's range")
+    return value
+
+
+def _finite_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS or not is_finite(value := int(text)):
+        raise _NotFinite(text, "beyond a float's range")
+    return value
+
+
+def _no_constant(name: str):
+    raise _NotFinite(name, "not a JSON number")
+
+
+def _position(text: str, token: str) -> str:
+    """' at line L column C' of the first ``token`` outside the strings of JSON ``text`` (the
+    reader's hooks get a number's text, not its place), or '' when it cannot be found."""
+    import re
+
+    pattern = r'"(?:[^"\\]|\\.)*"|(?<![\w.+-])' + re.escape(token) + r"(?![\w.])"
+    for match in re.finditer(pattern, text):
+        if not match.group().startswith('"'):
+            line = text.count("\n", 0, match.start()) + 1
+            return f" at line {line} column {match.start() - text.rfind(chr(10), 0, match.start())}"
+    return ""
+
+
+def _lenient_int(text: str) -> int | float:
+    """An integer as Python reads it, or infinity past :data:`_MAX_INT_DIGITS` digits (``int()``
+    refuses 4,300 and more; :func:`is_finite` is False for both)."""
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        return -math.inf if text.startswith("-") else math.inf
+    return int(text)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _QUOTE else f"{text[:20]}… ({len(text)} characters)"
+
+
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object, refusing a key given twice (``json.loads`` would keep the last silently)."""
     out = {}
@@ -119,8 +179,17 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
 
 
 def parse_json(text: str | bytes, where: str, expect: type | None = dict,
-               error: type[InputFileError] = InputFileError):
-    """Parse JSON ``text`` (``where`` names its source in messages) and check its top-level type."""
+               error: type[InputFileError] = InputFileError, *, finite: bool = True):
+    """Parse JSON ``text`` (``where`` names its source in messages) and check its top-level type.
+
+    ``finite`` (the default; every file the package reads but the autotune cache): a number that
+    is not finite (``NaN``, ``Infinity``, ``-Infinity``, ``1e999``, an integer beyond a float's
+    range) is refused with ``error`` naming ``where``. ``finite=False`` reads them as Python does
+    (NaN and infinite floats; an integer of more than 310 digits as infinity) for a reader that
+    checks its entries one by one and drops the bad ones (:func:`is_finite` never raises on them).
+    """
+    if not isinstance(text, (str, bytes)):
+        raise error(f"{where}: expected JSON text (str or bytes), got {type(text).__name__}")
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -130,7 +199,15 @@ def parse_json(text: str | bytes, where: str, expect: type | None = dict,
     if not text.strip():
         raise error(f"{where} is empty")
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates)
+        if finite:
+            value = json.loads(text, object_pairs_hook=_no_duplicates, parse_float=_finite_float,
+                               parse_int=_finite_int, parse_constant=_no_constant)
+        else:
+            value = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_lenient_int)
+    except _NotFinite as exc:
+        token, why = exc.args
+        raise error(f"{where} holds {_short(token)}{_position(text, token)} ({why}): every number must be "
+                    "finite; write null for a missing value") from None
     except _DuplicateKey as exc:
         raise error(f"{where} is ambiguous: key {quote(exc.args[0])} appears twice in one object") from None
     except json.JSONDecodeError as exc:
@@ -144,11 +221,11 @@ def parse_json(text: str | bytes, where: str, expect: type | None = dict,
 
 
 def load_json(path: str | os.PathLike, what: str, expect: type | None = dict,
-              error: type[InputFileError] = InputFileError):
+              error: type[InputFileError] = InputFileError, *, finite: bool = True):
     """The parsed JSON of ``path`` (:func:`read_bytes` + :func:`parse_json`); ``what`` names the
     kind of file ('devices file', 'results file', ...) in every message."""
     data = read_bytes(path, what, error)
-    return parse_json(data, f"{what} {show_path(path)}", expect, error)
+    return parse_json(data, f"{what} {show_path(path)}", expect, error, finite=finite)
 
 
 def finite_json(value):
@@ -184,8 +261,8 @@ def field_problem(value, kind: str) -> str | None:
     elif kind.startswith("number"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"must be a number, got {quote(value)}"
-        if not math.isfinite(value):
-            return f"must be a finite number, got {value!r}"
+        if not is_finite(value):
+            return f"must be a finite number, got {quote(value)}"
     else:
         raise ValueError(f"unknown field kind {kind!r}; expected one of {KINDS}")
     if kind.endswith(">0") and not value > 0:

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from mla_var3._io import InputFileError, check_field, json_type, parse_json, quote, read_bytes, show_path
 from mla_var3.analysis.cost import COST_MODELS, DESIGNS
-from mla_var3.analysis.devices import Device, get_device
+from mla_var3.analysis.devices import MAX_DEVICE_NUMBER, MIN_DEVICE_NUMBER, Device, get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
 from mla_var3.shapes import MLADims, Problem
@@ -48,9 +49,15 @@ from mla_var3.shapes import MLADims, Problem
 FORMAT = "mla_var3.calibration/1"
 #: environment variable naming a calibration file used instead of the shipped one.
 CALIBRATION_ENV = "MLA_VAR3_CALIBRATION"
+#: the range of each ceiling a calibration file may give (the devices table's bounds on a
+#: device's rates): a ceiling outside it makes every prediction meaningless.
+CEILING_RANGE = {"flops_per_s": (MIN_DEVICE_NUMBER * 1e12, MAX_DEVICE_NUMBER * 1e12, "FLOP/s"),
+                 "bytes_per_s": (MIN_DEVICE_NUMBER * 1e9, MAX_DEVICE_NUMBER * 1e9, "B/s")}
+#: the most SMs a calibration file may give.
+MAX_SMS = 1_000_000
 
 
-class CalibrationFileError(ValueError):
+class CalibrationFileError(InputFileError):
     """A calibration file that cannot be read or does not have the expected shape."""
 
 
@@ -186,40 +193,112 @@ def _shipped_name(device: str) -> str:
     return f"calibration-{device}.json"
 
 
-def parse_calibration(text: str, where: str = "calibration file") -> Calibration:
+def parse_calibration(text: str | bytes, where: str = "calibration file") -> Calibration:
     """A :class:`Calibration` from the JSON text of a calibration file (CalibrationFileError on
-    any problem, naming the file)."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CalibrationFileError(f"{where} is not valid JSON: {e}") from None
+    any problem, naming the file and the field).
+
+    Every field is checked here, once, so a file that loads predicts: numbers are finite (the
+    reader refuses ``NaN``, ``Infinity`` and integers beyond a float's range), the ceilings lie
+    within :data:`CEILING_RANGE`, ``sms`` within [1, :data:`MAX_SMS`], each parameter within its
+    law's bounds, and ``default_backends`` holds rules :meth:`Calibration.default_backend` can
+    read (:func:`check_default_backends`).
+    """
+    raw = parse_json(text, where, expect=None, error=CalibrationFileError)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CalibrationFileError(f"{where}: not a calibration file (expected format {FORMAT!r})")
-    try:
-        params = {}
-        for p in raw["parameters"]:
-            value = float(p["value"])
-            if not math.isfinite(value):
-                raise ValueError(f"parameter {p['name']!r} is not finite")
-            # a GPU calibration's parameters lie within their laws' bounds; one timed under the CPU
-            # interpreter (``"gpu": false``, never used for a GPU) only needs them non-negative
-            lo, hi = _bounds(str(p["name"])) if raw.get("gpu", True) else (0.0, math.inf)
-            if not lo <= value <= hi:
-                raise ValueError(f"parameter {p['name']!r} = {value:g} lies outside its range [{lo:g}, {hi:g}]")
-            params[p["name"]] = Parameter(p["name"], p["unit"], value, p["source"], p.get("meaning", ""),
-                                          bool(p.get("fitted", True)), p.get("group", "gpu"))
-        ceil = raw["ceilings"]
-        if not (float(ceil["flops_per_s"]) > 0 and float(ceil["bytes_per_s"]) > 0 and int(raw["sms"]) > 0):
-            raise ValueError("ceilings and sms must be positive")
-        return Calibration(
-            device=str(raw["device"]).lower(), device_name=raw.get("device_name", ""), sms=int(raw["sms"]),
-            ceilings=dict(ceil), parameters=params, default_backends=dict(raw.get("default_backends", {})),
-            dtype=raw.get("dtype", "bf16"), versions=dict(raw.get("versions", {})), commits=dict(raw.get("commits", {})),
-            fit=dict(raw.get("fit", {})), points=tuple(raw.get("points", ())), notes=raw.get("notes", ""),
-            gpu=bool(raw.get("gpu", True)),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CalibrationFileError(f"{where}: malformed ({type(e).__name__}: {e})") from None
+    bad = f"{where}: malformed"
+
+    def get(obj, key: str, kind: str, at: str = bad, optional: bool = False):
+        return check_field(obj, key, kind, at, optional=optional, error=CalibrationFileError)
+
+    gpu = get(raw, "gpu", "bool", optional=True)
+    gpu = True if gpu is None else gpu
+    device = get(raw, "device", "str")
+    if not device.strip():
+        raise CalibrationFileError(f"{bad}: 'device' must not be empty")
+    sms = get(raw, "sms", "int>0")
+    if sms > MAX_SMS:
+        raise CalibrationFileError(f"{bad}: 'sms' must be at most {MAX_SMS:,}, got {quote(sms)}")
+    ceil = get(raw, "ceilings", "dict")
+    for key, (lo, hi, unit) in CEILING_RANGE.items():
+        value = get(ceil, key, "number>0", f"{bad} ceilings")
+        if not lo <= value <= hi:
+            raise CalibrationFileError(f"{bad} ceilings: {key!r} must lie in [{lo:g}, {hi:g}] ({unit}), got {value!r}")
+    for key in ("kind", "source"):
+        get(ceil, key, "str", f"{bad} ceilings", optional=True)
+    params = {}
+    for i, p in enumerate(get(raw, "parameters", "list")):
+        if not isinstance(p, dict):
+            raise CalibrationFileError(f"{bad}: parameter {i} must be a JSON object, got {json_type(p)}")
+        name = get(p, "name", "str", f"{bad} parameter {i}")
+        at = f"{bad} parameter {name!r}"
+        if name in params:
+            raise CalibrationFileError(f"{at} is given twice")
+        value = float(get(p, "value", "number", at))
+        # a GPU calibration's parameters lie within their laws' bounds; one timed under the CPU
+        # interpreter (``"gpu": false``, never used for a GPU) only needs them non-negative
+        lo, hi = _bounds(name) if gpu else (0.0, math.inf)
+        if not lo <= value <= hi:
+            raise CalibrationFileError(f"{at} = {value:g} lies outside its range [{lo:g}, {hi:g}]")
+        group = get(p, "group", "str", at, optional=True) or "gpu"
+        if group not in ("gpu", "host"):
+            raise CalibrationFileError(f"{at}: 'group' must be 'gpu' or 'host', got {quote(group)}")
+        fitted = get(p, "fitted", "bool", at, optional=True)
+        params[name] = Parameter(name, get(p, "unit", "str", at), value, get(p, "source", "str", at),
+                                 get(p, "meaning", "str", at, optional=True) or "",
+                                 True if fitted is None else fitted, group)
+    commits = get(raw, "commits", "dict", optional=True) or {}
+    measured = commits.get("measurements", [])
+    if not isinstance(measured, list) or not all(isinstance(c, str) for c in measured):
+        raise CalibrationFileError(f"{bad}: commits 'measurements' must be a list of strings, got {quote(measured)}")
+    points = get(raw, "points", "list", optional=True) or []
+    for i, point in enumerate(points):
+        if not isinstance(point, dict):
+            raise CalibrationFileError(f"{bad}: point {i} must be a JSON object, got {json_type(point)}")
+    return Calibration(
+        device=device.lower(), device_name=get(raw, "device_name", "str", optional=True) or "", sms=sms,
+        ceilings=dict(ceil), parameters=params,
+        default_backends=check_default_backends({} if raw.get("default_backends") is None else raw["default_backends"], f"{bad}: 'default_backends'",
+                                                CalibrationFileError),
+        dtype=get(raw, "dtype", "str", optional=True) or "bf16",
+        versions=dict(get(raw, "versions", "dict", optional=True) or {}), commits=dict(commits),
+        fit=dict(get(raw, "fit", "dict", optional=True) or {}), points=tuple(points),
+        notes=get(raw, "notes", "str", optional=True) or "", gpu=gpu,
+    )
+
+
+#: the keys a default-backend rule may hold (``s_gt``: the rule applies when s > s_gt).
+RULE_KEYS = ("backend", "s_gt")
+
+
+def check_default_backends(rules, where: str, error: type[ValueError] = ValueError) -> dict[str, list[dict]]:
+    """``rules`` (``{design: [{"backend": ..., "s_gt": ...}, ...]}``) checked so that
+    :meth:`Calibration.default_backend` can read them: a known design, a list of objects, each
+    with a backend that has a time law for the design and an optional integer ``s_gt``, and no
+    other key (a misspelt ``s_gte`` would silently make the rule match every s). A copy."""
+    if not isinstance(rules, dict):
+        raise error(f"{where} must be a JSON object of design -> rules, got {json_type(rules)}")
+    out = {}
+    for design, design_rules in rules.items():
+        if design not in DESIGNS:
+            raise error(f"{where}: unknown design {quote(design)}; known: {', '.join(DESIGNS)}")
+        if not isinstance(design_rules, list):
+            raise error(f"{where}: {design!r} must be a list of rules such as {{\"backend\": \"triton\"}}, "
+                        f"got {json_type(design_rules)}")
+        known = [b for (d, b) in LAWS if d == design]
+        for i, rule in enumerate(design_rules):
+            at = f"{where}: {design!r} rule {i}"
+            if not isinstance(rule, dict):
+                raise error(f"{at} must be a JSON object such as {{\"backend\": \"triton\"}}, got {quote(rule)}")
+            extra = [k for k in rule if k not in RULE_KEYS]
+            if extra:
+                raise error(f"{at}: unknown key {quote(extra[0])}; a rule holds {' and '.join(RULE_KEYS)}")
+            backend = check_field(rule, "backend", "str", at, error=error)
+            if backend not in known:
+                raise error(f"{at}: backend {quote(backend)} has no time law for {design}; known: {', '.join(known)}")
+            check_field(rule, "s_gt", "int", at, optional=True, error=error)
+        out[design] = [{k: v for k, v in rule.items() if v is not None} for rule in design_rules]
+    return out
 
 
 def _bounds(name: str) -> tuple[float, float]:
@@ -237,16 +316,12 @@ def load_calibration(path: str | os.PathLike | None = None, device: str | Device
     """The calibration in ``path``; without a path, ``$MLA_VAR3_CALIBRATION`` if set, else the one
     the package ships for ``device`` (``conf/calibration-<device>.json``), or None when there is
     none (then :func:`predict` falls back to the roofline)."""
-    path = path or os.environ.get(CALIBRATION_ENV) or None
+    what = "calibration file"
+    if not path and os.environ.get(CALIBRATION_ENV):
+        path, what = os.environ[CALIBRATION_ENV], f"calibration file (${CALIBRATION_ENV})"
     if path:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise CalibrationFileError(f"cannot read calibration file {str(p)!r}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise CalibrationFileError(f"calibration file {str(p)!r} is not UTF-8 text") from None
-        return dataclasses.replace(parse_calibration(text, f"calibration file {str(p)!r}"), path=str(p))
+        data = read_bytes(path, what, CalibrationFileError)
+        return dataclasses.replace(parse_calibration(data, f"{what} {show_path(path)}"), path=os.fspath(path))
     if device is None:
         return None
     key = device.key if isinstance(device, Device) else str(device).lower()

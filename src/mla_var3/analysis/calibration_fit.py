@@ -30,7 +30,6 @@ point (the fit-quality table of ``docs/cost-analysis.md``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Iterable
 
 import numpy as np
 
+from mla_var3._io import check_field, load_json, show_path
 from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
 from mla_var3.analysis.devices import get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, splits_of
@@ -132,11 +132,12 @@ def points_from_results(path, name: str | None = None, backends: dict[str, str] 
     """Points from a ``results.json`` (``{"meta": ..., "records": [...]}``); their source is
     ``name`` (default the file name) and the measurements' commit; ``backends`` as in
     :func:`points_from_records`."""
-    data = json.loads(Path(path).read_text())
-    meta = data.get("meta", {})
+    data = load_json(path, "results file")
+    meta = check_field(data, "meta", "dict", f"results file {show_path(path)}", optional=True) or {}
+    check_field(data, "records", "list", f"results file {show_path(path)}", optional=True)
     commit = (meta.get("environment") or {}).get("commit")
     label = (name or Path(path).name) + (f" ({commit})" if commit else "")
-    return points_from_records(data.get("records", []), meta=meta, source=label, backends=backends)
+    return points_from_records(data.get("records") or [], meta=meta, source=label, backends=backends)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,12 +20,11 @@ Example
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 
-from mla_var3._io import InputFileError, json_type, load_json, parse_json, quote, show_path
+from mla_var3._io import InputFileError, is_finite, json_type, load_json, parse_json, quote, show_path
 
 #: environment variable naming a user devices file (merged over the built-in table).
 DEVICES_ENV = "MLA_VAR3_DEVICES"
@@ -136,7 +135,7 @@ class Device:
 def _number(where: str, key: str, value, *, optional: bool) -> float | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not is_finite(value) or value <= 0:
         raise DeviceFileError(f"{where}: {key!r} must be a positive number, got {quote(value)}")
     if not MIN_DEVICE_NUMBER <= value <= MAX_DEVICE_NUMBER:
         raise DeviceFileError(f"{where}: {key!r} must be between {MIN_DEVICE_NUMBER:g} and {MAX_DEVICE_NUMBER:g}, "

@@ -218,7 +218,10 @@ def _visible_rows_keys(s: int, t: int, block_m: int, causal: bool) -> int:
     blocks = cdiv(s, block_m)
     if not causal:
         return blocks * block_m * t
-    return sum(block_m * (t - s + min(s, (j + 1) * block_m)) for j in range(blocks))
+    # blocks j < blocks - 1 end inside the queries ((j + 1)·block_m < s), the last at s: the sum
+    # Σ_j (t - s + (j + 1)·block_m) over the first blocks - 1, plus t for the last, in closed form
+    # (a per-block loop never returns at the sizes the CLI accepts, s up to 2**53)
+    return block_m * (blocks * (t - s) + block_m * (blocks - 1) * blocks // 2 + s)
 
 
 def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float], *, block_m: int, splits: int,

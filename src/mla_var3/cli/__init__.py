@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The commands of ``parser`` in the order of its help."""
+    return [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices]
+
+
 def _error(message: str) -> int:
     print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
     return 2
@@ -65,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
     if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
+        # a usage error like any other (argparse's own answer to a missing required command):
+        # one line on stderr and status 2, so a script that forgot the command fails visibly;
+        # the full help is what --help is for (on stdout, status 0)
+        return _error(f"a command is required: one of {', '.join(_command_names(parser))} "
+                      f"(see '{PROG} --help' or '{PROG} COMMAND --help')")
     shown = warnings.showwarning
     warnings.showwarning = _warning
     try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from mla_var3._argtypes import path_arg, positive_int, window_budget_arg
 from mla_var3._io import finite_json
@@ -67,6 +69,29 @@ def calibration_from_args(args, device):
     if value is not None and value.strip().lower() == "none":
         return None
     return load_calibration(value, device=device)
+
+
+def check_output_file(flag: str, path) -> None:
+    """Refuse, before any work, an output file that cannot be written: a folder, or a path whose
+    folder is missing, is not a folder or cannot be written to. ValueError naming ``flag``."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag}: {str(p)!r} is a folder; give the path of a file to write")
+    check_output_folder(flag, p.parent, f"cannot write {str(p)!r}: ")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"{flag}: cannot write {str(p)!r}: permission denied")
+
+
+def check_output_folder(flag: str, folder, prefix: str = "") -> None:
+    """Refuse, before any work, a folder files cannot be written into (missing, not a folder,
+    not writable). ValueError naming ``flag``."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise ValueError(f"{flag}: {prefix}the folder {str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{flag}: {prefix}{str(folder)!r} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {prefix}the folder {str(folder)!r} is not writable")
 
 
 def add_results_arg(p: argparse.ArgumentParser, what: str) -> None:

@@ -12,8 +12,18 @@ from mla_var3.cli import _common as C
 def run(args) -> int:
     from mla_var3.analysis.calibration import save_calibration
     from mla_var3.analysis.calibration_fit import compare, Point
+    from mla_var3.analysis.devices import load_devices
     from mla_var3.runtime.calibrate import run_calibration
 
+    # every input and the output's folder before the timing run (minutes on a GPU), not after it
+    try:
+        load_devices(args.devices_file)
+    except ValueError as exc:
+        raise ValueError(f"--devices-file: {exc}" if args.devices_file else str(exc)) from None
+    if args.out:
+        C.check_output_file("--out", args.out)
+    else:
+        C.check_output_folder("--out (default ./calibration-<device>.json)", ".")
     result = run_calibration(quick=args.quick, max_seconds=args.max_seconds, devices_file=args.devices_file, log=print)
     cal = result.calibration
     path = save_calibration(cal, args.out or f"calibration-{cal.device}.json")

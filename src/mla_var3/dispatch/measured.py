@@ -17,6 +17,7 @@ over an already expanded cache), as the benchmark measures them.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,20 +46,40 @@ class Measurement:
 # ------------------------------------------------------------------------------ adapters
 
 
-def _autotune_entries(path: str | Path | None) -> dict[str, dict]:
-    """All entries of the autotune cache at ``path`` (default: the user cache file); {} if none."""
+def _autotune_entries(path: str | Path | None) -> tuple[Path, dict[str, dict]]:
+    """The autotune cache's path (default: the user cache file) and its valid entries ({} if
+    none; a corrupt file or entry is a warning there, never an error)."""
     from mla_var3.runtime.autotune import AutotuneCache
 
     cache = AutotuneCache(path)
     if not cache.path.exists():
-        return {}
-    return cache.entries()
+        return cache.path, {}
+    return cache.path, cache.entries()
 
 
 def _bucket(problem: Problem) -> str:
     from mla_var3.runtime.autotune import shape_bucket
 
     return shape_bucket(problem)
+
+
+#: the most digits of a bucket's hybrid split (``n`` rounded up to a power of two: 2**53 has 16).
+_N_DIGITS = 17
+
+
+def _split_bucket(bucket: str) -> tuple[int, str] | None:
+    """(n, the bucket without its ``n<...>`` field) of a hybrid entry's bucket
+    (:func:`mla_var3.runtime.autotune.shape_bucket`), or None when it holds no well-formed split
+    (no ``n`` field, two of them, or ``nX``, ``n``, ``n-1``, a 5,000-digit number: a corrupt or
+    edited key)."""
+    fields = bucket.split("-")
+    tokens = [f for f in fields if f.startswith("n")]
+    if len(tokens) != 1:
+        return None
+    digits = tokens[0][1:]
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > _N_DIGITS:
+        return None
+    return int(digits), "-".join(f for f in fields if not f.startswith("n"))
 
 
 def _dims_token(dims: MLADims) -> str:
@@ -108,8 +129,9 @@ def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
     """
     want_triton = _triton_version()
     base = _bucket(Problem(problem.b, problem.s, problem.t, causal=problem.causal))
-    out = []
-    for key, entry in _autotune_entries(path).items():
+    out, bad = [], []
+    cache_path, entries = _autotune_entries(path)
+    for key, entry in entries.items():
         parts = key.split("|")
         if len(parts) != 6:
             continue
@@ -124,15 +146,18 @@ def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
             continue
         n = None
         if kernel == "mla_var6_plus":
-            fields = bucket.split("-")
-            n_tok = [f for f in fields if f.startswith("n")]
-            if not n_tok:
+            split = _split_bucket(bucket)
+            if split is None:
+                bad.append(key)
                 continue
-            n = int(n_tok[0][1:])
-            bucket = "-".join(f for f in fields if not f.startswith("n"))
+            n, bucket = split
         if bucket != base:
             continue
         out.append(Measurement(kernel, n, float(entry["time_us"]) * 1e-6, f"autotune cache ({key})", exact=False))
+    if bad:
+        warnings.warn(f"autotune cache {str(cache_path)!r}: ignoring {len(bad)} hybrid "
+                      f"entr{'y' if len(bad) == 1 else 'ies'} whose key holds no split n ({bad[0]!r}"
+                      f"{'; ...' if len(bad) > 1 else ''})", stacklevel=2)
     return out
 
 

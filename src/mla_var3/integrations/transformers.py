@@ -147,7 +147,37 @@ def _mla_modules(model: nn.Module) -> list[tuple[str, nn.Module, MLAConfig]]:
         if cfg is not None:
             found.append((name, module, cfg))
             inside.append(name)
+    _check_one_place_each(model, found)
     return found
+
+
+def _check_one_place_each(model: nn.Module, found: list[tuple[str, nn.Module, MLAConfig]]) -> None:
+    """Refuse an MLA attention module reachable under two names (one module shared by two layers:
+    ``named_modules()`` lists it once, so only its first place would be replaced) and two modules
+    with one ``layer_idx`` (both would read and write one cache slot). Either way the layers'
+    caches would mix; the stock model's cache mixes them too."""
+    places: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        places.setdefault(id(module), []).append(name)
+    for name, module, _ in found:
+        names = places.get(id(module), [name])
+        if len(names) > 1:
+            raise ValueError(f"{names[0]} and {names[1]} are one {type(module).__name__} module shared by two layers: "
+                             "each attention layer keeps its own cache (by layer_idx), so mla_var3 cannot run a shared "
+                             "one; give each layer its own module (copy.deepcopy) before enable()")
+    seen: dict[int, str] = {}
+    for order, (name, module, _) in enumerate(found):
+        idx = _layer_idx(module, order)
+        if idx in seen:
+            raise ValueError(f"{seen[idx]} and {name} both have layer_idx={idx}: their caches would be one; give "
+                             "each attention module its own layer_idx before enable()")
+        seen[idx] = name
+
+
+def _layer_idx(module: nn.Module, order: int) -> int:
+    """The cache slot of an MLA attention module: its ``layer_idx``, else its place in the model."""
+    idx = getattr(module, "layer_idx", None)
+    return idx if isinstance(idx, int) and not isinstance(idx, bool) else order
 
 
 # ----------------------------------------------------------------------------------- adapter
@@ -367,8 +397,7 @@ def enable(model: nn.Module, *, mode: str = "auto", paged: bool = False) -> nn.M
     modules = dict(model.named_modules())
     state = AttentionState()        # one dispatcher (its decisions) and decode state for the model's layers
     for order, (name, module, cfg) in enumerate(found):
-        layer_idx = getattr(module, "layer_idx", None)
-        adapter = MLAAttention(module, cfg, layer_idx if isinstance(layer_idx, int) else order, mode, paged)
+        adapter = MLAAttention(module, cfg, _layer_idx(module, order), mode, paged)
         adapter.mla.attention_state = state
         parent, _, attr = name.rpartition(".")
         setattr(modules[parent] if parent else model, attr, adapter)

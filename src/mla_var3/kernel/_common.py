@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from mla_var3 import _values
+
 #: shared memory one program (CTA) may use on sm_90, in bytes, as Triton reports the limit.
 SMEM_LIMIT = 232_448
 
@@ -131,17 +133,9 @@ def check_device(name: str, x: torch.Tensor) -> None:
 
 
 def check_scale(scale, *, name: str = "scale") -> float:
-    """Validate a softmax scale: a finite positive real number (not a bool or a string, which
-    ``float()`` would take: a misplaced ``causal=True`` must not become scale 1.0)."""
-    if isinstance(scale, (bool, str, bytes)) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
-        raise ValueError(f"{name} must be a positive float, got {scale!r}")
-    try:
-        value = float(scale)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a positive float, got {scale!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive finite float, got {scale!r}")
-    return value
+    """Validate a softmax scale (:func:`mla_var3._values.check_scale`: a finite number > 0, not
+    a bool or a string); the float. ``name``: the caller's name of the argument."""
+    return _values.check_scale(scale, name)
 
 
 #: environment variable that turns on the checks of tensor *values* on CUDA inputs (lengths in
@@ -179,7 +173,8 @@ def check_seqlens(seqlens, b: int, t: int, s: int, device: torch.device, *,
     """
     if seqlens is None:
         return None
-    bind_shape(name, seqlens, "B", {"B": b}, dtypes=(torch.int32, torch.int64))
+    _values.check_length_dtype(name, seqlens)
+    bind_shape(name, seqlens, "B", {"B": b})
     if seqlens.device != device:
         raise ValueError(f"{name} is on {seqlens.device} but the other inputs are on {device}")
     if b and values_checked(device):

@@ -23,21 +23,34 @@ import math
 
 import torch
 
+from mla_var3._values import check_length_dtype
 from mla_var3.kernel._common import values_checked
 
 #: spare rows of a new buffer: ``max(MIN_SLACK, SLACK_FRACTION * rows)`` (and at least one step).
 MIN_SLACK = 64
 SLACK_FRACTION = 0.25
+#: the most tokens a sequence may hold: lengths are int32 on the device.
+MAX_LENGTH = 2**31 - 1
+
+
+def allocation_error(name: str, value: int, exc: BaseException, nbytes: int | None = None) -> ValueError:
+    """The error of a reservation whose buffers could not be allocated: it names the argument and
+    its value (the allocator's message alone names neither)."""
+    size = f" ({nbytes / 1e9:,.1f} GB)" if nbytes is not None else ""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(f"{name}={value:,}: the buffers{size} could not be allocated: {reason[:200]}")
 
 
 def check_seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:
-    """``seqlens [B]`` as int32 on ``device`` (default: every sequence holds ``t`` tokens). The
-    values are checked where :func:`mla_var3.kernel._common.values_checked` says (always on the
-    CPU; on CUDA only with ``MLA_VAR3_CHECK=1``: a check synchronises with the GPU)."""
+    """``seqlens [B]`` (int32 or int64: :func:`mla_var3._values.check_length_dtype`) as
+    int32 on ``device`` (default: every sequence holds ``t`` tokens). The values are checked
+    where :func:`mla_var3.kernel._common.values_checked` says (always on the CPU; on CUDA only
+    with ``MLA_VAR3_CHECK=1``: a check synchronises with the GPU)."""
     if seqlens is None:
         return torch.full((b,), t, dtype=torch.int32, device=device)
-    if seqlens.shape != (b,) or seqlens.dtype.is_floating_point:
-        raise ValueError(f"seqlens must be an integer [B={b}] tensor, got {list(seqlens.shape)} {seqlens.dtype}")
+    check_length_dtype("seqlens", seqlens)
+    if seqlens.shape != (b,):
+        raise ValueError(f"seqlens must be a [B={b}] tensor, got shape {list(seqlens.shape)}")
     if b and values_checked(seqlens.device) and (int(seqlens.min()) < 0 or int(seqlens.max()) > t):
         raise ValueError(f"seqlens must lie in [0, T={t}], got {seqlens.tolist()}")
     return seqlens.to(device=device, dtype=torch.int32)

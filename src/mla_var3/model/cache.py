@@ -52,7 +52,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mla_var3.model.buffers import (HostLengths, Store, check_new, check_seqlens, pad_stack, regrow, reserve, rows_at,
+from mla_var3._values import check_count
+from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_new, check_seqlens, pad_stack,
+                                    regrow, reserve, rows_at,
                                    tensor_bytes as _nbytes, write_rows)
 from mla_var3.model.expand import expand_kv
 
@@ -147,9 +149,15 @@ class LatentCache(HostLengths):
 
     def reserve(self, max_len: int) -> "LatentCache":
         """The same tokens in new buffers that hold ``max_len`` tokens per sequence (and slack),
-        so that appends up to ``max_len`` do not reallocate."""
-        return LatentCache._view(self._rebuild(max(max_len, self.max_len)), self.max_len, self.seqlens.clone(),
-                                 self._lengths)
+        so that appends up to ``max_len`` do not reallocate. ``max_len``: an integer in [0,
+        :data:`~mla_var3.model.buffers.MAX_LENGTH`] (ValueError otherwise, or when the buffers
+        cannot be allocated)."""
+        max_len = check_count(max_len, "max_len", MAX_LENGTH)
+        try:
+            store = self._rebuild(max(max_len, self.max_len))
+        except RuntimeError as exc:
+            raise allocation_error("max_len", max_len, exc) from None
+        return LatentCache._view(store, self.max_len, self.seqlens.clone(), self._lengths)
 
     def sequence(self, b: int) -> "LatentCache":
         """Sequence ``b`` alone, unpadded."""
@@ -339,7 +347,7 @@ class PagedLatentCache:
         t = self.max_len
         nblk = -(-t // self.block_size)
         rows = self.kv[self.block_table[:, :nblk].long(), :, 0]  # [B, nblk, bs, K+P]
-        rows = rows.reshape(self.batch, nblk * self.block_size, -1)[:, :t]
+        rows = rows.reshape(self.batch, nblk * self.block_size, self.kv.shape[3])[:, :t]   # not -1: t may be 0
         pos = torch.arange(t, device=rows.device)
         rows = rows * (pos[None, :] < self.seqlens[:, None]).to(rows.dtype)[..., None]
         return LatentCache(rows[..., : self.k].contiguous(), rows[..., self.k:].contiguous(), self.seqlens)
@@ -353,34 +361,48 @@ class PagedLatentCache:
         """The cache with blocks for ``tokens`` more tokens in every sequence (taken from the pool,
         which grows when empty), so the next appends of up to ``tokens`` in total write in place.
         Host work (it reads the lengths): call it outside a captured region, once per step or
-        once for many steps."""
-        if tokens < 0:
-            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        once for many steps. ``tokens``: an integer >= 0 that keeps every length within
+        :data:`~mla_var3.model.buffers.MAX_LENGTH` (ValueError otherwise, or when the pool
+        cannot be allocated)."""
+        tokens = check_count(tokens, "tokens", MAX_LENGTH)
         if tokens <= self.reserved:
             return self
-        kv, block_table, free = self._blocks_for(self.seqlens.tolist(), tokens)
+        kv, block_table, free = self._blocks_for(self.seqlens.tolist(), tokens, "tokens")
         return PagedLatentCache(kv, block_table, self.seqlens, self.k, free, tokens)
 
-    def _blocks_for(self, lengths: list[int], s: int):
-        """(kv, block_table, free) with room for ``s`` more tokens after ``lengths``."""
-        bs = self.block_size
-        table = [row[: -(-t // bs)] for row, t in zip(self.block_table.tolist(), lengths)]
-        free = list(self.free)
-        grown = self.num_blocks
-        for b, t in enumerate(lengths):
-            while len(table[b]) * bs < t + s:
-                if free:
-                    table[b].append(free.pop(0))
-                else:
-                    table[b].append(grown)
-                    grown += 1
-        kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])   # a new pool: this cache stays as it is
-        kv[: self.num_blocks] = self.kv
-        width = max((len(r) for r in table), default=0)
-        block_table = torch.zeros(self.batch, width, dtype=torch.int32)
-        for b, row in enumerate(table):
-            block_table[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        return kv, block_table.to(kv.device), tuple(free)
+    def _blocks_for(self, lengths: list[int], s: int, name: str):
+        """(kv, block_table, free) with room for ``s`` more tokens after ``lengths``: each sequence
+        keeps its first ⌈L/bs⌉ blocks and takes the ⌈(L+s)/bs⌉ - ⌈L/bs⌉ it lacks, sequence by
+        sequence, from the front of the free list and then from new blocks at the pool's end.
+        One slice per sequence (no Python step per block: a reservation of a billion tokens
+        costs what its pool and table cost). ``name`` names ``s`` in errors."""
+        bs, b = self.block_size, self.batch
+        longest = max(lengths, default=0)
+        if longest + s > MAX_LENGTH:
+            raise ValueError(f"{name}={s:,} would take a sequence of {longest:,} tokens past {MAX_LENGTH:,}, the most "
+                             "an int32 length holds")
+        keep = [-(-t // bs) for t in lengths]
+        need = [-(-(t + s) // bs) for t in lengths]
+        total = sum(need) - sum(keep)
+        taken = min(total, len(self.free))
+        grown = self.num_blocks + total - taken
+        if grown > MAX_LENGTH:
+            raise ValueError(f"{name}={s:,} would grow the pool to {grown:,} blocks, past the int32 block ids")
+        try:
+            kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])   # a new pool: this cache stays as it is
+            kv[: self.num_blocks] = self.kv
+            ids = torch.cat((torch.tensor(self.free[:taken], dtype=torch.int32),
+                             torch.arange(self.num_blocks, grown, dtype=torch.int32)))
+            old = self.block_table.cpu()
+            table = torch.zeros(b, max(need, default=0), dtype=torch.int32)
+            first = 0
+            for row, (kept, needed) in enumerate(zip(keep, need)):      # slices per sequence, not per block
+                table[row, :kept] = old[row, :kept]
+                table[row, kept:needed] = ids[first:first + needed - kept]
+                first += needed - kept
+        except RuntimeError as exc:
+            raise allocation_error(name, s, exc, self.kv.element_size() * grown * bs * self.kv.shape[3]) from None
+        return kv, table.to(kv.device), tuple(self.free[taken:])
 
     def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
         """Write s tokens per sequence into their blocks. Within :attr:`reserved` tokens, in place
@@ -393,7 +415,7 @@ class PagedLatentCache:
         if s <= self.reserved:
             kv, block_table, free, left = self.kv, self.block_table, self.free, self.reserved - s
         else:
-            (kv, block_table, free), left = self._blocks_for(self.seqlens.tolist(), s), 0
+            (kv, block_table, free), left = self._blocks_for(self.seqlens.tolist(), s, "z_new's token count"), 0
         bs = self.block_size
         pos = self.seqlens.long()[:, None] + torch.arange(s, device=kv.device)  # [B, s]
         blocks = block_table.long().gather(1, pos // bs)

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.model.buffers import (HostLengths, Store, check_new, check_seqlens, masked, pad_stack, regrow, reserve,
-                                   rows_at, tensor_bytes, write_rows)
+from mla_var3._values import check_count
+from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_new, check_seqlens, masked,
+                                    pad_stack, regrow, reserve, rows_at, tensor_bytes, write_rows)
 from mla_var3.model.cache import LatentCache
 from mla_var3.model.expand import expand_kv
 from mla_var3.shapes import check_window
@@ -211,12 +212,18 @@ class HybridCache(HostLengths):
 
     def reserve(self, max_len: int) -> "HybridCache":
         """The same tokens in new buffers that hold ``max_len`` tokens per sequence (and the
-        window with its slack), so that appends up to ``max_len`` do not reallocate."""
+        window with its slack), so that appends up to ``max_len`` do not reallocate. ``max_len``:
+        an integer in [0, :data:`~mla_var3.model.buffers.MAX_LENGTH`] (ValueError otherwise, or
+        when the buffers cannot be allocated)."""
+        max_len = check_count(max_len, "max_len", MAX_LENGTH)
         b, k = self.batch, self.z.shape[2]
         empty = lambda *tail: self.kpe.new_zeros((b, 0, *tail))  # noqa: E731
         step = _Step(self, 0)
-        st, off = step.rebuild(empty(k), empty(self.kpe.shape[2]), empty(*self.k_win.shape[2:]),
-                               empty(*self.v_win.shape[2:]), min_t=max_len)
+        try:
+            st, off = step.rebuild(empty(k), empty(self.kpe.shape[2]), empty(*self.k_win.shape[2:]),
+                                   empty(*self.v_win.shape[2:]), min_t=max_len)
+        except RuntimeError as exc:
+            raise allocation_error("max_len", max_len, exc) from None
         return HybridCache._view(st, self.seqlens.clone(), self._lengths, self.n, self.keep_latent_window,
                                  step.tz2, step.t2, off)
 

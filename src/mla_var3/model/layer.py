@@ -180,16 +180,21 @@ class MLALayer(nn.Module):
     # ----------------------------------------------------------------- weights
     @property
     def absorbed(self) -> W.AbsorbedWeights:
-        """``w_uk [H, D, K]`` and ``w_uv [H, K, D]`` cut from ``kv_b_proj`` (dense copies in the
-        weight's dtype), formed once and re-formed only when the weight changes. With grad mode on
-        and a weight that requires grad, formed per call inside the autograd graph (no cache), so
-        ``kv_b_proj`` gets its gradient through every mode of the reference backend."""
+        """``w_uk [H, D, K]`` and ``w_uv [H, K, D]``: views of ``kv_b_proj.weight`` (no copy; the
+        kernels and references read them through their strides), so they always hold the
+        weight's current values. An in-place update through ``.data`` (PEFT's LoRA merge does
+        ``weight.data += delta``) changes neither the weight's version counter nor its address,
+        so copies of the weight could not tell that it changed and would be stale. The views are
+        made once per weight tensor (address, dtype, device, shape: a new ``.data``, ``.to()`` or
+        a new Parameter makes new ones). With grad mode on and a weight that requires grad,
+        formed per call inside the autograd graph, so ``kv_b_proj`` gets its gradient through
+        every mode of the reference backend."""
         weight = self.kv_b_proj.weight
         if torch.is_grad_enabled() and weight.requires_grad:
             return W.absorbed_weights(weight, self.cfg.h, self.cfg.d, self.cfg.dv, detach=False)
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        key = (weight.data_ptr(), weight.dtype, weight.device, tuple(weight.shape))
         if self._absorbed is None or self._absorbed_key != key:
-            self._absorbed = W.absorbed_weights(weight, self.cfg.h, self.cfg.d, self.cfg.dv)
+            self._absorbed = W.absorbed_weights(weight, self.cfg.h, self.cfg.d, self.cfg.dv, contiguous=False)
             self._absorbed_key = key
         return self._absorbed
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from mla_var3._values import check_length_dtype, check_scale
+
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
@@ -60,6 +62,9 @@ def flash_attention(q, qpe, k, v, kpe, scale: float, causal: bool = True, seqlen
 
     q [B,H,S,D], qpe [B,H,S,P], k, v [B,T,H,D], kpe [B,T,P] -> (o [B,H,S,D], lse [B,H,S]).
     """
+    scale = check_scale(scale)
+    if seqlens is not None:
+        check_length_dtype("seqlens", seqlens)
     cd = _compute_dtype(q, qpe, k, v, kpe)
     k, v, kpe = (_zero_past(x, seqlens) for x in (k, v, kpe))
     b, h, s, _ = q.shape
@@ -80,6 +85,9 @@ def flash_mla(qc, qpe, z, kpe, scale: float, causal: bool = True, seqlens=None):
     Rows with no visible key get o = 0 and lse = -inf; a sequence of length 0 (``seqlens[b] = 0``)
     gets lse = +inf, as official FlashMLA reports it.
     """
+    scale = check_scale(scale)
+    if seqlens is not None:
+        check_length_dtype("seqlens", seqlens)
     cd = _compute_dtype(qc, qpe, z, kpe)
     z, kpe = _zero_past(z, seqlens), _zero_past(kpe, seqlens)
     b, h, s, _ = qc.shape
@@ -129,6 +137,7 @@ def mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale: float, causal: bo
     Both parts are normalised by the one softmax: the attention output is
     ``o + decompress(o_latent, w_uv)``.
     """
+    scale = check_scale(scale)
     cd = _compute_dtype(q, qpe, qc, z_old, kpe, k_new, v_new)
     b, h, s, _ = q.shape
     n_old, n_new = z_old.shape[1], k_new.shape[1]

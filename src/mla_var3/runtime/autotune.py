@@ -13,7 +13,8 @@ Entries are keyed by (device name, design, dims, problem shape bucket, dtype, tr
 A corrupt cache is never fatal. A file that cannot be read or parsed (random bytes, truncated,
 empty, not a JSON object, a directory) is reported with a warning and treated as empty; an
 entry that is invalid (no config object, a config holding anything but JSON scalars and
-objects, a ``time_us`` that is not a finite positive number) is reported and treated as absent;
+objects, a number that is not finite anywhere in it: ``NaN``, ``Infinity``, an integer beyond a
+float's range; a ``time_us`` that is not a finite positive number) is reported and treated as absent;
 a cached config that is not one of the design's current candidates (a stale or edited tiling
 such as ``block_m = 24`` or ``"64"``) is never used. The affected shapes are re-tuned and the
 next store rewrites the file without the bad entries.
@@ -24,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 import sys
 import tempfile
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_var3._io import InputFileError, load_json
+from mla_var3._io import InputFileError, is_finite, load_json, quote as _quote
 from mla_var3.runtime.timing import Timing, time_fn
 
 CACHE_ENV = "MLA_VAR3_CACHE_DIR"
@@ -103,8 +103,8 @@ def _json_value_problem(value, where: str) -> str | None:
             if problem:
                 return problem
         return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where} is {value!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not is_finite(value):
+        return f"{where} is {_quote(value)}, not a finite number"
     if value is None or isinstance(value, (str, bool, int, float)):
         return None
     return f"{where} is a {type(value).__name__}, not a JSON scalar or object"
@@ -124,14 +124,15 @@ def entry_problem(entry) -> str | None:
     if problem:
         return problem
     t = entry.get("time_us")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
-        return f"time_us is {t!r}, not a positive time"
+    if t is not None and (not is_finite(t) or t <= 0):
+        return f"time_us is {_quote(t)}, not a positive time"
     for name in ("backend", "default_backend"):
         if entry.get(name) is not None and not isinstance(entry[name], str):
-            return f"{name} is {entry[name]!r}, not a string"
+            return f"{name} is {_quote(entry[name])}, not a string"
     for name, value in entry.items():
-        if name != "config" and isinstance(value, float) and not math.isfinite(value):
-            return f"{name} is {value!r}"
+        if name != "config" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not is_finite(value):
+            return f"{name} is {_quote(value)}, not a finite number"
     return None
 
 
@@ -153,7 +154,8 @@ class AutotuneCache:
         if not os.path.lexists(self.path):
             return {}
         try:
-            data = load_json(self.path, "autotune cache")
+            # numbers read as Python does: a NaN or a 400-digit integer costs its entry (below), not the file
+            data = load_json(self.path, "autotune cache", finite=False)
             if not isinstance(data.get("entries"), dict):
                 raise InputFileError(f"autotune cache {str(self.path)!r} has no 'entries' object")
         except InputFileError as exc:
