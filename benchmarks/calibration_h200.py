@@ -66,6 +66,10 @@ def _check_points(name: str, commit: str, key: str = "see_us") -> list[Point]:
     return out
 
 
+#: a hybrid call with n = 0 timed before the default call at n = 0 became the absorbed kernel (compared only).
+N0 = ("the hybrid's own latent kernel at n = 0, an older path: the default call with no window now runs the "
+      "absorbed kernel")
+
 #: what marks a point of an older absorbed kernel (compared, never fitted).
 V6 = "seesaw v6, before the decode plan (splits by choose_num_splits) and the fp32 row sum of 6a41daa"
 SERVING = "serving/serving-6a41daa.json"
@@ -147,8 +151,8 @@ def h200_points() -> tuple[list[Point], list[Point]]:
         elif lab == "expanded alone" and r in _load("hybrid_check.json")["grid"]:
             pts.append(Point("flash_attention", "triton", b, s, 4096, gpu_us=us, source=src))
         elif lab == "hybrid overlapped" and r in _load("hybrid_check.json")["grid"]:
-            pts.append(Point("mla_var6_plus", "triton", b, s, 4096, n=n, gpu_us=us, source=src,
-                             note="the default call (portable path since c422feb)"))
+            (old if not n else pts).append(Point("mla_var6_plus", "triton", b, s, 4096, n=n, gpu_us=us, source=src,
+                                                 note=N0 if not n else "the default call (portable path since c422feb)"))
     # bench grids (results.json records)
     for name in ("results.json", "grid-041b365/results.json", "repeat-b32-041b365.json",
                  "dispatch_check/n_sweep_default_path-dc278ef.json"):
@@ -160,6 +164,9 @@ def h200_points() -> tuple[list[Point], list[Point]]:
                 continue
             if (p.design, p.backend) == ("flash_mla", "gluon"):
                 old.append(Point(**{**p.__dict__, "note": V6}))
+                continue
+            if p.design == "mla_var6_plus" and not p.n:
+                old.append(Point(**{**p.__dict__, "note": N0}))
                 continue
             pts.append(p)
     # expanded kernels, check scripts (CUDA-graph replays)
@@ -413,7 +420,7 @@ def main(argv=None) -> int:
             summary(compare(cal, [p for p in unfitted if "host-table" not in p.source]),
                     "shipped vs the absorbed anchors (8a6fad7)"),
             summary(compare(cal, [p for p in old if "compat" in p.source]), "shipped vs the paged compat call"),
-            summary(compare(cal, [p for p in old if "compat" not in p.source]), "shipped vs older kernels (v4, v6)"), "",
+            summary(compare(cal, [p for p in old if "compat" not in p.source]), "shipped vs older kernels and paths (v4, v6, the hybrid's own n = 0)"), "",
             "## The bar's grid (b = 32, 64; t = 4096)", "", bar_table(cal, pts, anchors, split), "",
             "## The hybrid's default call at every measured n (t = 4096; b = 64 held out)", "",
             hybrid_bar_table(cal, pts, anchors, split), "",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from mla_var3.analysis.cost import COST_MODELS, DESIGNS
 from mla_var3.analysis.devices import Device, get_device
-from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, splits_of
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, call_kernel, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
 from mla_var3.shapes import MLADims, Problem
 
@@ -336,7 +336,9 @@ def law_breakdown(cal: Calibration, design: str, backend: str, dims: MLADims, pr
 
 
 def host_time_s(cal: Calibration, design: str, backend: str, dims: MLADims, problem: Problem) -> float:
-    """Host time of one eager call: ``host_us`` plus ``host_split_us`` for a split-KV call."""
+    """Host time of one eager call: ``host_us`` plus ``host_split_us`` for a split-KV call (of the
+    kernel the call runs: a hybrid call with n = 0 is the absorbed kernel's, ``call_kernel``)."""
+    design, backend = call_kernel(design, backend, problem)
     p = cal.params_of(design, backend)
     host = p.get("host_us", 0.0)
     if "host_split_us" in p and splits_of(design, backend, dims, problem, cal.sms) > 1:

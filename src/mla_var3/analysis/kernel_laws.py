@@ -252,17 +252,31 @@ def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float
 
 
 def hybrid(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
-           latent_law: Callable[[Problem], Breakdown], window_law: Callable[[Problem], Breakdown]) -> Breakdown:
+           latent_law: Callable[[Problem], Breakdown], window_law: Callable[[Problem], Breakdown],
+           absorbed_law: Callable[[Problem], Breakdown] | None = None) -> Breakdown:
     """MLAvar6+ with o = t - n latent keys and n window keys: the latent part (``latent_law`` over
     the o old keys; causal into them only when n < s), the window part (``window_law`` over the
     n newest keys), ``part_overlap`` of the shorter part hidden under the longer (0 = one after
     the other), then the merge (``merge_us`` plus its bytes: fp32 partials in, both outputs out).
     With o = 0 or n = 0 one part runs and the other output is zero-filled. ``fixed_us`` is the
     call's own cost beyond its parts. The breakdown states the resource law: SM-time per latent
-    key and per window key."""
+    key and per window key.
+
+    ``absorbed_law``: the kernel a call with n = 0 runs instead of the latent part (the default
+    call with no window *is* the absorbed design, ``kernel.hybrid``): its time plus the zero
+    fill of the expanded output, no ``fixed_us``."""
     b, h, s, t = pb.b, dims.h, pb.s, pb.t
     n = pb.n or 0
     o = t - n
+    if n == 0 and absorbed_law is not None:
+        latent = absorbed_law(Problem(b=b, s=s, t=t, causal=pb.causal))
+        zero = dims.w * b * h * s * dims.dv / m.bytes_per_s
+        terms = {"latent_s": latent.gpu_s, "window_s": 0.0, "parts_s": latent.gpu_s, "merge_s": 0.0,
+                 "zero_fill_s": zero, "fixed_s": 0.0}
+        info = {"o": o, "n": 0, "part_overlap": p["part_overlap"], "absorbed": True,
+                "sm_us_per_latent_key": m.sms * latent.gpu_s / t / US, "sm_us_per_window_key": None,
+                "latent": latent.info, "window": None}
+        return Breakdown(latent.gpu_s + zero, terms, info)
     # o < s (a window longer than t - s): counted as s latent keys, the least a Problem allows
     latent = latent_law(Problem(b=b, s=s, t=max(o, s), causal=pb.causal and n < s)) if o > 0 else None
     window = window_law(Problem(b=b, s=min(s, n), t=n, causal=pb.causal)) if n > 0 else None
@@ -326,11 +340,12 @@ def flash_attention_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params) -> 
     return expanded_tiles(dims, pb, m, p, block_m=GLUON_EXPANDED_BLOCK_M, splits=1)
 
 
-def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded: Params) -> Breakdown:
-    """MLAvar6+'s portable path (the default on every GPU today): the latent part as 32-row tiles
+def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded: Params,
+                    absorbed: Params | None = None) -> Breakdown:
+    """MLAvar6+'s portable path (the default on every GPU but sm_90): the latent part as 32-row tiles
     of heads x queries over 32-key steps (mma.sync), the window part as the portable expanded
     kernel over the n newest keys (parameters ``expanded``), one launch after the other, then the
-    merge."""
+    merge. With n = 0 the call is the portable absorbed kernel (parameters ``absorbed``)."""
     lat = {"compute_efficiency": p["latent_compute_efficiency"], "program_us": p["latent_program_us"],
            "memory_overlap": 1.0, "fixed_us": p["latent_fixed_us"], "combine_us_per_split": expanded["combine_us_per_split"]}
 
@@ -340,7 +355,8 @@ def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded:
                             tiles_per_seq=cdiv(dims.h, block_h) * cdiv(q.s, block_s), block_n=block_n, splits=splits,
                             causal_skip=True)
 
-    return hybrid(dims, pb, m, p, latent_law, lambda q: flash_attention_portable(dims, q, m, expanded))
+    return hybrid(dims, pb, m, p, latent_law, lambda q: flash_attention_portable(dims, q, m, expanded),
+                  None if absorbed is None else lambda q: flash_mla_portable(dims, q, m, absorbed))
 
 
 def window_partition(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -361,7 +377,7 @@ def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Par
     parts (its part: :func:`window_partition`, with the window's held SM-time per key), the fitted
     ``part_overlap`` of the shorter part hidden under the longer, plus the merge. Above it the parts run on two streams: the
     expanded default (Gluon for s > 64, else portable) over the n newest keys after the latent
-    part. With o = 0 (or n = 0) one part runs: the expanded (or absorbed) kernel alone."""
+    part. With o = 0 (or n = 0) one part runs: the expanded (or the absorbed design's) kernel alone."""
 
     def latent_law(q: Problem) -> Breakdown:
         return flash_mla_gluon(dims, q, m, latent)
@@ -373,7 +389,7 @@ def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Par
             return flash_attention_portable(dims, q, m, expanded_portable)
         return window_partition(dims, q, m, p)
 
-    return hybrid(dims, pb, m, p, latent_law, window_law)
+    return hybrid(dims, pb, m, p, latent_law, window_law, latent_law)
 
 
 def seed_flash_mla(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -497,7 +513,8 @@ LAWS: dict[tuple[str, str], Callable] = {
     ("flash_attention", "triton"): lambda d, pb, m, P: flash_attention_portable(d, pb, m, P("flash_attention", "triton")),
     ("flash_attention", "gluon"): lambda d, pb, m, P: flash_attention_gluon(d, pb, m, P("flash_attention", "gluon")),
     ("mla_var6_plus", "triton"): lambda d, pb, m, P: hybrid_portable(d, pb, m, P("mla_var6_plus", "triton"),
-                                                                     P("flash_attention", "triton")),
+                                                                     P("flash_attention", "triton"),
+                                                                     P("flash_mla", "triton")),
     ("mla_var6_plus", "gluon"): lambda d, pb, m, P: hybrid_hopper(d, pb, m, P("mla_var6_plus", "gluon"),
                                                                    P("flash_mla", "gluon"), P("flash_attention", "gluon"),
                                                                    P("flash_attention", "triton")),
@@ -509,14 +526,31 @@ LAWS: dict[tuple[str, str], Callable] = {
 
 #: kernels a law reads besides its own (fit order: these first).
 DEPENDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("mla_var6_plus", "triton"): (("flash_attention", "triton"),),
+    ("mla_var6_plus", "triton"): (("flash_attention", "triton"), ("flash_mla", "triton")),
     ("mla_var6_plus", "seed"): (("flash_mla", "seed"), ("flash_attention", "seed")),
     ("mla_var6_plus", "gluon"): (("flash_mla", "gluon"), ("flash_attention", "gluon"), ("flash_attention", "triton")),
 }
 
 
+#: the absorbed kernel a hybrid call with n = 0 runs (``kernel.hybrid``: the default call with no
+#: window is the absorbed design), by the hybrid's backend.
+ABSORBED_AT_N0: dict[tuple[str, str], tuple[str, str]] = {
+    ("mla_var6_plus", "gluon"): ("flash_mla", "gluon"),
+    ("mla_var6_plus", "triton"): ("flash_mla", "triton"),
+}
+
+
+def call_kernel(design: str, backend: str, pb: Problem) -> tuple[str, str]:
+    """The (design, backend) whose launches a call runs: the absorbed kernel for a hybrid at n = 0
+    (:data:`ABSORBED_AT_N0`), else the call's own. Its host costs and split count are the call's."""
+    if not pb.n and (design, backend) in ABSORBED_AT_N0:
+        return ABSORBED_AT_N0[(design, backend)]
+    return design, backend
+
+
 def splits_of(design: str, backend: str, dims: MLADims, pb: Problem, sms: int) -> int:
     """Split-KV count of a call (host-cost class: a split call does more host work)."""
+    design, backend = call_kernel(design, backend, pb)
     rows = dims.h * pb.s
     if (design, backend) == ("flash_mla", "gluon"):
         return gluon_latent_splits(pb.b, rows, pb.t, sms, dims.k)
