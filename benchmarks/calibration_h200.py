@@ -3,6 +3,7 @@
     python benchmarks/calibration_h200.py            # writes src/mla_var3/conf/calibration-h200.json
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
+    python benchmarks/calibration_h200.py --stamp-kernels   # also record today's kernel files (sha256)
 
 H200: every committed timing of a *default* call's kernel at the current code becomes a
 :class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
@@ -15,6 +16,12 @@ the t other than 4096 including t = 32768, prefill). Points of older kernels (se
 a17a668, v6 before the decode plan, the absorbed anchors of 8a6fad7) and the paged compat call
 are compared, never fitted.
 
+The H200 file's ``kernels`` block (the commit and the sha256 of each kernel file it describes,
+``analysis.calibration.KERNEL_FILES``; a CPU test fails when one of them changes) is carried over
+from the shipped file as it is: a re-fit from committed measurements does not measure today's
+kernels. ``--stamp-kernels`` records the files as they are now, with the commit checked out; only
+for measurements of that code (``mla-var3 calibrate`` writes its own).
+
 RTX 5090: the seed's six numbers alone (``anchors_h200.json`` "seed_rtx5090_us"), the seed's
 kernels as backend ``seed``.
 """
@@ -22,17 +29,21 @@ kernels as backend ``seed``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from mla_var3.analysis.calibration import Calibration, Parameter, predict, save_calibration  # noqa: E402
+from mla_var3.analysis.calibration import (  # noqa: E402
+    Calibration, Parameter, kernel_hashes, load_calibration, predict, save_calibration,
+)
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_results  # noqa: E402
 from mla_var3.analysis.devices import get_device  # noqa: E402
 from mla_var3.analysis.kernel_laws import HYBRID_PARTITION_MAX_S  # noqa: E402
@@ -383,9 +394,29 @@ def hybrid_bar_table(cal: Calibration, pts: list[Point], anchors: list[Point], s
     return "\n".join(lines)
 
 
+def stamped_kernels(note: str) -> dict:
+    """The ``kernels`` block of today's files: the commit checked out (``+dirty`` when a kernel file
+    differs from it) and the sha256 of every kernel file."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    files = kernel_hashes()
+    commit = git("rev-parse", "--short=7", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--", *(f"src/mla_var3/{f}" for f in files)))
+    return {"commit": commit, "dirty": dirty, "files": files, "note": note}
+
+
+#: what the shipped H200 file's hashes stand for (it was fitted from committed measurements).
+STAMP_NOTE = ("sha256 of the kernel files at this commit, recorded after the measurements (commits.measurements) "
+              "were taken: the kernels changed between them; re-measure with `mla-var3 calibrate` on an H200, "
+              "which records the files it timed")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fit and compare only; write nothing")
+    ap.add_argument("--stamp-kernels", action="store_true",
+                    help="record today's kernel files (sha256) in the H200 file instead of keeping the shipped ones")
     ap.add_argument("--tables", help="write the Markdown tables to this file")
     args = ap.parse_args(argv)
 
@@ -396,6 +427,8 @@ def main(argv=None) -> int:
     fitted = pts + fitted_anchors(anchors)
     unfitted = [p for p in anchors if p not in fitted]
     seed = fit_5090()
+    shipped = load_calibration(CONF / "calibration-h200.json")
+    cal = dataclasses.replace(cal, kernels=stamped_kernels(STAMP_NOTE) if args.stamp_kernels else shipped.kernels)
     if not args.check:
         save_calibration(cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")

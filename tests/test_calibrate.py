@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from mla_var3 import cli
-from mla_var3.analysis.calibration import load_calibration, parse_calibration, predict, host_time_s
+from mla_var3.analysis.calibration import (
+    host_time_s, kernel_hashes, load_calibration, parse_calibration, predict, stale_kernels,
+)
 from mla_var3.analysis.devices import get_device
 from mla_var3.designs import DESIGNS
 from mla_var3.runtime.calibrate import GRID, QUICK, calibration_from_records, default_backends
@@ -41,6 +43,9 @@ def test_calibrate_on_a_cpu_writes_a_cpu_calibration(tmp_path, capsys, monkeypat
     fitted = [p for p in cal.parameters.values() if p.fitted]
     assert fitted and all("mla-var3 calibrate" in p.source for p in fitted)
     assert "never ship" in cal.notes
+    # the code it describes: the commit and the sha256 of the kernel files of the designs it timed
+    assert raw["kernels"]["commit"] == cal.commits["measurements"][0]
+    assert raw["kernels"]["files"] == kernel_hashes() and not stale_kernels(cal)
     # a CPU calibration never stands for a GPU: asked about the H200, the commands fall back
     assert cli.main(["cost", "--design", "flash_mla", "--calibration", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -77,6 +82,7 @@ def test_gpu_fit_reproduces_its_records_and_is_keyed(shipped):
     assert cal.device == "h200" and cal.gpu and cal.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0",
                                                                    "cuda": "13.0"}
     assert cal.commits["measurements"] == ["abcdef0"]
+    assert cal.kernels["commit"] == "abcdef0" and cal.kernels["files"] == kernel_hashes()
     assert cal.default_backends["flash_attention"] == [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}]
     assert cal.default_backends["flash_mla"] == [{"backend": "gluon"}]
     for r in records:

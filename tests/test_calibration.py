@@ -13,7 +13,8 @@ import pytest
 
 from mla_var3.analysis import kernel_laws as KL
 from mla_var3.analysis.calibration import (
-    Calibration, CalibrationFileError, load_calibration, parse_calibration, predict, save_calibration,
+    KERNEL_FILES, Calibration, CalibrationFileError, kernel_hashes, load_calibration, parse_calibration, predict,
+    save_calibration, stale_kernels,
 )
 from mla_var3.analysis.calibration_fit import Point, compare, fit, point_gpu_s, points_from_records
 from mla_var3.analysis.devices import load_devices
@@ -54,6 +55,34 @@ def test_shipped_h200_is_keyed_and_complete():
     assert H200.default_backend("flash_attention", Problem(b=1, s=64, t=64)) == "triton"
     assert H200.default_backend("flash_attention", Problem(b=1, s=65, t=65)) == "gluon"
     assert H200.default_backend("mla_var6_plus", Problem(b=1, s=16, t=64)) == "gluon"
+
+
+def test_the_shipped_calibration_describes_todays_kernels():
+    """The shipped H200 calibration names the commit and the kernel files it describes; when one of
+    them changes (kernel work), its numbers may no longer hold and this fails until the GPU
+    re-measures them."""
+    kernels = H200.kernels
+    assert kernels["commit"] and set(kernels["files"]) == {f for fs in KERNEL_FILES.values() for f in fs}
+    stale = stale_kernels(H200)
+    assert not stale, (f"{', '.join(stale)} changed since the shipped H200 calibration (its kernel files as of "
+                       f"{kernels['commit']}): re-run mla-var3 calibrate on the GPU and ship its file")
+
+
+def test_a_changed_kernel_file_makes_the_calibration_stale(tmp_path):
+    import shutil
+    from importlib import resources
+
+    for path in {f for fs in KERNEL_FILES.values() for f in fs}:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(resources.files("mla_var3").joinpath(path).read_bytes())
+    cal = dataclasses.replace(H200, kernels={"commit": "abc1234", "files": kernel_hashes(root=tmp_path)})
+    assert stale_kernels(cal, root=tmp_path) == []
+    with open(tmp_path / "kernel/absorbed.py", "a") as f:
+        f.write("\n# a change\n")
+    (tmp_path / "kernel/hopper/window_gluon.py").unlink()
+    assert stale_kernels(cal, root=tmp_path) == ["kernel/absorbed.py", "kernel/hopper/window_gluon.py"]
+    assert stale_kernels(dataclasses.replace(cal, kernels={})) == sorted(cal.kernels["files"])   # names none: stale
+    shutil.rmtree(tmp_path / "kernel")
 
 
 def test_shipped_points_are_the_committed_measurements():

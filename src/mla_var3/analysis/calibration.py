@@ -31,6 +31,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -52,6 +53,47 @@ CALIBRATION_ENV = "MLA_VAR3_CALIBRATION"
 
 class CalibrationFileError(ValueError):
     """A calibration file that cannot be read or does not have the expected shape."""
+
+
+#: the source files (relative to the ``mla_var3`` package) whose code a design's default call
+#: runs: its kernels, their launchers, the decode plan and the backend choice. A calibration
+#: stores the sha256 of each (``kernels``); a change to one of them means its numbers may no
+#: longer hold (``stale_kernels``).
+_SHARED_FILES = ("kernel/_common.py", "kernel/_jit.py", "kernel/_launch.py", "kernel/backends.py", "kernel/combine.py",
+                 "kernel/hopper/__init__.py", "kernel/hopper/_gluon.py")
+_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode_plan.py", "analysis/item_cut.py",
+                   "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py")
+_EXPANDED_FILES = ("kernel/expanded.py", "kernel/hopper/expanded_gluon.py")
+KERNEL_FILES: dict[str, tuple[str, ...]] = {
+    "flash_mla": _SHARED_FILES + _ABSORBED_FILES,
+    "flash_attention": _SHARED_FILES + _EXPANDED_FILES,
+    "mla_var6_plus": _SHARED_FILES + _ABSORBED_FILES + _EXPANDED_FILES + (
+        "kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/hopper/window_gluon.py"),
+}
+
+
+def kernel_hashes(designs=tuple(KERNEL_FILES), root=None) -> dict[str, str]:
+    """``{path: sha256 of the file's bytes}`` of the :data:`KERNEL_FILES` of ``designs``, read from
+    the installed package (``root``: another folder laid out as the package, for tests); a file
+    that is not there is left out."""
+    base = resources.files("mla_var3") if root is None else Path(root)
+    out = {}
+    for path in sorted({f for d in designs for f in KERNEL_FILES[d]}):
+        f = base.joinpath(path)
+        if f.is_file():
+            out[path] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def stale_kernels(cal: "Calibration", root=None) -> list[str]:
+    """The kernel files of ``cal`` (its ``kernels["files"]``) whose bytes differ today from those it
+    was measured with; every file of :data:`KERNEL_FILES` when it names none. Empty: the
+    calibration describes today's kernels."""
+    files = (cal.kernels or {}).get("files") or {}
+    if not files:
+        return sorted({f for fs in KERNEL_FILES.values() for f in fs})
+    now = kernel_hashes(root=root)
+    return sorted(path for path, digest in files.items() if now.get(path, "unknown") != digest)
 
 
 @dataclass(frozen=True)
@@ -99,6 +141,8 @@ class Calibration:
     runs; ``points`` are the measurements it was fitted from (``calibration_fit.Point`` dicts).
     ``gpu`` is False for a calibration timed on a CPU under the Triton interpreter (``mla-var3
     calibrate`` without a GPU: a test of the plumbing, keyed by device ``"cpu"``, never a GPU's).
+    ``kernels``: the code it describes, ``{"commit": ..., "files": {path: sha256}, "note": ...}``
+    (:func:`kernel_hashes`; :func:`stale_kernels` lists the files changed since).
     """
 
     device: str
@@ -114,6 +158,7 @@ class Calibration:
     points: tuple = ()
     notes: str = ""
     gpu: bool = True
+    kernels: dict = field(default_factory=dict)
     path: str | None = field(default=None, compare=False)
     #: params_of answers, per (design, backend): the dispatcher asks them for every split it scans
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -170,6 +215,7 @@ class Calibration:
             "ceilings": self.ceilings,
             "versions": self.versions,
             "commits": self.commits,
+            "kernels": self.kernels,
             "default_backends": self.default_backends,
             "notes": self.notes,
             "parameters": [p.to_dict() for p in self.parameters.values()],
@@ -216,10 +262,20 @@ def parse_calibration(text: str, where: str = "calibration file") -> Calibration
             ceilings=dict(ceil), parameters=params, default_backends=dict(raw.get("default_backends", {})),
             dtype=raw.get("dtype", "bf16"), versions=dict(raw.get("versions", {})), commits=dict(raw.get("commits", {})),
             fit=dict(raw.get("fit", {})), points=tuple(raw.get("points", ())), notes=raw.get("notes", ""),
-            gpu=bool(raw.get("gpu", True)),
+            gpu=bool(raw.get("gpu", True)), kernels=_kernels_block(raw.get("kernels", {})),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise CalibrationFileError(f"{where}: malformed ({type(e).__name__}: {e})") from None
+
+
+def _kernels_block(raw) -> dict:
+    """The ``kernels`` field: ``{"commit": str, "files": {path: sha256 hex}, ...}`` (ValueError otherwise)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("files", {}), dict):
+        raise ValueError("'kernels' must be an object with 'files': {path: sha256}")
+    for path, digest in raw.get("files", {}).items():
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"kernels: the hash of {path!r} is not a sha256 hex digest: {digest!r}")
+    return dict(raw)
 
 
 def _bounds(name: str) -> tuple[float, float]:

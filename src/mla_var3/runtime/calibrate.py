@@ -163,19 +163,23 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
     the starting values and the kernels the records do not cover). Else CPU records: a
     calibration of device ``"cpu"`` marked ``gpu: false``, the ceilings of ``dev`` as units.
     """
-    from mla_var3.analysis.calibration import Calibration
+    from mla_var3.analysis.calibration import Calibration, kernel_hashes
     from mla_var3.analysis.calibration_fit import fit
 
     versions = {"torch": env["torch"], "triton": env["triton"], "cuda": env["cuda"]}
     commits = {"measurements": [str(env["commit"])[:7]], "dirty": env.get("dirty")}
     backends = default_backends(records)
+    timed = sorted({r.name for r in records})
+    kernels = {"commit": str(env["commit"])[:7], "dirty": env.get("dirty"), "files": kernel_hashes(timed),
+               "note": "sha256 of the kernel files of the designs this run timed, as they were when it ran"}
     if gpu:
         notes = (f"Fitted by `mla-var3 calibrate{' --quick' if quick else ''}` on {env['device']} at "
                  f"{env['timestamp']}: {len(records)} default calls timed (CUDA-graph, eager and host time)"
                  + ("; kernels it did not time keep the shipped calibration's values and sources" if shipped else ""))
-        return fit(records, device=dev.key, base=dataclasses.replace(shipped, points=(), fit={}) if shipped else None,
-                   default_backends={**(shipped.default_backends if shipped else {}), **backends},
-                   versions=versions, commits=commits, notes=notes)
+        cal = fit(records, device=dev.key, base=dataclasses.replace(shipped, points=(), fit={}) if shipped else None,
+                  default_backends={**(shipped.default_backends if shipped else {}), **backends},
+                  versions=versions, commits=commits, notes=notes)
+        return dataclasses.replace(cal, kernels=kernels)
     ceil = dev.ceilings("measured", 2)
     base = Calibration("cpu", env["platform"], int(dev.sms or 1),
                        {"kind": ceil.kind, "flops_per_s": ceil.flops_per_s, "bytes_per_s": ceil.bytes_per_s,
@@ -183,5 +187,6 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
                        {}, {}, gpu=False)
     notes = ("CPU run under the Triton interpreter (no GPU): tiny shapes of the deepseek-v2-lite preset, "
              "perf_counter times. A test of the calibration plumbing, not a GPU calibration: never ship it.")
-    return fit(records, base=base, default_backends=backends, versions=versions, commits=commits, notes=notes,
-               allow_cpu=True)
+    cal = fit(records, base=base, default_backends=backends, versions=versions, commits=commits, notes=notes,
+              allow_cpu=True)
+    return dataclasses.replace(cal, kernels=kernels)
