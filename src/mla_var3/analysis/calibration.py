@@ -43,6 +43,7 @@ from mla_var3.analysis.cost import COST_MODELS, DESIGNS
 from mla_var3.analysis.devices import Device, get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, call_kernel, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
+from mla_var3.designs import DESIGNS as DESIGN_TABLE
 from mla_var3.shapes import MLADims, Problem
 
 #: format tag written into every calibration file.
@@ -64,12 +65,12 @@ _SHARED_FILES = ("kernel/_common.py", "kernel/_jit.py", "kernel/_launch.py", "ke
 _ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode_plan.py", "analysis/item_cut.py",
                    "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py")
 _EXPANDED_FILES = ("kernel/expanded.py", "kernel/hopper/expanded_gluon.py")
+_HYBRID_FILES = ("kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/hopper/window_gluon.py")
+#: per design's kernel: a latent design runs the absorbed files, an expanded one the expanded
+#: files, the split (hybrid) design both and its own
 KERNEL_FILES: dict[str, tuple[str, ...]] = {
-    "flash_mla": _SHARED_FILES + _ABSORBED_FILES,
-    "flash_attention": _SHARED_FILES + _EXPANDED_FILES,
-    "mla_var6_plus": _SHARED_FILES + _ABSORBED_FILES + _EXPANDED_FILES + (
-        "kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/hopper/window_gluon.py"),
-}
+    d.kernel: _SHARED_FILES + (_ABSORBED_FILES if d.latent else ()) + (_EXPANDED_FILES if d.split or not d.latent else ())
+    + (_HYBRID_FILES if d.split else ()) for d in DESIGN_TABLE}
 
 
 def kernel_hashes(designs=tuple(KERNEL_FILES), root=None) -> dict[str, str]:
