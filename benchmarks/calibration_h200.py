@@ -16,6 +16,12 @@ the t other than 4096 including t = 32768, prefill). Points of older kernels (se
 a17a668, v6 before the decode plan, the absorbed anchors of 8a6fad7) and the paged compat call
 are compared, never fitted.
 
+A run of ``mla-var3 calibrate`` on an H200, committed under ``results/h200/calibrate/`` (named
+``calibrate-<date>-<commit>.json``; the last name wins), is shipped as it is instead: it timed
+today's default calls (at 128 heads and at 16-64), fitted them on top of the committed-measurement
+fit that was shipped when it ran, and records the kernel files it timed. The tables below then
+compare it with every committed point too.
+
 The H200 file's ``kernels`` block (the commit and the sha256 of each kernel file it describes,
 ``analysis.calibration.KERNEL_FILES``; a CPU test fails when one of them changes) is carried over
 from the shipped file as it is: a re-fit from committed measurements does not measure today's
@@ -394,8 +400,30 @@ def hybrid_bar_table(cal: Calibration, pts: list[Point], anchors: list[Point], s
     return "\n".join(lines)
 
 
+#: committed runs of ``mla-var3 calibrate`` on an H200 (the last by name is shipped)
+RUN_DIR = RES / "calibrate"
+
+
+def calibrate_run() -> Calibration | None:
+    """The committed ``mla-var3 calibrate`` run to ship (the last file by name under
+    :data:`RUN_DIR` that is a GPU calibration of the h200), or None."""
+    runs = [load_calibration(p) for p in sorted(RUN_DIR.glob("*.json"))] if RUN_DIR.is_dir() else []
+    runs = [r for r in runs if r.gpu and r.device == "h200"]
+    return runs[-1] if runs else None
+
+
+def shipped_points() -> list[dict]:
+    """The points the shipped H200 file holds: the calibrate run's, else the committed
+    measurements this script fits."""
+    run = calibrate_run()
+    if run is not None:
+        return list(run.points)
+    pts, _old = h200_points()
+    return [p.to_dict() for p in pts + fitted_anchors(anchor_points())]
+
+
 def stamped_kernels(note: str) -> dict:
-    """The ``kernels`` block of today's files: the commit checked out (``+dirty`` when a kernel file
+    """The ``kernels`` block of today's files: the commit checked out (``dirty`` when a kernel file
     differs from it) and the sha256 of every kernel file."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -429,8 +457,9 @@ def main(argv=None) -> int:
     seed = fit_5090()
     shipped = load_calibration(CONF / "calibration-h200.json")
     cal = dataclasses.replace(cal, kernels=stamped_kernels(STAMP_NOTE) if args.stamp_kernels else shipped.kernels)
+    run = calibrate_run()
     if not args.check:
-        save_calibration(cal, CONF / "calibration-h200.json")
+        save_calibration(run or cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")
 
     all_pts = fitted + unfitted + old
@@ -441,7 +470,20 @@ def main(argv=None) -> int:
             return "check only"
         pt = Point(r["design"], r["backend"], r["b"], r["s"], r["t"], source=r["source"])
         return "held out" if held_out(pt) else "fit"
-    out = ["## Parameters (shipped H200 calibration)", "",
+    out = []
+    if run is not None:
+        out += [f"## The shipped file: the calibrate run {Path(run.path).name} ({run.label})", "",
+                "| design | backend | kind | points | min | max | rms log |", "|---|---|---|---|---|---|---|"]
+        groups: dict = {}
+        for r in compare(run, [Point.from_dict(p) for p in run.points]):
+            groups.setdefault((r["design"], r["backend"], r["kind"]), []).append(r["ratio"])
+        for (d, b, k), ratios in sorted(groups.items()):
+            rms = math.sqrt(sum(math.log(x) ** 2 for x in ratios) / len(ratios))
+            out.append(f"| {d} | {b} | {k} | {len(ratios)} | {min(ratios):.2f} | {max(ratios):.2f} | {rms:.3f} |")
+        out += ["", "### The run against every committed point", "", summary(compare(run, fitted + unfitted + old),
+                                                                              "the run"), "",
+                "The tables below are the fit to the committed measurements it started from.", ""]
+    out += ["## Parameters (the fit to the committed measurements)", "",
            "| parameter | unit | value | fitted | source |", "|---|---|---|---|---|"]
     for p in cal.parameters.values():
         out.append(f"| {p.name} | {p.unit} | {p.value:.4g} | {'yes' if p.fitted else 'no'} | {p.source} |")
