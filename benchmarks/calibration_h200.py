@@ -168,8 +168,9 @@ def h200_points() -> tuple[list[Point], list[Point]]:
         elif lab == "expanded alone" and r in _load("hybrid_check.json")["grid"]:
             pts.append(Point("flash_attention", "triton", b, s, 4096, gpu_us=us, source=src))
         elif lab == "hybrid overlapped" and r in _load("hybrid_check.json")["grid"]:
+            note = N0 if not n else "the default call (portable path since c422feb)"
             (old if not n else pts).append(Point("mla_var6_plus", "triton", b, s, 4096, n=n, gpu_us=us, source=src,
-                                                 note=N0 if not n else "the default call (portable path since c422feb)"))
+                                                 note=note))
     # bench grids (results.json records)
     for name in ("results.json", "grid-041b365/results.json", "repeat-b32-041b365.json",
                  "dispatch_check/n_sweep_default_path-dc278ef.json"):
@@ -495,7 +496,8 @@ def main(argv=None) -> int:
             summary(compare(cal, [p for p in unfitted if "host-table" not in p.source]),
                     "shipped vs the absorbed anchors (8a6fad7)"),
             summary(compare(cal, [p for p in old if "compat" in p.source]), "shipped vs the paged compat call"),
-            summary(compare(cal, [p for p in old if "compat" not in p.source]), "shipped vs older kernels and paths (v4, v6, the hybrid's own n = 0)"), "",
+            summary(compare(cal, [p for p in old if "compat" not in p.source]),
+                    "shipped vs older kernels and paths (v4, v6, the hybrid's own n = 0)"), "",
             "## The bar's grid (b = 32, 64; t = 4096)", "", bar_table(cal, pts, anchors, split), "",
             "## The hybrid's default call at every measured n (t = 4096; b = 64 held out)", "",
             hybrid_bar_table(cal, pts, anchors, split), "",

@@ -69,8 +69,8 @@ _HYBRID_FILES = ("kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/h
 #: per design's kernel: a latent design runs the absorbed files, an expanded one the expanded
 #: files, the split (hybrid) design both and its own
 KERNEL_FILES: dict[str, tuple[str, ...]] = {
-    d.kernel: _SHARED_FILES + (_ABSORBED_FILES if d.latent else ()) + (_EXPANDED_FILES if d.split or not d.latent else ())
-    + (_HYBRID_FILES if d.split else ()) for d in DESIGN_TABLE}
+    d.kernel: _SHARED_FILES + (_ABSORBED_FILES if d.latent else ())
+    + (_EXPANDED_FILES if d.split or not d.latent else ()) + (_HYBRID_FILES if d.split else ()) for d in DESIGN_TABLE}
 
 
 def kernel_hashes(designs=tuple(KERNEL_FILES), root=None) -> dict[str, str]:
