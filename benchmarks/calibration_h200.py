@@ -3,6 +3,7 @@
     python benchmarks/calibration_h200.py            # writes src/mla_var3/conf/calibration-h200.json
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
+    python benchmarks/calibration_h200.py --stamp-kernels   # also record today's kernel files (sha256)
 
 H200: every committed timing of a *default* call's kernel at the current code becomes a
 :class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
@@ -15,6 +16,18 @@ the t other than 4096 including t = 32768, prefill). Points of older kernels (se
 a17a668, v6 before the decode plan, the absorbed anchors of 8a6fad7) and the paged compat call
 are compared, never fitted.
 
+A run of ``mla-var3 calibrate`` on an H200, committed under ``results/h200/calibrate/`` (named
+``calibrate-<date>-<commit>.json``; the last name wins), is shipped as it is instead: it timed
+today's default calls (at 128 heads and at 16-64), fitted them on top of the committed-measurement
+fit that was shipped when it ran, and records the kernel files it timed. The tables below then
+compare it with every committed point too.
+
+The H200 file's ``kernels`` block (the commit and the sha256 of each kernel file it describes,
+``analysis.calibration.KERNEL_FILES``; a CPU test fails when one of them changes) is carried over
+from the shipped file as it is: a re-fit from committed measurements does not measure today's
+kernels. ``--stamp-kernels`` records the files as they are now, with the commit checked out; only
+for measurements of that code (``mla-var3 calibrate`` writes its own).
+
 RTX 5090: the seed's six numbers alone (``anchors_h200.json`` "seed_rtx5090_us"), the seed's
 kernels as backend ``seed``.
 """
@@ -22,17 +35,21 @@ kernels as backend ``seed``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from mla_var3.analysis.calibration import Calibration, Parameter, predict, save_calibration  # noqa: E402
+from mla_var3.analysis.calibration import (  # noqa: E402
+    Calibration, Parameter, kernel_hashes, load_calibration, predict, save_calibration,
+)
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_results  # noqa: E402
 from mla_var3.analysis.devices import get_device  # noqa: E402
 from mla_var3.analysis.kernel_laws import HYBRID_PARTITION_MAX_S  # noqa: E402
@@ -65,6 +82,10 @@ def _check_points(name: str, commit: str, key: str = "see_us") -> list[Point]:
                              source=f"{name} ({commit})"))
     return out
 
+
+#: a hybrid call with n = 0 timed before the default call at n = 0 became the absorbed kernel (compared only).
+N0 = ("the hybrid's own latent kernel at n = 0, an older path: the default call with no window now runs the "
+      "absorbed kernel")
 
 #: what marks a point of an older absorbed kernel (compared, never fitted).
 V6 = "seesaw v6, before the decode plan (splits by choose_num_splits) and the fp32 row sum of 6a41daa"
@@ -147,8 +168,9 @@ def h200_points() -> tuple[list[Point], list[Point]]:
         elif lab == "expanded alone" and r in _load("hybrid_check.json")["grid"]:
             pts.append(Point("flash_attention", "triton", b, s, 4096, gpu_us=us, source=src))
         elif lab == "hybrid overlapped" and r in _load("hybrid_check.json")["grid"]:
-            pts.append(Point("mla_var6_plus", "triton", b, s, 4096, n=n, gpu_us=us, source=src,
-                             note="the default call (portable path since c422feb)"))
+            note = N0 if not n else "the default call (portable path since c422feb)"
+            (old if not n else pts).append(Point("mla_var6_plus", "triton", b, s, 4096, n=n, gpu_us=us, source=src,
+                                                 note=note))
     # bench grids (results.json records)
     for name in ("results.json", "grid-041b365/results.json", "repeat-b32-041b365.json",
                  "dispatch_check/n_sweep_default_path-dc278ef.json"):
@@ -160,6 +182,9 @@ def h200_points() -> tuple[list[Point], list[Point]]:
                 continue
             if (p.design, p.backend) == ("flash_mla", "gluon"):
                 old.append(Point(**{**p.__dict__, "note": V6}))
+                continue
+            if p.design == "mla_var6_plus" and not p.n:
+                old.append(Point(**{**p.__dict__, "note": N0}))
                 continue
             pts.append(p)
     # expanded kernels, check scripts (CUDA-graph replays)
@@ -376,9 +401,51 @@ def hybrid_bar_table(cal: Calibration, pts: list[Point], anchors: list[Point], s
     return "\n".join(lines)
 
 
+#: committed runs of ``mla-var3 calibrate`` on an H200 (the last by name is shipped)
+RUN_DIR = RES / "calibrate"
+
+
+def calibrate_run() -> Calibration | None:
+    """The committed ``mla-var3 calibrate`` run to ship (the last file by name under
+    :data:`RUN_DIR` that is a GPU calibration of the h200), or None."""
+    runs = [load_calibration(p) for p in sorted(RUN_DIR.glob("*.json"))] if RUN_DIR.is_dir() else []
+    runs = [r for r in runs if r.gpu and r.device == "h200"]
+    return runs[-1] if runs else None
+
+
+def shipped_points() -> list[dict]:
+    """The points the shipped H200 file holds: the calibrate run's, else the committed
+    measurements this script fits."""
+    run = calibrate_run()
+    if run is not None:
+        return list(run.points)
+    pts, _old = h200_points()
+    return [p.to_dict() for p in pts + fitted_anchors(anchor_points())]
+
+
+def stamped_kernels(note: str) -> dict:
+    """The ``kernels`` block of today's files: the commit checked out (``dirty`` when a kernel file
+    differs from it) and the sha256 of every kernel file."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    files = kernel_hashes()
+    commit = git("rev-parse", "--short=7", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--", *(f"src/mla_var3/{f}" for f in files)))
+    return {"commit": commit, "dirty": dirty, "files": files, "note": note}
+
+
+#: what the shipped H200 file's hashes stand for (it was fitted from committed measurements).
+STAMP_NOTE = ("sha256 of the kernel files at this commit, recorded after the measurements (commits.measurements) "
+              "were taken: the kernels changed between them; re-measure with `mla-var3 calibrate` on an H200, "
+              "which records the files it timed")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fit and compare only; write nothing")
+    ap.add_argument("--stamp-kernels", action="store_true",
+                    help="record today's kernel files (sha256) in the H200 file instead of keeping the shipped ones")
     ap.add_argument("--tables", help="write the Markdown tables to this file")
     args = ap.parse_args(argv)
 
@@ -389,8 +456,11 @@ def main(argv=None) -> int:
     fitted = pts + fitted_anchors(anchors)
     unfitted = [p for p in anchors if p not in fitted]
     seed = fit_5090()
+    shipped = load_calibration(CONF / "calibration-h200.json")
+    cal = dataclasses.replace(cal, kernels=stamped_kernels(STAMP_NOTE) if args.stamp_kernels else shipped.kernels)
+    run = calibrate_run()
     if not args.check:
-        save_calibration(cal, CONF / "calibration-h200.json")
+        save_calibration(run or cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")
 
     all_pts = fitted + unfitted + old
@@ -401,7 +471,20 @@ def main(argv=None) -> int:
             return "check only"
         pt = Point(r["design"], r["backend"], r["b"], r["s"], r["t"], source=r["source"])
         return "held out" if held_out(pt) else "fit"
-    out = ["## Parameters (shipped H200 calibration)", "",
+    out = []
+    if run is not None:
+        out += [f"## The shipped file: the calibrate run {Path(run.path).name} ({run.label})", "",
+                "| design | backend | kind | points | min | max | rms log |", "|---|---|---|---|---|---|---|"]
+        groups: dict = {}
+        for r in compare(run, [Point.from_dict(p) for p in run.points]):
+            groups.setdefault((r["design"], r["backend"], r["kind"]), []).append(r["ratio"])
+        for (d, b, k), ratios in sorted(groups.items()):
+            rms = math.sqrt(sum(math.log(x) ** 2 for x in ratios) / len(ratios))
+            out.append(f"| {d} | {b} | {k} | {len(ratios)} | {min(ratios):.2f} | {max(ratios):.2f} | {rms:.3f} |")
+        out += ["", "### The run against every committed point", "", summary(compare(run, fitted + unfitted + old),
+                                                                              "the run"), "",
+                "The tables below are the fit to the committed measurements it started from.", ""]
+    out += ["## Parameters (the fit to the committed measurements)", "",
            "| parameter | unit | value | fitted | source |", "|---|---|---|---|---|"]
     for p in cal.parameters.values():
         out.append(f"| {p.name} | {p.unit} | {p.value:.4g} | {'yes' if p.fitted else 'no'} | {p.source} |")
@@ -413,7 +496,8 @@ def main(argv=None) -> int:
             summary(compare(cal, [p for p in unfitted if "host-table" not in p.source]),
                     "shipped vs the absorbed anchors (8a6fad7)"),
             summary(compare(cal, [p for p in old if "compat" in p.source]), "shipped vs the paged compat call"),
-            summary(compare(cal, [p for p in old if "compat" not in p.source]), "shipped vs older kernels (v4, v6)"), "",
+            summary(compare(cal, [p for p in old if "compat" not in p.source]),
+                    "shipped vs older kernels and paths (v4, v6, the hybrid's own n = 0)"), "",
             "## The bar's grid (b = 32, 64; t = 4096)", "", bar_table(cal, pts, anchors, split), "",
             "## The hybrid's default call at every measured n (t = 4096; b = 64 held out)", "",
             hybrid_bar_table(cal, pts, anchors, split), "",

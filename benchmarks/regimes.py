@@ -62,13 +62,15 @@ def _us(x: float | None) -> str:
     return "–" if x is None else f"{x:,.1f}"
 
 
-def _measured_points(cal) -> dict[tuple[str, int, int], dict]:
+def _measured_points(cal, heads: int = 128) -> dict[tuple[str, int, int], dict]:
     """(kernel, b, s) at t = 4096 -> {"us": time, "n": n, "files": ...}: the calibration's own points
-    of each design's default call (eager time where recorded, else CUDA-graph time; the median over
-    runs per n, the fastest n for the hybrid)."""
+    of each design's default call with ``heads`` heads (eager time where recorded, else CUDA-graph
+    time; the median over runs per n, the fastest n for the hybrid)."""
     by: dict[tuple, dict[int | None, list]] = {}
     for p in (Point.from_dict(d) for d in cal.points):
         if p.t != 4096 or (p.s > 1 and not p.causal) or p.backend != cal.default_backend(p.design, p.problem):
+            continue
+        if p.dims.h != heads:
             continue
         us = p.eager_us if p.eager_us is not None else p.gpu_us
         if us is not None:
@@ -82,23 +84,27 @@ def _measured_points(cal) -> dict[tuple[str, int, int], dict]:
     return out
 
 
-def _guide(cal) -> list[str]:
+def _guide(cal, tp: int = 1) -> list[str]:
     """The guide: per (b, s) each design's time (measured where today's default call was measured,
-    else calibrated), the best, the dispatcher's choice and what the row rests on."""
-    dims, t = get_preset("deepseek-v3"), 4096
-    measured = _measured_points(cal)
-    lines = ["## The guide: b = 32 and 64, t = 4,096 (DeepSeek-V3 dims, bf16, causal)", "",
+    else calibrated), the best, the dispatcher's choice and what the row rests on. ``tp``: the
+    call on one GPU of that tensor-parallel degree (h/tp heads, the whole latent cache)."""
+    dims, t = get_preset("deepseek-v3").per_gpu(tp), 4096
+    measured = _measured_points(cal, dims.h)
+    title = ("TP 1 (all 128 heads on one GPU, or DP attention)" if tp == 1 else
+             f"TP {tp} (one GPU of {tp}: {dims.h} heads, the latent cache whole on every GPU)")
+    lines = [f"## The guide at {title}: b = 32 and 64, t = 4,096 (DeepSeek-V3 dims, bf16, causal)", "",
              f"Each design's time is its default call, eager, in µs: **measured** (m) where the shipped calibration "
              f"holds a measurement of today's default call at that point (its files are named under the table; the "
              f"hybrid at the fastest n measured), else the **calibrated** model (c; `conf/calibration-h200.json`: "
              f"{cal.label}; the hybrid at its calibrated best n). *best* is the fastest by those numbers (the hybrid "
              f"only if it beats the better single design by more than {HYBRID_MARGIN:.0%} at a split 0 < n < t: at n = 0 "
              f"or t it is that single design); *dispatcher* is what "
-             "`mla-var3 explain --device h200 --b B --s S --t 4096` picks by default (the calibrated model alone, no "
-             "results file, no autotune cache). *rests on* says which data decided the row.", ""]
+             f"`mla-var3 explain --device h200 --b B --s S --t 4096{f' --tp {tp}' if tp != 1 else ''}` picks by "
+             "default (the calibrated model alone, no results file, no autotune cache). *rests on* says which data "
+             "decided the row.", ""]
     files: set[str] = set()
     for b in (32, 64):
-        lines += [f"### b = {b}", "", "| s | regime | " + " | ".join(d.name + (" (n)" if d.split else "") for d in TABLE)
+        lines += [f"### b = {b}" + (f", TP {tp}" if tp != 1 else ""), "", "| s | regime | " + " | ".join(d.name + (" (n)" if d.split else "") for d in TABLE)
                   + " | best | dispatcher | rests on |", "|---|---|---|---|---|---|---|---|"]
         for s in GUIDE_S:
             pb = Problem(b=b, s=s, t=t)
@@ -131,9 +137,13 @@ def _guide(cal) -> list[str]:
         lines += ["", f"By the calibrated model the expanded design overtakes the absorbed one at s = "
                   f"{calibrated_crossover_s(cal, dims, b, t)} for b = {b} (the roofline: s = "
                   f"{crossover_s(dims, b, t, 'h200', fast='flash_attention_shared_kpe')}).", ""]
-    lines += ["Measurements of today's default calls behind the m cells: " + ", ".join(f"`{f}`" for f in sorted(files))
-              + ". Older kernels' measurements (the benchmark grid below among them) are compared in "
-              "`benchmarks/results/h200/calibration.md`, never used here.", ""]
+    if files:
+        lines += ["Measurements of today's default calls behind the m cells: " + ", ".join(f"`{f}`" for f in sorted(files))
+                  + ". Older kernels' measurements (the benchmark grid below among them) are compared in "
+                  "`benchmarks/results/h200/calibration.md`, never used here.", ""]
+    else:
+        lines += [f"The shipped calibration holds no measurement of a default call with {dims.h} heads at these "
+                  "points: every cell is the calibrated model.", ""]
     return lines
 
 
@@ -220,6 +230,7 @@ def render(results_path: Path) -> str:
         f"Generated by `python benchmarks/regimes.py {results_path.as_posix()}` — do not edit by hand.",
         "",
         *_guide(load_calibration(device="h200")),
+        *_guide(load_calibration(device="h200"), tp=8),
         f"## The benchmark grid of `{results_path.name}` (commit {env['commit']}): measured history",
         "",
         "These rows are one run of the kernels of that commit, not today's where a kernel has changed since "

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from mla_var3 import cli
-from mla_var3.analysis.calibration import load_calibration, parse_calibration, predict, host_time_s
+from mla_var3.analysis.calibration import (
+    host_time_s, kernel_hashes, load_calibration, parse_calibration, predict, stale_kernels,
+)
 from mla_var3.analysis.devices import get_device
 from mla_var3.designs import DESIGNS
 from mla_var3.runtime.calibrate import GRID, QUICK, calibration_from_records, default_backends
@@ -38,9 +40,13 @@ def test_calibrate_on_a_cpu_writes_a_cpu_calibration(tmp_path, capsys, monkeypat
     assert set(cal.default_backends) == {d.kernel for d in DESIGNS}
     assert all(rules == [{"backend": "triton"}] for rules in cal.default_backends.values())
     assert len(cal.points) == 4 and all(p["source"].startswith("mla-var3 calibrate") for p in cal.points)
+    assert sorted(p.get("h", 16) for p in cal.points) == [8, 16, 16, 16]      # one call at 8 of the preset's 16 heads
     fitted = [p for p in cal.parameters.values() if p.fitted]
     assert fitted and all("mla-var3 calibrate" in p.source for p in fitted)
     assert "never ship" in cal.notes
+    # the code it describes: the commit and the sha256 of the kernel files of the designs it timed
+    assert raw["kernels"]["commit"] == cal.commits["measurements"][0]
+    assert raw["kernels"]["files"] == kernel_hashes() and not stale_kernels(cal)
     # a CPU calibration never stands for a GPU: asked about the H200, the commands fall back
     assert cli.main(["cost", "--design", "flash_mla", "--calibration", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -57,16 +63,17 @@ def test_no_cpu_calibration_is_shipped():
 def _records_from(cal, grid) -> list[Record]:
     """What a GPU run of ``grid`` would record if the kernels ran exactly as ``cal`` says."""
     out = []
-    for name, b, s, t, n in grid:
+    for name, b, s, t, n, h in grid:
         pb = Problem(b=b, s=s, t=t, n=n)
+        dims = V3 if h is None else V3.per_gpu(V3.h // h)
         backend = cal.default_backend(name, pb)
-        gpu = predict(cal, name, V3, pb, eager=False).time_s * 1e6
-        eager = predict(cal, name, V3, pb).time_s * 1e6
-        host = host_time_s(cal, name, backend, V3, pb) * 1e6
+        gpu = predict(cal, name, dims, pb, eager=False).time_s * 1e6
+        eager = predict(cal, name, dims, pb).time_s * 1e6
+        host = host_time_s(cal, name, backend, dims, pb) * 1e6
         out.append(Record(name=name, kind="design", model=V3.name, b=b, s=s, t=t, n=n, time_us=gpu, method="cuda-graph",
                           gpu=True, backend=backend,
                           extra={"graph_us": gpu, "eager_us": eager, "host_us": host, "causal": pb.causal,
-                                 "source": "mla-var3 calibrate (abcdef0)"}))
+                                 "source": "mla-var3 calibrate (abcdef0)", **({"h": h} if h else {})}))
     return out
 
 
@@ -77,11 +84,15 @@ def test_gpu_fit_reproduces_its_records_and_is_keyed(shipped):
     assert cal.device == "h200" and cal.gpu and cal.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0",
                                                                    "cuda": "13.0"}
     assert cal.commits["measurements"] == ["abcdef0"]
+    assert cal.kernels["commit"] == "abcdef0" and cal.kernels["files"] == kernel_hashes()
     assert cal.default_backends["flash_attention"] == [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}]
     assert cal.default_backends["flash_mla"] == [{"backend": "gluon"}]
     for r in records:
         pb = Problem(b=r.b, s=r.s, t=r.t, n=r.n)
-        assert predict(cal, r.name, V3, pb, eager=False).time_s * 1e6 == pytest.approx(r.extra["graph_us"], rel=0.06), r
+        dims = V3 if "h" not in r.extra else V3.per_gpu(V3.h // r.extra["h"])
+        assert predict(cal, r.name, dims, pb, eager=False).time_s * 1e6 == pytest.approx(r.extra["graph_us"], rel=0.06), r
+    # the points at fewer heads are fitted at their heads
+    assert {p.get("h") for p in cal.points} == {None, 16, 32, 64}
     for name in ("flash_mla.gluon.compute_efficiency", "flash_attention.gluon.compute_efficiency"):
         assert cal.parameters[name].fitted and "mla-var3 calibrate" in cal.parameters[name].source
     if shipped:     # a kernel the grid does not time keeps the shipped value and source
@@ -91,17 +102,23 @@ def test_gpu_fit_reproduces_its_records_and_is_keyed(shipped):
 def test_the_grid_covers_every_design_within_the_budget():
     assert {p[0] for p in GRID} == {p[0] for p in QUICK} == {d.kernel for d in DESIGNS}
     assert set(QUICK) < set(GRID)
-    for name, b, s, t, n in GRID:
+    # every design at 16 heads (TP 8), the absorbed one at 16, 32 and 64 besides the model's 128
+    assert {(p[0], p[5]) for p in GRID} == {(d.kernel, None) for d in DESIGNS} | {
+        (d.kernel, 16) for d in DESIGNS} | {("flash_mla", 32), ("flash_mla", 64)}
+    assert len(GRID) == 50 and len(QUICK) == 16        # 37 and 11 at 128 heads only
+    for name, b, s, t, n, h in GRID:
         Problem(b=b, s=s, t=t, n=n)
+        assert h is None or V3.h % h == 0
     # the timed work alone, by the shipped calibration: warm-up, capture, repetitions bounded by
-    # 0.25 s per timing, 100 host calls; compilation comes on top and the run stops at 110 s
+    # 0.25 s per timing, 100 host calls; compilation comes on top and the run stops at 150 s
     def seconds(grid):
         total = 0.0
-        for name, b, s, t, n in grid:
-            e = predict(H200, name, V3, Problem(b=b, s=s, t=t), n=n).time_s
+        for name, b, s, t, n, h in grid:
+            dims = V3 if h is None else V3.per_gpu(V3.h // h)
+            e = predict(H200, name, dims, Problem(b=b, s=s, t=t), n=n).time_s
             total += 2 * 0.25 + 2 * 5 * e + 115 * e
         return total
-    assert seconds(GRID) < 60 and seconds(QUICK) < 20
+    assert seconds(GRID) < 75 and seconds(QUICK) < 20
 
 
 def test_default_backend_rules_follow_the_records():

@@ -102,7 +102,9 @@ def calibrated_times(dims, problem, cache: CacheInfo):
                   + roofline_time(_stage_cost(d, dims, problem, cache), ceil)[0])
     if cache.kind == "hybrid" and cache.window:
         n, pr = calibrated_split(cal, dims, problem, "h200", lo=0, hi=min(cache.window, problem.t))
-        out["hybrid"] = (pr.time_s + roofline_time(_stage_cost("hybrid", dims, problem.with_n(n), cache), ceil)[0], n)
+        # at n = 0 the hybrid call is the absorbed design (kernel.hybrid) and priced as it
+        out["hybrid"] = ((out["absorbed"] if n == 0 else pr.time_s + roofline_time(
+            _stage_cost("hybrid", dims, problem.with_n(n), cache), ceil)[0]), n)
     return out
 
 
@@ -484,3 +486,17 @@ def test_grid_check_lists_misses_with_their_cost(capsys, tmp_path):
     assert cli.main(["explain", "--grid", str(path), "--calibration", "none"]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 points agree" in out and "miss, +" in out
+
+
+@pytest.mark.parametrize("dispatcher", [MODEL_ONLY, CALIBRATED], ids=["roofline", "calibrated"])
+@pytest.mark.parametrize("b,s,t", [(96, 2, 2048), (32, 1, 4096), (32, 16, 4096)])
+def test_the_hybrid_at_n0_is_priced_as_the_absorbed_design(dispatcher, b, s, t):
+    """A hybrid call with no window runs the absorbed kernel: the dispatcher prices it as the
+    absorbed design (and so never picks it over that design)."""
+    dec = dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t), design="hybrid", n=0)
+    est = {e.design: e for e in dec.estimates}
+    assert est["hybrid"].n == 0 and est["hybrid"].predicted_s == est["absorbed"].predicted_s
+    assert (est["hybrid"].flops, est["hybrid"].bytes) == (est["absorbed"].flops, est["absorbed"].bytes)
+    assert dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t)).design != "hybrid" or \
+        {e.design: e for e in dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t)).estimates}[
+            "hybrid"].n > 0

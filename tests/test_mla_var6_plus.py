@@ -368,3 +368,54 @@ def test_sm90_default_at_deepseek_widths_captured(s, t, n):
     assert_close(g_o, e_o, dtype, name="graph o")
     assert_close(g_ol, e_ol, dtype, name="graph o_latent")
     assert_close(g_lse, e_lse, tol=LSE_TOLERANCE[dtype], name="graph lse")
+
+
+# ----------------------------------------------------------------------------------------------
+# n = 0: the default call is the absorbed design
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,h,s,t,causal", [(3, 5, 1, 65, True), (2, 16, 4, 130, True), (1, 5, 16, 16, True),
+                                            (2, 5, 5, 65, False)])
+@pytest.mark.parametrize("buffers", [False, True], ids=["new outputs", "out buffers"])
+def test_n0_runs_the_absorbed_kernel(b, h, s, t, causal, buffers, dtype):
+    """With no window the default call is the absorbed design: its outputs are exactly what
+    ``flash_mla`` over the latent cache returns (the hybrid's own latent part would round
+    differently), ``o`` is zero, both against the fp32 reference with NaN-padded inputs and
+    NaN-poisoned output buffers."""
+    from mla_var3.kernel.absorbed import flash_mla
+
+    x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=0, causal=causal), dtype=dtype, device=DEVICE)
+    ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
+    args = [nan_padded(a) for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
+    out = poisoned((b, h, s, DIMS.d), dtype, DEVICE) if buffers else None
+    out_latent = poisoned((b, h, s, DIMS.k), dtype, DEVICE) if buffers else None
+    o, o_latent, lse = mla_var6_plus(*args, scale=x.scale, causal=causal, out=out, out_latent=out_latent)
+    want_ol, want_lse = flash_mla(args[2], args[1], args[3], args[4], scale=x.scale, causal=causal)
+    assert torch.equal(o_latent, want_ol) and torch.equal(lse, want_lse)
+    assert torch.equal(o, torch.zeros_like(o)) and o.shape == (b, h, s, DIMS.d) and o.dtype == dtype
+    if buffers:
+        assert o.data_ptr() == out.data_ptr() and o_latent.data_ptr() == out_latent.data_ptr()
+    assert_close(o_latent, ref_ol, dtype, name="o_latent")
+    assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
+    assert_close(R.decompress(o_latent, x.w_uv, o), R.decompress(ref_ol, x.w_uv, ref_o), dtype, name="final")
+
+
+def test_n0_with_a_config_or_a_named_backend_runs_the_hybrids_latent_part(monkeypatch):
+    """The absorbed path is the default call's: a portable config or a named backend keeps the
+    hybrid's own latent kernel (what autotuning and the backend tests time)."""
+    from mla_var3.kernel import absorbed, hybrid
+
+    calls = []
+    monkeypatch.setattr(absorbed, "flash_mla", lambda *a, **k: calls.append(1))
+    x = R.make_inputs(DIMS.replace(h=5), Problem(b=2, s=3, t=65, n=0), dtype=torch.float32 if DEVICE == "cpu"
+                      else torch.bfloat16, device=DEVICE)
+    args = (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)
+    cfg = MLAVar6PlusConfig(LatentPartConfig(block_h=2, block_s=8, block_n=16), FlashAttentionConfig(16, 16))
+    for kw in (dict(config=cfg), dict(backend="triton")):
+        o, o_latent, _ = mla_var6_plus(*args, scale=x.scale, **kw)
+        assert_close(o_latent, R.mla_var6_plus(*args, x.scale, True)[1], x.q.dtype, name="o_latent")
+    assert calls == []
+    with pytest.raises(TypeError):     # the default call does go through flash_mla (patched to return None)
+        hybrid.mla_var6_plus(*args, scale=x.scale)
+    assert calls == [1]

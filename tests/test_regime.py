@@ -219,7 +219,7 @@ def test_cli_regime_and_cost_with_window_budget(capsys):
     out, _ = capsys.readouterr()
     assert code == 0 and json.loads(out)["n"] == 868 and json.loads(out)["dims"]["h"] == 16
     for argv, msg in ((["cost", "--design", "mla_var6_plus", "--window-budget", "lots"], "'latent' or bytes"),
-                      (["cost", "--design", "flash_mla", "--tp", "8"], "mla_var6_plus only"),
+                      (["cost", "--design", "flash_mla", "--window-budget", "latent"], "mla_var6_plus only"),
                       (["cost", "--design", "mla_var6_plus", "--s", "16", "--n", "80", "--window-budget", "latent"],
                        "at most n=72")):
         assert cli.main(argv) == 2

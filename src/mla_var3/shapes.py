@@ -117,6 +117,14 @@ class MLADims:
         changes.setdefault("name", "custom" if changes else self.name)
         return dataclasses.replace(self, **changes)
 
+    def per_gpu(self, tp: int) -> "MLADims":
+        """The dims one GPU of a tensor-parallel group of ``tp`` runs: h/tp heads; every other dim,
+        the latent rank and RoPE dim among them, unchanged (the latent cache is whole on every
+        rank). ValueError when tp is not a positive divisor of h."""
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or self.h % tp:
+            raise ValueError(f"tp={tp!r} must be a positive divisor of the heads h={self.h} (heads per GPU = h / tp)")
+        return self if tp == 1 else dataclasses.replace(self, h=self.h // tp, name=f"{self.name} tp={tp}")
+
     def with_dtype(self, dtype: str) -> "MLADims":
         """A copy with ``w`` set from a dtype name ('bf16', 'fp16', 'fp8', 'fp32'); keeps the name."""
         return dataclasses.replace(self, w=dtype_bytes(dtype))

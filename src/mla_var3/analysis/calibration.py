@@ -31,6 +31,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -41,8 +42,9 @@ from pathlib import Path
 from mla_var3._io import InputFileError, check_field, json_type, parse_json, quote, read_bytes, show_path
 from mla_var3.analysis.cost import COST_MODELS, DESIGNS
 from mla_var3.analysis.devices import MAX_DEVICE_NUMBER, MIN_DEVICE_NUMBER, Device, get_device
-from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, splits_of
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, call_kernel, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
+from mla_var3.designs import DESIGNS as DESIGN_TABLE
 from mla_var3.shapes import MLADims, Problem
 
 #: format tag written into every calibration file.
@@ -59,6 +61,47 @@ MAX_SMS = 1_000_000
 
 class CalibrationFileError(InputFileError):
     """A calibration file that cannot be read or does not have the expected shape."""
+
+
+#: the source files (relative to the ``mla_var3`` package) whose code a design's default call
+#: runs: its kernels, their launchers, the decode plan and the backend choice. A calibration
+#: stores the sha256 of each (``kernels``); a change to one of them means its numbers may no
+#: longer hold (``stale_kernels``).
+_SHARED_FILES = ("kernel/_common.py", "kernel/_jit.py", "kernel/_launch.py", "kernel/backends.py", "kernel/combine.py",
+                 "kernel/hopper/__init__.py", "kernel/hopper/_gluon.py")
+_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode_plan.py", "analysis/item_cut.py",
+                   "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py")
+_EXPANDED_FILES = ("kernel/expanded.py", "kernel/hopper/expanded_gluon.py")
+_HYBRID_FILES = ("kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/hopper/window_gluon.py")
+#: per design's kernel: a latent design runs the absorbed files, an expanded one the expanded
+#: files, the split (hybrid) design both and its own
+KERNEL_FILES: dict[str, tuple[str, ...]] = {
+    d.kernel: _SHARED_FILES + (_ABSORBED_FILES if d.latent else ())
+    + (_EXPANDED_FILES if d.split or not d.latent else ()) + (_HYBRID_FILES if d.split else ()) for d in DESIGN_TABLE}
+
+
+def kernel_hashes(designs=tuple(KERNEL_FILES), root=None) -> dict[str, str]:
+    """``{path: sha256 of the file's bytes}`` of the :data:`KERNEL_FILES` of ``designs``, read from
+    the installed package (``root``: another folder laid out as the package, for tests); a file
+    that is not there is left out."""
+    base = resources.files("mla_var3") if root is None else Path(root)
+    out = {}
+    for path in sorted({f for d in designs for f in KERNEL_FILES[d]}):
+        f = base.joinpath(path)
+        if f.is_file():
+            out[path] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def stale_kernels(cal: "Calibration", root=None) -> list[str]:
+    """The kernel files of ``cal`` (its ``kernels["files"]``) whose bytes differ today from those it
+    was measured with; every file of :data:`KERNEL_FILES` when it names none. Empty: the
+    calibration describes today's kernels."""
+    files = (cal.kernels or {}).get("files") or {}
+    if not files:
+        return sorted({f for fs in KERNEL_FILES.values() for f in fs})
+    now = kernel_hashes(root=root)
+    return sorted(path for path, digest in files.items() if now.get(path, "unknown") != digest)
 
 
 @dataclass(frozen=True)
@@ -106,6 +149,8 @@ class Calibration:
     runs; ``points`` are the measurements it was fitted from (``calibration_fit.Point`` dicts).
     ``gpu`` is False for a calibration timed on a CPU under the Triton interpreter (``mla-var3
     calibrate`` without a GPU: a test of the plumbing, keyed by device ``"cpu"``, never a GPU's).
+    ``kernels``: the code it describes, ``{"commit": ..., "files": {path: sha256}, "note": ...}``
+    (:func:`kernel_hashes`; :func:`stale_kernels` lists the files changed since).
     """
 
     device: str
@@ -121,6 +166,7 @@ class Calibration:
     points: tuple = ()
     notes: str = ""
     gpu: bool = True
+    kernels: dict = field(default_factory=dict)
     path: str | None = field(default=None, compare=False)
     #: params_of answers, per (design, backend): the dispatcher asks them for every split it scans
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -177,6 +223,7 @@ class Calibration:
             "ceilings": self.ceilings,
             "versions": self.versions,
             "commits": self.commits,
+            "kernels": self.kernels,
             "default_backends": self.default_backends,
             "notes": self.notes,
             "parameters": [p.to_dict() for p in self.parameters.values()],
@@ -263,7 +310,7 @@ def parse_calibration(text: str | bytes, where: str = "calibration file") -> Cal
         dtype=get(raw, "dtype", "str", optional=True) or "bf16",
         versions=dict(get(raw, "versions", "dict", optional=True) or {}), commits=dict(commits),
         fit=dict(get(raw, "fit", "dict", optional=True) or {}), points=tuple(points),
-        notes=get(raw, "notes", "str", optional=True) or "", gpu=gpu,
+        notes=get(raw, "notes", "str", optional=True) or "", gpu=gpu, kernels=_checked_kernels(raw, bad),
     )
 
 
@@ -299,6 +346,24 @@ def check_default_backends(rules, where: str, error: type[ValueError] = ValueErr
             check_field(rule, "s_gt", "int", at, optional=True, error=error)
         out[design] = [{k: v for k, v in rule.items() if v is not None} for rule in design_rules]
     return out
+
+
+def _checked_kernels(raw: dict, where: str) -> dict:
+    """The ``kernels`` field, checked (CalibrationFileError naming the file otherwise)."""
+    try:
+        return _kernels_block(raw.get("kernels", {}))
+    except ValueError as e:
+        raise CalibrationFileError(f"{where}: {e}") from None
+
+
+def _kernels_block(raw) -> dict:
+    """The ``kernels`` field: ``{"commit": str, "files": {path: sha256 hex}, ...}`` (ValueError otherwise)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("files", {}), dict):
+        raise ValueError("'kernels' must be an object with 'files': {path: sha256}")
+    for path, digest in raw.get("files", {}).items():
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"kernels: the hash of {path!r} is not a sha256 hex digest: {digest!r}")
+    return dict(raw)
 
 
 def _bounds(name: str) -> tuple[float, float]:
@@ -411,7 +476,9 @@ def law_breakdown(cal: Calibration, design: str, backend: str, dims: MLADims, pr
 
 
 def host_time_s(cal: Calibration, design: str, backend: str, dims: MLADims, problem: Problem) -> float:
-    """Host time of one eager call: ``host_us`` plus ``host_split_us`` for a split-KV call."""
+    """Host time of one eager call: ``host_us`` plus ``host_split_us`` for a split-KV call (of the
+    kernel the call runs: a hybrid call with n = 0 is the absorbed kernel's, ``call_kernel``)."""
+    design, backend = call_kernel(design, backend, problem)
     p = cal.params_of(design, backend)
     host = p.get("host_us", 0.0)
     if "host_split_us" in p and splits_of(design, backend, dims, problem, cal.sms) > 1:

@@ -12,7 +12,9 @@ What a record needs (other fields are ignored):
 ``name``         the design (``flash_mla``, ``flash_attention``, ``mla_var6_plus``)
 ``kind``         ``"design"`` (baselines are skipped), ``status`` ``"ok"``
 ``backend``      the kernel that ran (``"gluon"``, ``"triton"``); required
-``model``        a preset name (``deepseek-v3``); ``dtype`` (``bf16``)
+``model``        a preset name (``deepseek-v3``); ``dtype`` (``bf16``); the heads ``extra.h`` (or
+                 the results meta's ``dims.h``) when the call ran other heads than the preset's
+                 (a tensor-parallel rank's h/tp)
 ``b, s, t, n``   the shape (``n``: the hybrid's window)
 ``time_us``      with ``method`` ``"cuda-graph"``: a GPU time; ``"cuda-events"`` or ``"eager"``:
                  an eager time; ``"perf-counter"`` (CPU) is skipped
@@ -54,7 +56,8 @@ class Point:
 
     ``gpu_us`` (a CUDA-graph replay), ``eager_us`` (plain calls timed with events) and
     ``host_us`` (host time per call) may each be missing. ``best_n``: a hybrid time that is the
-    best over the window n (n unknown; the prediction takes the best n too).
+    best over the window n (n unknown; the prediction takes the best n too). ``h``: the heads of
+    the call when not the preset's (None: the preset's).
     """
 
     design: str
@@ -72,6 +75,7 @@ class Point:
     best_n: bool = False
     source: str = ""
     note: str = ""
+    h: int | None = None
 
     @property
     def problem(self) -> Problem:
@@ -79,7 +83,8 @@ class Point:
 
     @property
     def dims(self):
-        return get_preset(self.model, self.dtype)
+        dims = get_preset(self.model, self.dtype)
+        return dims if self.h in (None, dims.h) else dataclasses.replace(dims, h=self.h, name=f"{dims.name} h={self.h}")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "", False) or k == "causal"}
@@ -117,13 +122,18 @@ def points_from_records(records: Iterable, *, meta: dict | None = None, source: 
             raise ValueError(f"record {_get(r, 'name')} b={_get(r, 'b')} s={_get(r, 's')} has no backend: "
                              "the fit needs the kernel that ran")
         time_us = float(_get(r, "time_us"))
+        model = _get(r, "model") or "deepseek-v3"
+        heads = extra.get("h", (meta.get("dims") or {}).get("h"))
+        if heads is not None and heads == get_preset(model).h:
+            heads = None
         gpu = extra.get("graph_us", time_us if method == "cuda-graph" else None)
         eager = extra.get("eager_us", time_us if method in ("cuda-events", "eager", "perf-counter") else None)
         out.append(Point(
             design=_get(r, "name"), backend=backend, b=int(_get(r, "b")), s=int(_get(r, "s")), t=int(_get(r, "t")),
-            n=_get(r, "n"), causal=bool(extra.get("causal", causal_default)), model=_get(r, "model") or "deepseek-v3",
+            n=_get(r, "n"), causal=bool(extra.get("causal", causal_default)), model=model,
             dtype=_get(r, "dtype") or "bf16", gpu_us=gpu, eager_us=eager, host_us=extra.get("host_us"),
             best_n=bool(extra.get("best_n", False)), source=extra.get("source", source), note=extra.get("note", ""),
+            h=None if heads is None else int(heads),
         ))
     return out
 
@@ -174,7 +184,7 @@ def compare(cal: Calibration, points: Iterable[Point]) -> list[dict]:
             if measured is None:
                 continue
             pred = gpu_s if kind == "gpu" else point_eager_s(cal, pt, gpu_s)
-            rows.append({"design": pt.design, "backend": pt.backend, "b": pt.b, "s": pt.s, "t": pt.t,
+            rows.append({"design": pt.design, "backend": pt.backend, "h": pt.dims.h, "b": pt.b, "s": pt.s, "t": pt.t,
                          "n": n, "best_n": pt.best_n, "kind": kind, "measured_us": measured,
                          "predicted_us": pred * 1e6, "ratio": pred * 1e6 / measured, "source": pt.source,
                          "note": pt.note})

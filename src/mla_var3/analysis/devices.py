@@ -94,6 +94,24 @@ class Device:
     match: tuple[str, ...] = ()
     sources: dict = field(default_factory=dict, compare=False, hash=False)
     measured: dict | None = field(default=None, compare=False, hash=False)
+    #: HBM read bandwidth reachable from m SMs: ((m, GB/s in all), ...), m increasing, measured
+    #: (``runtime.ceilings.measure_read_by_sms``); None where never measured
+    read_by_sms: tuple[tuple[int, float], ...] | None = field(default=None, compare=False, hash=False)
+    read_by_sms_source: str = field(default="", compare=False, hash=False)
+
+    def read_bandwidth(self, sms: int) -> float | None:
+        """HBM read bandwidth (B/s, all of them together) that ``sms`` SMs reach, from the measured
+        curve :attr:`read_by_sms`: linear between measured SM counts, the first point's per-SM
+        rate below it, the largest count's total above it; None without a curve."""
+        curve = self.read_by_sms
+        if not curve or sms <= 0:
+            return None
+        if sms <= curve[0][0]:
+            return curve[0][1] / curve[0][0] * sms * 1e9
+        for (m0, g0), (m1, g1) in zip(curve, curve[1:]):
+            if sms <= m1:
+                return (g0 + (g1 - g0) * (sms - m0) / (m1 - m0)) * 1e9
+        return curve[-1][1] * 1e9
 
     @property
     def memory_bytes(self) -> float:
@@ -169,12 +187,33 @@ def _parse_device(where: str, key: str, entry) -> Device:
     sources = entry.get("sources", {})
     if not isinstance(sources, dict):
         raise DeviceFileError(f"{here}: 'sources' must be a JSON object")
+    curve, curve_source = _read_by_sms(here, entry.get("read_by_sms"))
     if entry.get("sms") is not None and not isinstance(entry["sms"], int):
         raise DeviceFileError(f"{here}: 'sms' must be an integer, got {quote(entry['sms'])}")
     return Device(
         key=key, name=entry["name"], match=tuple(m.lower() for m in match), sources=dict(sources),
-        measured=dict(measured) if measured else None, **numbers,
+        measured=dict(measured) if measured else None, read_by_sms=curve, read_by_sms_source=curve_source, **numbers,
     )
+
+
+def _read_by_sms(here: str, raw) -> tuple[tuple[tuple[int, float], ...] | None, str]:
+    """The ``read_by_sms`` block: ``{"sms": [m, ...], "gbs": [GB/s, ...], "source": "..."}``, SM
+    counts strictly increasing positive integers, rates positive numbers, as many of each."""
+    if raw is None:
+        return None, ""
+    where = f"{here}: 'read_by_sms'"
+    if not isinstance(raw, dict) or not isinstance(raw.get("sms"), list) or not isinstance(raw.get("gbs"), list):
+        raise DeviceFileError(f"{where} must be an object with lists 'sms' and 'gbs' (and a 'source')")
+    sms, gbs = raw["sms"], raw["gbs"]
+    if not sms or len(sms) != len(gbs):
+        raise DeviceFileError(f"{where}: 'sms' and 'gbs' must be non-empty lists of one length, got {len(sms)} and "
+                              f"{len(gbs)}")
+    if any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in sms) or sorted(set(sms)) != sms:
+        raise DeviceFileError(f"{where}: 'sms' must be increasing positive integers, got {quote(sms)}")
+    rates = [_number(where, "gbs", g, optional=False) for g in gbs]
+    if not isinstance(raw.get("source", ""), str):
+        raise DeviceFileError(f"{where}: 'source' must be a string")
+    return tuple(zip(sms, rates)), raw.get("source", "")
 
 
 def parse_devices(text: str | bytes, where: str = "devices file") -> dict[str, Device]:

@@ -30,6 +30,8 @@ Laws:
 
 from __future__ import annotations
 
+import functools
+import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -119,15 +121,93 @@ def gluon_latent_splits(b: int, rows: int, t: int, sms: int, k: int = 512) -> in
     (a tail under a sixteenth of the time against a combine and an overhead per item; checked
     for t up to 320k keys), which this returns without the simulation (its steps grow with the
     items)."""
-    n = cdiv(t, GLUON_LATENT_BLOCK_N)
+    return uniform_schedule(b, cdiv(t, GLUON_LATENT_BLOCK_N), rows, sms, k).max_pieces
+
+
+@dataclass(frozen=True)
+class ItemSchedule:
+    """The decode plan's items of one call on the SMs (:func:`item_schedule`).
+
+    ``loads``: the distinct (key blocks, items) the SMs run: an SM's time is ``blocks x one
+    block-step + items x the per-item cost``. ``items``: all items; ``split_seqs`` /
+    ``split_items``: the sequences cut into more than one item and their items (partials for the
+    combine); ``max_pieces``: the most items of one sequence."""
+
+    loads: tuple[tuple[int, int], ...]
+    items: int
+    split_seqs: int
+    split_items: int
+    max_pieces: int
+
+
+#: :func:`item_schedule` places programs one by one up to this many; beyond, whole waves of the
+#: longest item (the error is under one wave of many)
+SIMULATED_PROGRAMS = 1 << 15
+
+
+@functools.lru_cache(maxsize=4096)
+def item_schedule(blocks: tuple[int, ...], rows: int, sms: int, k: int = 512) -> ItemSchedule:
+    """Where the sm_90 absorbed kernel's work goes: the planner's cut of each sequence of
+    ``blocks[i]`` key blocks (:func:`mla_var3.analysis.item_cut.best_cut`, the function the
+    planner calls; a cut that fits one wave is near-equal, else chunks of C blocks and a
+    remainder, chunks first, then the rest longest first), then one program per (item, 64-row
+    tile) in that order, row tile fastest, each started on the SM that frees first (the GPU's
+    in-order dispatch; the planner's item overhead sets the placement). Beyond ``UNSPLIT_WAVES``
+    waves of items at the item limit the cut is C = the item limit (the planner never cuts finer
+    there; no ranking run)."""
+    n = [max(0, int(x)) for x in blocks]
+    tiles = max(1, cdiv(rows, GLUON_LATENT_BLOCK_M))
+    slots = max(1, sms // tiles)
+    top = max(n, default=0)
+    if top == 0:
+        return ItemSchedule(((0, 0),), 0, 0, 0, 1)
+    if sum(max(1, cdiv(x, item_cut.MAX_ITEM_BLOCKS)) for x in n) > UNSPLIT_WAVES * slots:
+        c = min(top, item_cut.MAX_ITEM_BLOCKS)
+    else:
+        max_items, max_slots = item_cut.plan_buffers(len(n), slots, top)
+        c = item_cut.best_cut(n, slots, tiles, sms, item_cut.combine_units(rows, k), max_items, max_slots)[1]
+    counts = [max(1, cdiv(x, c)) for x in n]
+    split = [cnt for cnt in counts if cnt > 1]
+    tail = (sum(counts), len(split), sum(split), max(counts))
+    if sum(counts) * tiles > SIMULATED_PROGRAMS:
+        return _waves(sum(counts) * tiles, min(top, c), sms, tail)
+    if sum(counts) <= slots:                       # one wave: near-equal items
+        sizes = sorted((x // cnt + (j < x % cnt) for x, cnt in zip(n, counts) for j in range(cnt)), reverse=True)
+    else:                                          # the chunks, then the rest, longest first per sort block
+        sizes = [c] * sum(x // c for x, cnt in zip(n, counts) if cnt > 1)
+        for b0 in range(0, len(n), item_cut.SORT_BLOCK):
+            part = zip(n[b0:b0 + item_cut.SORT_BLOCK], counts[b0:b0 + item_cut.SORT_BLOCK])
+            sizes += sorted((x % c if cnt > 1 else x for x, cnt in part if cnt == 1 or x % c), reverse=True)
+    free = [(0, i) for i in range(sms)]            # (finish, in the planner's units; SM)
+    load = [[0, 0] for _ in range(sms)]
+    for size in sizes:
+        d = size * item_cut.UNIT + item_cut.ITEM_OVERHEAD
+        for _ in range(tiles):
+            f, i = free[0]
+            heapq.heapreplace(free, (f + d, i))
+            load[i][0] += size
+            load[i][1] += 1
+    return ItemSchedule(tuple(sorted({(a, b) for a, b in load})), *tail)
+
+
+def _waves(programs: int, longest: int, sms: int, tail: tuple) -> ItemSchedule:
+    """Whole waves of the longest item: the schedule of very many programs."""
+    per_sm = cdiv(programs, sms)
+    return ItemSchedule(((per_sm * longest, per_sm),), *tail)
+
+
+@functools.lru_cache(maxsize=4096)
+def uniform_schedule(b: int, n: int, rows: int, sms: int, k: int = 512) -> ItemSchedule:
+    """:func:`item_schedule` of ``b`` sequences of ``n`` key blocks each, without listing them when
+    the batch alone takes more than ``UNSPLIT_WAVES`` waves (any b: the cut is then the item limit,
+    the programs whole waves when they are more than :data:`SIMULATED_PROGRAMS`)."""
     tiles = max(1, cdiv(rows, GLUON_LATENT_BLOCK_M))
     slots = max(1, sms // tiles)
     pieces = max(1, cdiv(n, item_cut.MAX_ITEM_BLOCKS))
-    if b * pieces > UNSPLIT_WAVES * slots:
-        return pieces
-    max_items, max_slots = item_cut.plan_buffers(b, slots, n)
-    c = item_cut.best_cut([n] * b, slots, tiles, sms, item_cut.combine_units(rows, k), max_items, max_slots)[1]
-    return max(1, cdiv(n, c))
+    if n > 0 and b * pieces > UNSPLIT_WAVES * slots and b * pieces * tiles > SIMULATED_PROGRAMS:
+        tail = (b * pieces, b if pieces > 1 else 0, b * pieces if pieces > 1 else 0, pieces)
+        return _waves(b * pieces * tiles, min(n, item_cut.MAX_ITEM_BLOCKS), sms, tail)
+    return item_schedule((n,) * b, rows, sms, k)
 
 
 def portable_latent_config(b: int, rows: int, t: int, k: int, sms: int) -> tuple[int, int, int]:
@@ -212,6 +292,49 @@ def latent_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
     return Breakdown(fixed + kernel + combine, terms, info)
 
 
+def latent_items(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
+                 lengths: tuple[int, ...] | None = None) -> Breakdown:
+    """The sm_90 absorbed kernel over its decode plan: one program per (item, 64-row tile), the
+    items on the SMs as the planner schedules them (:func:`item_schedule`).
+
+    A full 64 x 64 tile step takes ``t_step`` (its FLOPs at ``compute_efficiency`` of one SM's
+    share of the compute ceiling; a padded row costs as much as a full one); an item adds
+    ``program_us``; the compute time is the busiest SM's, ``blocks x t_step + items x
+    program_us`` — not whole waves: the planner cuts the sequences so that the last wave's items
+    are short. The DRAM time of the bytes (queries and outputs, every key's latent and RoPE key
+    once, the split items' fp32 partials) overlaps the compute by ``memory_overlap``; the combine
+    walks a split row's partials (``combine_us_per_split`` each) and moves them; ``fixed_us`` is
+    the launch and drain. No causal block skipping (the kernel visits every key block).
+    ``lengths``: keys per sequence (ragged; default ``pb.t`` each)."""
+    k, pp, w = dims.k, dims.p, dims.w
+    rows = dims.h * pb.s
+    tiles = max(1, cdiv(rows, GLUON_LATENT_BLOCK_M))
+    if lengths is None:
+        sched = uniform_schedule(pb.b, cdiv(pb.t, GLUON_LATENT_BLOCK_N), rows, m.sms, k)
+        batch, keys = pb.b, pb.b * pb.t
+    else:
+        sched = item_schedule(tuple(cdiv(int(x), GLUON_LATENT_BLOCK_N) for x in lengths), rows, m.sms, k)
+        batch, keys = len(lengths), sum(int(x) for x in lengths)
+    t_step = 2 * GLUON_LATENT_BLOCK_M * GLUON_LATENT_BLOCK_N * (2 * k + pp) / (
+        p["compute_efficiency"] * m.flops_per_s / m.sms)
+    compute = max(blocks * t_step + items * p["program_us"] * US for blocks, items in sched.loads)
+    partials = ACC_BYTES * sched.split_items * rows * (k + 1)
+    nbytes = w * (batch * rows * (2 * k + pp) + keys * (k + pp)) + partials
+    memory = nbytes / m.bytes_per_s
+    kernel = overlapped(compute, memory, p["memory_overlap"])
+    combine = 0.0
+    if sched.split_seqs:
+        combine = (sched.max_pieces * p["combine_us_per_split"] * US
+                   + (partials + w * sched.split_seqs * rows * k) / m.bytes_per_s)
+    fixed = p["fixed_us"] * US
+    terms = {"compute_s": compute, "memory_s": memory, "kernel_s": kernel, "combine_s": combine, "fixed_s": fixed}
+    busiest = max(sched.loads, key=lambda x: x[0] * t_step + x[1] * p["program_us"] * US)
+    info = {"programs": sched.items * tiles, "waves": cdiv(sched.items * tiles, m.sms), "splits": sched.max_pieces,
+            "items": sched.items, "busiest_sm_blocks": busiest[0], "busiest_sm_items": busiest[1],
+            "tile_fill": rows / (tiles * GLUON_LATENT_BLOCK_M), "t_step_s": t_step}
+    return Breakdown(fixed + kernel + combine, terms, info)
+
+
 def _visible_rows_keys(s: int, t: int, block_m: int, causal: bool) -> int:
     """Σ over the query blocks of one (sequence, head) of block_m x the keys the block visits
     (causal: up to the last visible key of its last row, t - s + min(s, (j + 1)·block_m))."""
@@ -255,17 +378,31 @@ def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float
 
 
 def hybrid(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
-           latent_law: Callable[[Problem], Breakdown], window_law: Callable[[Problem], Breakdown]) -> Breakdown:
+           latent_law: Callable[[Problem], Breakdown], window_law: Callable[[Problem], Breakdown],
+           absorbed_law: Callable[[Problem], Breakdown] | None = None) -> Breakdown:
     """MLAvar6+ with o = t - n latent keys and n window keys: the latent part (``latent_law`` over
     the o old keys; causal into them only when n < s), the window part (``window_law`` over the
     n newest keys), ``part_overlap`` of the shorter part hidden under the longer (0 = one after
     the other), then the merge (``merge_us`` plus its bytes: fp32 partials in, both outputs out).
     With o = 0 or n = 0 one part runs and the other output is zero-filled. ``fixed_us`` is the
     call's own cost beyond its parts. The breakdown states the resource law: SM-time per latent
-    key and per window key."""
+    key and per window key.
+
+    ``absorbed_law``: the kernel a call with n = 0 runs instead of the latent part (the default
+    call with no window *is* the absorbed design, ``kernel.hybrid``): its time plus the zero
+    fill of the expanded output, no ``fixed_us``."""
     b, h, s, t = pb.b, dims.h, pb.s, pb.t
     n = pb.n or 0
     o = t - n
+    if n == 0 and absorbed_law is not None:
+        latent = absorbed_law(Problem(b=b, s=s, t=t, causal=pb.causal))
+        zero = dims.w * b * h * s * dims.dv / m.bytes_per_s
+        terms = {"latent_s": latent.gpu_s, "window_s": 0.0, "parts_s": latent.gpu_s, "merge_s": 0.0,
+                 "zero_fill_s": zero, "fixed_s": 0.0}
+        info = {"o": o, "n": 0, "part_overlap": p["part_overlap"], "absorbed": True,
+                "sm_us_per_latent_key": m.sms * latent.gpu_s / t / US, "sm_us_per_window_key": None,
+                "latent": latent.info, "window": None}
+        return Breakdown(latent.gpu_s + zero, terms, info)
     # o < s (a window longer than t - s): counted as s latent keys, the least a Problem allows
     latent = latent_law(Problem(b=b, s=s, t=max(o, s), causal=pb.causal and n < s)) if o > 0 else None
     window = window_law(Problem(b=b, s=min(s, n), t=n, causal=pb.causal)) if n > 0 else None
@@ -294,13 +431,13 @@ def hybrid(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
 Params = Mapping[str, float]
 
 
-def flash_mla_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
+def flash_mla_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params,
+                    lengths: tuple[int, ...] | None = None) -> Breakdown:
     """The sm_90 absorbed kernel (seesaw): 64-row tiles of the h·s rows of a sequence, 64-key
-    steps, the keys cut into the decode plan's items (:func:`gluon_latent_splits`); visits every
-    key block (no causal skip)."""
-    rows = dims.h * pb.s
-    return latent_tiles(dims, pb, m, p, tile_rows=GLUON_LATENT_BLOCK_M, tiles_per_seq=cdiv(rows, GLUON_LATENT_BLOCK_M),
-                        block_n=GLUON_LATENT_BLOCK_N, splits=gluon_latent_splits(pb.b, rows, pb.t, m.sms, dims.k))
+    steps, the keys cut into the decode plan's items and scheduled as the planner does
+    (:func:`latent_items`); visits every key block (no causal skip). ``lengths``: a ragged batch's
+    keys per sequence (its item plan; a batch the GPU packs runs another kernel, not modelled)."""
+    return latent_items(dims, pb, m, p, lengths)
 
 
 def flash_mla_portable(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -329,11 +466,12 @@ def flash_attention_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params) -> 
     return expanded_tiles(dims, pb, m, p, block_m=GLUON_EXPANDED_BLOCK_M, splits=1)
 
 
-def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded: Params) -> Breakdown:
-    """MLAvar6+'s portable path (the default on every GPU today): the latent part as 32-row tiles
+def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded: Params,
+                    absorbed: Params | None = None) -> Breakdown:
+    """MLAvar6+'s portable path (the default on every GPU but sm_90): the latent part as 32-row tiles
     of heads x queries over 32-key steps (mma.sync), the window part as the portable expanded
     kernel over the n newest keys (parameters ``expanded``), one launch after the other, then the
-    merge."""
+    merge. With n = 0 the call is the portable absorbed kernel (parameters ``absorbed``)."""
     lat = {"compute_efficiency": p["latent_compute_efficiency"], "program_us": p["latent_program_us"],
            "memory_overlap": 1.0, "fixed_us": p["latent_fixed_us"], "combine_us_per_split": expanded["combine_us_per_split"]}
 
@@ -343,7 +481,8 @@ def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded:
                             tiles_per_seq=cdiv(dims.h, block_h) * cdiv(q.s, block_s), block_n=block_n, splits=splits,
                             causal_skip=True)
 
-    return hybrid(dims, pb, m, p, latent_law, lambda q: flash_attention_portable(dims, q, m, expanded))
+    return hybrid(dims, pb, m, p, latent_law, lambda q: flash_attention_portable(dims, q, m, expanded),
+                  None if absorbed is None else lambda q: flash_mla_portable(dims, q, m, absorbed))
 
 
 def window_partition(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -364,7 +503,7 @@ def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Par
     parts (its part: :func:`window_partition`, with the window's held SM-time per key), the fitted
     ``part_overlap`` of the shorter part hidden under the longer, plus the merge. Above it the parts run on two streams: the
     expanded default (Gluon for s > 64, else portable) over the n newest keys after the latent
-    part. With o = 0 (or n = 0) one part runs: the expanded (or absorbed) kernel alone."""
+    part. With o = 0 (or n = 0) one part runs: the expanded (or the absorbed design's) kernel alone."""
 
     def latent_law(q: Problem) -> Breakdown:
         return flash_mla_gluon(dims, q, m, latent)
@@ -376,7 +515,7 @@ def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Par
             return flash_attention_portable(dims, q, m, expanded_portable)
         return window_partition(dims, q, m, p)
 
-    return hybrid(dims, pb, m, p, latent_law, window_law)
+    return hybrid(dims, pb, m, p, latent_law, window_law, latent_law)
 
 
 def seed_flash_mla(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
@@ -500,7 +639,8 @@ LAWS: dict[tuple[str, str], Callable] = {
     ("flash_attention", "triton"): lambda d, pb, m, P: flash_attention_portable(d, pb, m, P("flash_attention", "triton")),
     ("flash_attention", "gluon"): lambda d, pb, m, P: flash_attention_gluon(d, pb, m, P("flash_attention", "gluon")),
     ("mla_var6_plus", "triton"): lambda d, pb, m, P: hybrid_portable(d, pb, m, P("mla_var6_plus", "triton"),
-                                                                     P("flash_attention", "triton")),
+                                                                     P("flash_attention", "triton"),
+                                                                     P("flash_mla", "triton")),
     ("mla_var6_plus", "gluon"): lambda d, pb, m, P: hybrid_hopper(d, pb, m, P("mla_var6_plus", "gluon"),
                                                                    P("flash_mla", "gluon"), P("flash_attention", "gluon"),
                                                                    P("flash_attention", "triton")),
@@ -512,14 +652,31 @@ LAWS: dict[tuple[str, str], Callable] = {
 
 #: kernels a law reads besides its own (fit order: these first).
 DEPENDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("mla_var6_plus", "triton"): (("flash_attention", "triton"),),
+    ("mla_var6_plus", "triton"): (("flash_attention", "triton"), ("flash_mla", "triton")),
     ("mla_var6_plus", "seed"): (("flash_mla", "seed"), ("flash_attention", "seed")),
     ("mla_var6_plus", "gluon"): (("flash_mla", "gluon"), ("flash_attention", "gluon"), ("flash_attention", "triton")),
 }
 
 
+#: the absorbed kernel a hybrid call with n = 0 runs (``kernel.hybrid``: the default call with no
+#: window is the absorbed design), by the hybrid's backend.
+ABSORBED_AT_N0: dict[tuple[str, str], tuple[str, str]] = {
+    ("mla_var6_plus", "gluon"): ("flash_mla", "gluon"),
+    ("mla_var6_plus", "triton"): ("flash_mla", "triton"),
+}
+
+
+def call_kernel(design: str, backend: str, pb: Problem) -> tuple[str, str]:
+    """The (design, backend) whose launches a call runs: the absorbed kernel for a hybrid at n = 0
+    (:data:`ABSORBED_AT_N0`), else the call's own. Its host costs and split count are the call's."""
+    if not pb.n and (design, backend) in ABSORBED_AT_N0:
+        return ABSORBED_AT_N0[(design, backend)]
+    return design, backend
+
+
 def splits_of(design: str, backend: str, dims: MLADims, pb: Problem, sms: int) -> int:
     """Split-KV count of a call (host-cost class: a split call does more host work)."""
+    design, backend = call_kernel(design, backend, pb)
     rows = dims.h * pb.s
     if (design, backend) == ("flash_mla", "gluon"):
         return gluon_latent_splits(pb.b, rows, pb.t, sms, dims.k)

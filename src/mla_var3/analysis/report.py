@@ -170,11 +170,14 @@ def write_report(
     device_note: str = "",
     calibration: Calibration | None = None,
     measured: dict | None = None,
+    tp: int = 1,
 ) -> list[Path]:
     """Write ``report.md`` / ``report.json`` and the two PNG plots into ``out_dir``; return the paths.
 
     ``calibration`` adds the calibrated prediction (without one the report says the numbers are
-    the roofline's); ``measured`` (``{s: {kernel: (seconds, n)}}``) adds measured times."""
+    the roofline's); ``measured`` (``{s: {kernel: (seconds, n)}}``) adds measured times. ``tp``:
+    the guide and plots are one GPU's call of that tensor-parallel degree (``dims.per_gpu(tp)``:
+    h/tp heads, the whole latent cache); the memory table stays the whole model's."""
     from mla_var3.analysis.plots import plot_roofline, plot_time_vs_s  # matplotlib only when plotting
 
     bad = [f for f in formats if f not in REPORT_FORMATS]
@@ -182,8 +185,9 @@ def write_report(
         raise ValueError(f"unknown report format(s) {', '.join(bad)}; expected {', '.join(REPORT_FORMATS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    model, dims = dims, dims.per_gpu(tp)
     guide = regime_guide(dims, device, b, t, ceilings=ceilings, calibration=calibration)
-    mem = memory_section(dims, device, context=context, n=1024)
+    mem = memory_section(model, device, context=context, n=1024)
     paths = []
     if "md" in formats:
         p = out / "report.md"
@@ -195,7 +199,7 @@ def write_report(
             "regime": guide.to_dict(),
             "memory": {
                 "context": context,
-                "layers": dims.layers,
+                "layers": model.layers,
                 "layouts": [
                     {"layout": lay.layout, "bytes_per_token_layer": lay.bytes_per_token_layer, "formula": lay.formula}
                     for lay in mem["layouts"]
@@ -203,6 +207,7 @@ def write_report(
                 "plans": [pl.to_dict() for pl in mem["plans"]],
             },
             "device_note": device_note,
+            "tp": tp,
             "measured": [{"s": s, "times_s": {k: v[0] for k, v in m.items()},
                           "n": {k: v[1] for k, v in m.items() if v[1] is not None}} for s, m in (measured or {}).items()],
         }

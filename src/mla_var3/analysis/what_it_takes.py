@@ -7,7 +7,9 @@ tiles bound it, the key/value stream's rate when the stream does; and its host t
 when the eager call is host-bound. For the hybrid, the resource law: its latent part at the
 absorbed kernel's calibrated rate over the o old keys, its window part streaming the n new
 keys' bytes at r per SM on all SMs, the parts overlapped as calibrated, plus its merge and fixed
-costs; the least r over the n the cache allows, beside the rate its default call reaches.
+costs; the least r over the n the cache allows, beside the rate its default call reaches and what
+the chip reads from HBM at each SM count (the device's measured ``read_by_sms``): the window on an
+SM partition, the latent part on the other SMs, needs r' per SM on m SMs against what m SMs read.
 
 >>> from mla_var3.analysis.calibration import load_calibration
 >>> from mla_var3.shapes import Problem, get_preset
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 from mla_var3.analysis.calibration import Calibration, law_breakdown, predict
 from mla_var3.analysis.cost import flash_attention_shared_kpe
+from mla_var3.analysis.devices import get_device
 from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims, Problem
 
@@ -168,6 +171,53 @@ def hybrid_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: flo
     return best
 
 
+@dataclass(frozen=True)
+class PartitionNeed:
+    """The window on an SM partition against the chip: at split ``n`` with the window on ``sms``
+    SMs (the latent part on the others, at the absorbed kernel's calibrated rate), the window
+    needs ``rate`` B/s per SM; the chip's HBM reads give ``chip`` B/s per SM at that count."""
+
+    n: int
+    sms: int
+    rate: float
+    chip: float
+
+
+def partition_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: float, lo: int = 0,
+                   hi: int | None = None, device=None, ceilings: str = "measured") -> PartitionNeed | None:
+    """The (n, SMs) at which a window on part of the GPU comes closest to what the chip reads
+    there: the least need ÷ give over the n the cache allows and the window's SM counts m, where the
+    latent part, on the other SMs, still ends by ``target_s`` less the merge (its whole-GPU time x
+    SMs / (SMs - m)). None without the device's measured HBM reads by SM count
+    (``Device.read_by_sms``), or when the latent part alone is too long."""
+    dev = get_device(device if device is not None else cal.device)
+    m_all, t = cal.machine().sms, problem.t
+    if not dev.read_by_sms:
+        return None
+    hi = t if hi is None else min(hi, t)
+    step = max(1, t // 64)
+    best = None
+    for n in sorted({hi, *(n for n in range(step, hi, step) if n >= lo)} - {0}):
+        lat, win_bytes, _ov, rest, _own = _parts(cal, dims, problem, n, device, ceilings)
+        slack = target_s - rest
+        for m in range(1, m_all):
+            if lat * m_all / (m_all - m) > slack:
+                break
+            need = PartitionNeed(n, m, win_bytes / (slack * m), dev.read_bandwidth(m) / m)
+            if best is None or need.rate / need.chip < best.rate / best.chip:
+                best = need
+    return best
+
+
+def _partition_text(need: PartitionNeed | None, device) -> str:
+    if need is None:
+        return ""
+    verdict = "within what the chip reads" if need.rate <= need.chip else "more than the chip reads"
+    return (f"; on an SM partition (the window on some SMs, the latent part on the others at the absorbed rate) "
+            f"at best {need.rate / 1e9:,.0f} GB/s per SM on {need.sms} SMs at n = {need.n}, where the chip reads "
+            f"{need.chip / 1e9:,.0f} per SM from HBM: {verdict}")
+
+
 def _hybrid(cal: Calibration, dims: MLADims, problem: Problem, target_s: float, lo: int, hi: int, device,
             ceilings: str) -> str:
     need = hybrid_need(cal, dims, problem, target_s, lo, hi, device, ceilings)
@@ -187,7 +237,8 @@ def _hybrid(cal: Calibration, dims: MLADims, problem: Problem, target_s: float, 
             "sm_us_per_latent_key")
         text += (f" and its latent part at {_NAMES[_LATENT]}'s rate ({full:,.0f} SM·µs per latent key"
                  + (f"; its own {own_lat:,.0f}" if own_lat else "") + ")")
-    return text + host_text
+    return text + _partition_text(partition_need(cal, dims, problem, target_s, lo, hi, device, ceilings), device) \
+        + host_text
 
 
 def requirement(calibration: Calibration | None, kernel: str, dims: MLADims, problem: Problem, target_s: float, *,
@@ -207,4 +258,4 @@ def requirement(calibration: Calibration | None, kernel: str, dims: MLADims, pro
     return _single(calibration, kernel, dims, problem, target_s, pr)
 
 
-__all__ = ["HybridNeed", "hybrid_need", "requirement", "resource_law_s"]
+__all__ = ["HybridNeed", "PartitionNeed", "hybrid_need", "partition_need", "requirement", "resource_law_s"]

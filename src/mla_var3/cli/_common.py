@@ -126,13 +126,19 @@ def measured_by_s(paths, device_key: str, dims, b: int, t: int, s_values, dtype:
     return {s: v for s, v in out.items() if v}
 
 
+def add_tp_arg(p: argparse.ArgumentParser) -> None:
+    """--tp: tensor-parallel degree, the call on one GPU of it."""
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: every prediction is the call on one GPU, with h/tp heads (h/tp "
+                        "must be whole) and the whole latent cache (replicated on every rank); default 1")
+
+
 def add_budget_args(p: argparse.ArgumentParser) -> None:
-    """--window-budget and --tp: the hybrid's expanded window."""
+    """--window-budget and --tp: the hybrid's expanded window, the heads per GPU."""
     p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
                    help="cap the hybrid's expanded window per sequence per layer per rank (n·(h/tp)·2d·w): bytes "
                         "(4.5MB, 4.5MiB) or 'latent' = the latent cache's own size t·(k+p)·w")
-    p.add_argument("--tp", type=positive_int, default=1,
-                   help="tensor-parallel degree: each rank holds h/tp heads of the window (default 1)")
+    add_tp_arg(p)
 
 
 def window_budget_bytes(value, dims, t: int) -> float | None:
@@ -154,6 +160,20 @@ def dims_from_args(args):
         label = ",".join(f"{k}={v}" for k, v in overrides.items() if k != "dv")
         dims = dims.replace(**overrides, name=f"{dims.name}({label})")
     return dims
+
+
+def per_rank(dims, tp: int):
+    """The dims of one GPU of a tensor-parallel group of ``tp``: h/tp heads (ValueError naming
+    --tp when tp does not divide h). The latent cache (Z, KPE) is whole on every rank: no other
+    dim changes, so its bytes are not divided."""
+    if dims.h % tp:
+        raise ValueError(f"--tp {tp} does not divide the heads h = {dims.h} (heads per GPU = h / tp must be whole)")
+    return dims.per_gpu(tp)
+
+
+def rank_dims_from_args(args):
+    """The MLADims of the call on one GPU: :func:`dims_from_args` with h / ``--tp`` heads."""
+    return per_rank(dims_from_args(args), getattr(args, "tp", 1))
 
 
 def device_from_args(args):

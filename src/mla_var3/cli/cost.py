@@ -17,11 +17,11 @@ def run(args) -> int:
 
     if args.design not in COST_MODELS:
         raise ValueError(f"unknown design {args.design!r}; known: {', '.join(COST_MODELS)}")
-    dims, dev = C.dims_from_args(args), C.device_from_args(args)
+    dims, dev = C.rank_dims_from_args(args), C.device_from_args(args)
     if args.n is not None and args.design != HYBRID:
         raise ValueError(f"--n applies to {HYBRID} only, not {args.design}")
-    if (args.window_budget is not None or args.tp != 1) and args.design != HYBRID:
-        raise ValueError(f"--window-budget and --tp apply to {HYBRID} only, not {args.design}")
+    if args.window_budget is not None and args.design != HYBRID:
+        raise ValueError(f"--window-budget applies to {HYBRID} only, not {args.design}")
     auto = args.n in (None, "auto")
     problem = Problem(b=args.b, s=args.s, t=args.t, n=None if auto else args.n)
     n_note = ""
@@ -29,14 +29,12 @@ def run(args) -> int:
         from mla_var3.analysis.regime import hybrid_split
 
         budget = C.window_budget_bytes(args.window_budget, dims, args.t)
-        split = hybrid_split(dims, problem, dev, "auto" if auto else args.n, window_budget_bytes=budget, tp=args.tp,
+        # dims are one rank's (h/tp heads): the window budget is per rank
+        split = hybrid_split(dims, problem, dev, "auto" if auto else args.n, window_budget_bytes=budget,
                              ceilings=args.ceilings)
         problem = problem.with_n(split.n)
         if auto:
             n_note = " (best n" + (", capped by the window budget" if split.limited_by == "memory" else "") + ")"
-        if args.tp != 1:
-            dims = dims.replace(h=dims.h // args.tp, name=dims.name)
-            n_note += f", per rank of tp={args.tp}"
     pred = predict(args.design, dims, problem, dev, args.ceilings, stages=args.stages)
     from mla_var3.analysis.calibration import predict as predict_calibrated
 
@@ -45,7 +43,7 @@ def run(args) -> int:
                              ceilings=args.ceilings)
     if args.json:
         C.print_json({**pred.to_dict(), "model": dims.name, "b": problem.b, "s": problem.s, "t": problem.t,
-                      "n": problem.n, "stages": args.stages,
+                      "n": problem.n, "stages": args.stages, "tp": args.tp,
                       "dims": {"h": dims.h, "d": dims.d, "p": dims.p, "k": dims.k, "dv": dims.dv, "w": dims.w},
                       "calibrated_time_s": cal.time_s, "calibrated_source": cal.source,
                       "calibrated_gpu_s": cal.gpu_s, "calibrated_host_s": cal.host_s, "calibrated_backend": cal.backend,
@@ -55,7 +53,8 @@ def run(args) -> int:
     shape = f"b={problem.b} s={problem.s} t={problem.t}" + (f" n={problem.n}{n_note}" if problem.n is not None else "")
     rows = [
         ["design", args.design + (" + absorb/decompress" if args.stages else "")],
-        ["model", f"{dims.name} (h={dims.h} d={dims.d} p={dims.p} k={dims.k} w={dims.w})"],
+        ["model", f"{dims.name} (h={dims.h} d={dims.d} p={dims.p} k={dims.k} w={dims.w})"
+                  + (f": one GPU of tp={args.tp}, h/tp heads, the whole latent cache" if args.tp != 1 else "")],
         ["problem", shape],
         ["device", f"{dev.name} ({ceil.kind} ceilings: {ceil.flops_per_s / 1e12:,.1f} TFLOP/s, {ceil.bytes_per_s / 1e9:,.0f} GB/s)"],
         ["FLOPs", f"{c.flops:,} ({c.flops / 1e9:,.2f} GFLOP)"],
@@ -76,7 +75,8 @@ def add(sub) -> None:
     from mla_var3.analysis.cost import COST_MODELS
 
     p = sub.add_parser("cost", help="FLOPs, bytes, intensity and predicted time of one design",
-                       description="FLOPs, bytes, arithmetic intensity and roofline time of one design.")
+                       description="FLOPs, bytes, arithmetic intensity and roofline time of one design (with --tp: "
+                                   "on one GPU of a tensor-parallel group, h/tp heads).")
     p.add_argument("--design", required=True, choices=list(COST_MODELS), metavar="DESIGN",
                    help=f"one of {', '.join(COST_MODELS)}")
     C.add_model_args(p)

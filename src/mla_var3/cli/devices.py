@@ -25,6 +25,9 @@ def run(args) -> int:
                 "smem_per_sm_kb": dev.smem_per_sm_kb, "ridge_datasheet": ds.ridge,
                 "ridge_measured": ms.ridge if ms.kind == "measured" else None,
                 "measured": dev.measured, "sources": dev.sources,
+                "read_by_sms": None if not dev.read_by_sms else {
+                    "sms": [m for m, _ in dev.read_by_sms], "gbs": [g for _, g in dev.read_by_sms],
+                    "source": dev.read_by_sms_source},
             })
         C.print_json(out)
         return 0
@@ -47,7 +50,9 @@ def _measure(args) -> int:
     import torch
 
     from mla_var3.analysis.devices import match_device_name
-    from mla_var3.runtime.ceilings import NoGPUError, device_entry, measure_ceilings, write_user_device
+    from mla_var3.runtime.ceilings import (
+        NoGPUError, device_entry, measure_ceilings, measure_read_by_sms, write_user_device,
+    )
     from mla_var3.runtime.environment import device_name, device_slug
 
     if not torch.cuda.is_available():
@@ -55,6 +60,7 @@ def _measure(args) -> int:
                          "none is visible here")
     try:
         measured = measure_ceilings()
+        by_sms = measure_read_by_sms()
     except NoGPUError as exc:
         raise ValueError(str(exc)) from None
     name = device_name()
@@ -67,10 +73,17 @@ def _measure(args) -> int:
                               f" ({base.key if base else 'not in the devices table'})",
                               ["ceiling", "measured", "datasheet"], rows))
     print(measured.source)
+    recorded = dict(base.read_by_sms or ()) if base else {}
+    C.console().print(C.table("HBM read bandwidth by SM count (what m SMs can pull; a kernel on part of the GPU is "
+                              "bounded by it)", ["SMs", "TB/s", "GB/s per SM", "recorded GB/s per SM"],
+                              [[m, f"{g / 1e3:,.2f}", f"{g / m:,.0f}",
+                                f"{recorded[m] / m:,.0f}" if m in recorded else "-"] for m, g in by_sms[0]],
+                              right_from=0))
+    print(by_sms[1] + (f"; recorded: {base.read_by_sms_source}" if base and base.read_by_sms else ""))
     if args.write:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         entry = device_entry(measured, base=base, name=name, memory_gb=round(props.total_memory / 1e9, 1),
-                             sms=props.multi_processor_count)
+                             sms=props.multi_processor_count, read_by_sms=by_sms)
         key = base.key if base else device_slug(name)
         write_user_device(args.write, key, entry)
         print(f"wrote device {key!r} with the measured ceilings to {args.write} "
@@ -82,7 +95,8 @@ def add(sub) -> None:
     p = sub.add_parser("devices", help="the devices table with ridge points", description="Known devices and their ceilings.")
     C.add_devices_file_arg(p)
     p.add_argument("--measure", action="store_true",
-                   help="measure this GPU's copy bandwidth and bf16 matmul rate and print them beside the datasheet")
+                   help="measure this GPU's copy bandwidth, bf16 matmul rate and HBM read bandwidth by SM count "
+                        "and print them beside the datasheet and the recorded curve")
     p.add_argument("--write", type=path_arg, metavar="PATH", help="with --measure: add the measured ceilings to this user devices file")
     C.add_json_arg(p)
     p.set_defaults(func=run)

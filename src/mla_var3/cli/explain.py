@@ -72,7 +72,7 @@ def _grid(args, dims, dev) -> int:
 
 
 def run(args) -> int:
-    dims = C.dims_from_args(args)
+    dims = C.rank_dims_from_args(args)          # one GPU's call: h/tp heads, the whole latent cache
     dev = C.device_from_args(args)
     if args.grid:
         return _grid(args, dims, dev)
@@ -102,7 +102,8 @@ def run(args) -> int:
     takes = what_it_takes(dec, dispatcher, dims, problem, info)
     if args.json:
         C.print_json({
-            "model": dims.name, "device": dev.key, "dtype": args.dtype, "b": problem.b, "s": problem.s,
+            "model": dims.name, "tp": args.tp, "heads": dims.h, "device": dev.key, "dtype": args.dtype,
+            "b": problem.b, "s": problem.s,
             "t": problem.t, "regime": regime_of(problem.s),
             "cache": {"kind": info.kind, "window": info.window, "latent_window": info.latent_window},
             "ceilings": {"kind": ceil.kind, "peak_flops_per_s": ceil.flops_per_s,
@@ -127,7 +128,8 @@ def run(args) -> int:
             rows.append([mark + e.design, KERNEL[e.design], "-", "-", "-", "-", "-", "-", "-", "impossible: " + note])
     cache_txt = info.kind + (f", window n <= {info.window}" + ("" if info.latent_window else " (no latent copies)")
                              if info.kind == "hybrid" else "")
-    title = (f"{dims.name}, b={problem.b} s={problem.s} t={problem.t} ({regime_of(problem.s)}), {args.dtype}, "
+    title = (f"{dims.name}" + (f" (one GPU of tp={args.tp}: {dims.h} heads, the whole latent cache)" if args.tp != 1
+                               else "") + f", b={problem.b} s={problem.s} t={problem.t} ({regime_of(problem.s)}), {args.dtype}, "
              f"{cache_txt} cache, on {dev.name}: {ceil.kind} ceilings {ceil.flops_per_s / 1e12:,.0f} TFLOP/s, "
              f"{ceil.bytes_per_s / 1e9:,.0f} GB/s, ridge {ceil.ridge:,.1f} FLOP/byte")
     con = C.console()
@@ -164,7 +166,9 @@ def add(sub) -> None:
                    help=f"force a design: {', '.join(DESIGNS)} (default auto)")
     p.add_argument("--n", type=nonneg_int, help="force the hybrid split n (with --design hybrid)")
     p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
-                   help="cap the hybrid's window per sequence per layer (n·h·2d·w): bytes or 'latent' = t·(k+p)·w")
+                   help="cap the hybrid's window per sequence per layer per GPU (n·(h/tp)·2d·w): bytes or 'latent' "
+                        "= t·(k+p)·w")
+    C.add_tp_arg(p)
     C.add_device_args(p)
     C.add_calibration_arg(p)
     C.add_results_arg(p, "(they override the model)")

@@ -16,7 +16,8 @@ def run(args) -> int:
     from mla_var3.analysis.regime import regime_guide
     from mla_var3.designs import DESIGNS
 
-    dims, dev = C.dims_from_args(args), C.device_from_args(args)
+    full, dev = C.dims_from_args(args), C.device_from_args(args)
+    dims = C.per_rank(full, args.tp)          # the guide is one GPU's call: h/tp heads, the whole latent
     for s in args.s or []:
         Problem(b=args.b, s=s, t=args.t)  # validates s <= t
     if args.sweep and not args.plot_n:
@@ -26,11 +27,12 @@ def run(args) -> int:
     guide = regime_guide(dims, dev, args.b, args.t, args.s, args.ceilings, args.fa_model, calibration=cal)
     measured = C.measured_by_s(args.results or (), dev.key, dims, args.b, args.t, [r.s for r in guide.rows],
                                args.dtype)
-    budget_rows, budget_note = _budget_rows(args, dims, dev)
+    budget_rows, budget_note = _budget_rows(args, full, dev)
     if args.plot_n:
         _plot_n(args, dims, dev, cal)
     if args.json:
         out = guide.to_dict()
+        out["tp"] = args.tp
         if budget_rows:
             out["window_budget"] = [{"s": s, **r.to_dict()} for s, rows_s in budget_rows for r in rows_s]
         if args.results:
@@ -55,7 +57,8 @@ def run(args) -> int:
                 m = measured.get(r.s, {}).get(d.kernel)
                 row.append("-" if m is None else C.us(m[0]) + (f" n={m[1]}" if m[1] is not None else ""))
         rows.append(row + ([r.calibrated_best] if calibrated else []) + [r.best])
-    title = (f"{dims.name} on {dev.name}, b={args.b} t={args.t}, {c.kind} ceilings "
+    title = (f"{dims.name}" + (f" (one GPU of tp={args.tp}: {dims.h} heads, the whole latent cache)" if args.tp != 1
+                               else "") + f" on {dev.name}, b={args.b} t={args.t}, {c.kind} ceilings "
              f"({c.flops_per_s / 1e12:,.1f} TFLOP/s, {c.bytes_per_s / 1e9:,.0f} GB/s, ridge {c.ridge:.1f})")
     con = C.console()
     con.print(C.table(title, columns, rows, right_from=0))
@@ -103,18 +106,19 @@ def _plot_n(args, dims, dev, cal) -> None:
             raise ValueError(f"--sweep {show_path(args.sweep)} has no n sweep (one label measured at two or more n) "
                              f"at b={args.b}, s={s}; pick them with --b and --s")
     budget = C.window_budget_bytes(args.window_budget, dims, args.t)
-    path = plot_time_vs_n(dims, dev, args.b, s, args.t, out, args.ceilings, measured, budget, args.tp, calibration=cal)
+    path = plot_time_vs_n(dims, dev, args.b, s, args.t, out, args.ceilings, measured, budget, calibration=cal)
     print(f"wrote {path}" + (f" (measured: {', '.join(measured)})" if measured else " (model only)"), file=sys.stderr)
 
 
 def _budget_rows(args, dims, dev):
-    """(s, [BudgetedSplit]) per s of the guide when --window-budget or --tp is given."""
+    """(s, [BudgetedSplit]) per s of the guide when --window-budget is given: the model's
+    dims (all h heads) split at tp = 1 and at --tp, each per rank."""
     from mla_var3.analysis.regime import budget_table
 
-    if args.window_budget is None and args.tp == 1:
+    if args.window_budget is None:
         return [], ""
-    budget = C.window_budget_bytes(args.window_budget or "latent", dims, args.t)
-    note = ("window <= the latent cache's own size" if args.window_budget in (None, "latent") else "window")
+    budget = C.window_budget_bytes(args.window_budget, dims, args.t)
+    note = ("window <= the latent cache's own size" if args.window_budget == "latent" else "window")
     note += f" = {budget / 1e6:,.2f} MB per sequence per layer"
     tps = sorted({1, args.tp})
     s_values = args.s or [r for r in (1, 2, 4, 8, 16, 32, 64) if r <= args.t]

@@ -17,6 +17,7 @@ def run(args) -> int:
     from mla_var3.analysis.report import write_report
 
     dims = C.dims_from_args(args)
+    C.per_rank(dims, args.tp)                   # --tp must divide h: the guide is one GPU's call (h/tp heads)
     if args.device:
         dev, note = get_device(args.device, args.devices_file), f"{args.device} (chosen)"
     else:
@@ -25,10 +26,10 @@ def run(args) -> int:
     C.check_results_files("--results", args.results)
     from mla_var3.analysis.regime import DEFAULT_S
 
-    measured = C.measured_by_s(args.results or (), dev.key, dims, args.b, args.t, [s for s in DEFAULT_S if s <= args.t],
-                               args.dtype)
+    measured = C.measured_by_s(args.results or (), dev.key, dims.per_gpu(args.tp), args.b, args.t,
+                               [s for s in DEFAULT_S if s <= args.t], args.dtype)
     paths = write_report(args.out, dims, dev, args.b, args.t, args.ceilings, args.format, args.context, note,
-                         calibration=C.calibration_from_args(args, dev), measured=measured)
+                         calibration=C.calibration_from_args(args, dev), measured=measured, tp=args.tp)
     _print_tables(args, dev)
     status = 0
     if args.kernel_check:
@@ -54,7 +55,7 @@ def report_formats_arg(text: str) -> list[str]:
 def _print_tables(args, dev) -> None:
     """The report's regime guide and memory table on the terminal: the ``regime`` and
     ``memory`` commands run with the report's model, device and sizes (the capacity plan at
-    tp = 8, a common serving layout, when 8 divides h; report.md has tp = 1 and 8). A model
+    tp = 8, a common serving layout, when 8 divides h, or at --tp; report.md has tp = 1 and 8). A model
     without a published parameter count (dims overridden) has no capacity plan, as in report.md."""
     from mla_var3.analysis.memory import PUBLISHED_WEIGHTS
 
@@ -65,12 +66,12 @@ def _print_tables(args, dev) -> None:
             shared += [f"--{dim}", str(getattr(args, dim))]
     if args.devices_file:
         shared += ["--devices-file", args.devices_file]
-    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings]
+    commands = [["regime", "--b", str(args.b), "--t", str(args.t), "--ceilings", args.ceilings, "--tp", str(args.tp)]
                 + (["--calibration", args.calibration] if args.calibration else [])
                 + [x for path in args.results or () for x in ("--results", path)]]
     if dims.name in PUBLISHED_WEIGHTS:
-        commands.append(["memory", "--context", str(args.context), "--n", str(min(1024, args.context)),
-                         "--tp", "8" if dims.h % 8 == 0 else "1"])
+        tp = args.tp if args.tp != 1 else 8 if dims.h % 8 == 0 else 1
+        commands.append(["memory", "--context", str(args.context), "--n", str(min(1024, args.context)), "--tp", str(tp)])
     else:
         print(f"no capacity plan: no published parameter count for {dims.name}")
     parser = C.Parser(prog=C.PROG)
@@ -116,6 +117,7 @@ def add(sub) -> None:
     p.add_argument("--t", type=positive_int, default=4096, help="context (default 4096)")
     p.add_argument("--context", type=positive_int, default=32768, help="memory table: tokens per sequence (default 32768)")
     p.add_argument("--format", type=report_formats_arg, default="md,json", help="md, json or md,json (default)")
+    C.add_tp_arg(p)
     C.add_calibration_arg(p)
     C.add_results_arg(p, "(a column per design, points on the plots)")
     p.add_argument("--kernel-check", action=argparse.BooleanOptionalAction, default=True,

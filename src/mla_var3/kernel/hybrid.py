@@ -18,7 +18,8 @@ all O + N keys, so ``o + decompress(o_latent, w_uv)`` is the attention output. T
 independent launches (they can overlap on the GPU: one is compute-bound, the other memory-bound);
 the merge reads both partials once and writes the outputs in the input dtype. When O = 0 (or
 N = 0) only the expanded (or latent) part runs, writing its output directly, and the other
-output is zero.
+output is zero; the default call with N = 0 is the absorbed design and runs its kernel
+(:func:`mla_var3.kernel.absorbed.flash_mla`).
 
 Causal rule with T = O + N keys: query i sees key j <= T - S + i. The expanded part is the
 expanded kernel with L = N (query i sees new key j' <= N - S + i); when N < S its first S - N
@@ -53,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mla_var3.kernel import absorbed as _absorbed
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
@@ -592,6 +594,25 @@ def mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causa
 backends.register("mla_var6_plus", "triton", mla_var6_plus_portable)
 
 
+def _pow2_16(x: int) -> bool:
+    """The widths the absorbed kernel takes: powers of two >= 16 (others run the hybrid's own latent part)."""
+    return x >= 16 and not x & (x - 1)
+
+
+def _as_absorbed(qc, qpe, z_old, kpe, *, scale, causal, out, out_latent, dv: int):
+    """N = 0: the call *is* the absorbed design over the O = T latent keys, so it runs the public
+    :func:`mla_var3.kernel.absorbed.flash_mla` (the device's best absorbed kernel: the seesaw with
+    its decode plan on sm_90) and keeps the hybrid's contract: ``o`` zero, ``o_latent`` the
+    absorbed output (copied into ``out_latent`` when given: an ``out`` buffer would keep the
+    absorbed call off its fastest kernel), the LSE over all keys."""
+    b, h, s, _ = qc.shape
+    o_lat, lse = _absorbed.flash_mla(qc, qpe, z_old, kpe, scale=scale, causal=causal)
+    if out_latent is not None:
+        o_lat = out_latent.copy_(o_lat)
+    out = torch.zeros((b, h, s, dv), dtype=qc.dtype, device=qc.device) if out is None else out.zero_()
+    return out, o_lat, lse
+
+
 def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: torch.Tensor, kpe: torch.Tensor,
                   k_new: torch.Tensor, v_new: torch.Tensor, *, scale: float, causal: bool = True,
                   config: MLAVar6PlusConfig | None = None, out: torch.Tensor | None = None,
@@ -614,6 +635,10 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`);
         ``"gluon"`` on sm_90 (opt-in): :mod:`mla_var3.kernel.hopper.hybrid_hopper`
     overlap : issue the two parts on two streams where the backend can (sm_90)
+
+    With N = 0, no ``config`` and ``backend="auto"`` the call is the absorbed design and runs it:
+    :func:`mla_var3.kernel.absorbed.flash_mla` over ``z_old``, ``o`` zero (a named backend, a
+    config, or K or P not a power of two >= 16 run the hybrid's own latent part).
 
     All inputs share one dtype (bf16/fp16; float32 too under the interpreter) and device; any
     strides. Returns ``(o [B,H,S,D], o_latent [B,H,S,K], lse [B,H,S] float32)``, both outputs
@@ -645,6 +670,9 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
         bind_output("out", out, "B H S D", dict(sizes), **same)
     if out_latent is not None:
         bind_output("out_latent", out_latent, "B H S K", dict(sizes), **same)
+    if n_len == 0 and config is None and backend == "auto" and b * h * s and _pow2_16(k) and _pow2_16(p):
+        return _as_absorbed(qc, qpe, z_old, kpe, scale=scale, causal=bool(causal), out=out, out_latent=out_latent,
+                            dv=d)
     run = backends.select("mla_var6_plus", dev, backend)
     return run(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=bool(causal), config=config, out=out,
                out_latent=out_latent, overlap=bool(overlap))
