@@ -69,8 +69,9 @@ class CalibrationFileError(InputFileError):
 #: longer hold (``stale_kernels``).
 _SHARED_FILES = ("kernel/_common.py", "kernel/_jit.py", "kernel/_launch.py", "kernel/backends.py", "kernel/combine.py",
                  "kernel/hopper/__init__.py", "kernel/hopper/_gluon.py")
-_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode_plan.py", "analysis/item_cut.py",
-                   "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py")
+_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode.py", "kernel/decode_plan.py", "analysis/item_cut.py",
+                   "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py",
+                   "kernel/hopper/seesaw_host.py")
 _EXPANDED_FILES = ("kernel/expanded.py", "kernel/hopper/expanded_gluon.py")
 _HYBRID_FILES = ("kernel/hybrid.py", "kernel/hopper/hybrid_hopper.py", "kernel/hopper/window_gluon.py")
 #: per design's kernel: a latent design runs the absorbed files, an expanded one the expanded
@@ -94,14 +95,29 @@ def kernel_hashes(designs=tuple(KERNEL_FILES), root=None) -> dict[str, str]:
 
 
 def stale_kernels(cal: "Calibration", root=None) -> list[str]:
-    """The kernel files of ``cal`` (its ``kernels["files"]``) whose bytes differ today from those it
-    was measured with; every file of :data:`KERNEL_FILES` when it names none. Empty: the
-    calibration describes today's kernels."""
+    """The kernel files whose bytes today are neither those ``cal`` was measured with (its
+    ``kernels["files"]``) nor those of a change it records as not re-measured (its
+    ``kernels["unmeasured"]``, see :func:`unmeasured_changes`); every file of
+    :data:`KERNEL_FILES` when it names none. Empty: the calibration describes today's kernels,
+    or says plainly which of today's files it has not timed."""
     files = (cal.kernels or {}).get("files") or {}
+    wanted = sorted({f for fs in KERNEL_FILES.values() for f in fs})
     if not files:
-        return sorted({f for fs in KERNEL_FILES.values() for f in fs})
+        return wanted
     now = kernel_hashes(root=root)
-    return sorted(path for path, digest in files.items() if now.get(path, "unknown") != digest)
+    known = {path: {digest} for path, digest in files.items()}
+    for change in unmeasured_changes(cal):
+        for path, digest in change["files"].items():
+            known.setdefault(path, set()).add(digest)
+    return sorted(path for path in wanted if now.get(path, "unknown") not in known.get(path, ()))
+
+
+def unmeasured_changes(cal: "Calibration") -> list[dict]:
+    """The kernel-file changes ``cal`` records as landed without a re-calibration:
+    ``[{"commit", "files": {path: sha256}, "why", "affects"}]`` (``affects``: what of the model
+    may be off, e.g. ``"host"`` for the launchers' host time). Each is printed with the
+    calibration's :attr:`Calibration.label`, so a prediction says what it has not measured."""
+    return list((cal.kernels or {}).get("unmeasured") or [])
 
 
 @dataclass(frozen=True)
@@ -178,7 +194,9 @@ class Calibration:
             commits = ",".join(self.commits.get("measurements", [])) or "?"
             where = f" ({Path(self.path).name})" if self.path else ""
             cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
-            self._memo["label"] = f"{self.device} · measurements at {commits}{where}{cpu}"
+            stale = "".join(f" · not re-measured since {c['commit']} ({c['affects']}: {c['why']})"
+                            for c in unmeasured_changes(self))
+            self._memo["label"] = f"{self.device} · measurements at {commits}{where}{cpu}{stale}"
         return self._memo["label"]
 
     def machine(self) -> Machine:
@@ -360,9 +378,21 @@ def _kernels_block(raw) -> dict:
     """The ``kernels`` field: ``{"commit": str, "files": {path: sha256 hex}, ...}`` (ValueError otherwise)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("files", {}), dict):
         raise ValueError("'kernels' must be an object with 'files': {path: sha256}")
-    for path, digest in raw.get("files", {}).items():
-        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ValueError(f"kernels: the hash of {path!r} is not a sha256 hex digest: {digest!r}")
+    def check_hashes(files: dict, where: str) -> None:
+        for path, digest in files.items():
+            if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(f"{where}: the hash of {path!r} is not a sha256 hex digest: {digest!r}")
+
+    check_hashes(raw.get("files", {}), "kernels")
+    changes = raw.get("unmeasured", [])
+    if not isinstance(changes, list):
+        raise ValueError("kernels: 'unmeasured' must be a list of {commit, files, why, affects}")
+    for i, change in enumerate(changes):
+        if not isinstance(change, dict) or not isinstance(change.get("files"), dict) or not all(
+                isinstance(change.get(k), str) and change.get(k) for k in ("commit", "why", "affects")):
+            raise ValueError(f"kernels: unmeasured change {i} must hold a commit, files {{path: sha256}}, why and "
+                             f"affects (non-empty strings)")
+        check_hashes(change["files"], f"kernels: unmeasured change {i}")
     return dict(raw)
 
 
