@@ -1,5 +1,6 @@
-"""The package's structure, read from its source: imports flow one way, the designs are named
-in one table, and importing the package changes nothing in the process.
+"""The package's structure, read from its source: imports only go down the layers, the designs
+are named in one table, functions and files stay small, importing the package changes nothing
+in the process, and the benchmark scripts use the public API and stand alone.
 
 The import graph is built with ``ast`` from every ``import`` statement of ``src/mla_var3``, at
 any depth (a lazy import inside a function is a dependency too). ``import a.b.c`` and
@@ -105,8 +106,8 @@ def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 def test_the_graph_sees_lazy_and_relative_imports():
     assert "mla_var3.model.attention" in GRAPH["mla_var3.model.layer"]
-    # a function-level import is an edge: the kernel CLI's import of the measurement adapter
-    assert "mla_var3.runtime.designs" in GRAPH["mla_var3.kernel.__main__"]
+    # a function-level import is an edge: the kernel CLI's import of the launchers by name
+    assert "mla_var3.kernel.launchers" in GRAPH["mla_var3.kernel.__main__"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
 
 
@@ -124,6 +125,52 @@ def _edges(source: str, target: str) -> set[tuple[str, str]]:
         return module == prefix or module.startswith(prefix + ".")
 
     return {(a, b) for a, targets in GRAPH.items() if under(a, source) for b in targets if under(b, target)}
+
+
+#: the layers, lowest first: a module imports modules of its own layer or of a lower one, never
+#: of a higher one. ``conf`` (data files) sits with the foundation; the package itself
+#: (``mla_var3/__init__.py``, the public API re-exported) and ``python -m mla_var3`` are on top.
+LAYERS = (
+    ("shapes", "designs", "_io", "_argtypes", "testing", "conf"),     # the foundation
+    ("analysis", "reference"),
+    ("runtime",),
+    ("kernel",),
+    ("dispatch",),
+    ("model", "compat"),
+    ("integrations", "cli", "__main__"),
+)
+
+
+def _layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s top-level part (the package root: the top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS)
+    found = [i for i, names in enumerate(LAYERS) if parts[1] in names]
+    assert found, f"{module} is in no layer: add its package to LAYERS"
+    return found[0]
+
+
+def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The imports of ``graph`` that go up the layers."""
+    return {(a, b) for a, targets in graph.items() for b in targets if _layer(b) > _layer(a)}
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        _layer(module)
+
+
+def test_imports_only_go_down_the_layers():
+    """No module imports one of a higher layer, a function-level import included."""
+    up = _upward(GRAPH)
+    assert not up, "imports going up the layers: " + "; ".join(f"{a} -> {b}" for a, b in sorted(up))
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"mla_var3.runtime.x": {"mla_var3.compat", "mla_var3.shapes"}, "mla_var3.kernel.y": {"mla_var3.runtime.x"},
+             "mla_var3.cli.z": {"mla_var3.kernel.y"}}
+    assert _upward(graph) == {("mla_var3.runtime.x", "mla_var3.compat")}
 
 
 @pytest.mark.parametrize("source,target,allowed", [
@@ -210,10 +257,10 @@ def test_consumers_read_the_table():
     from mla_var3 import cli
     from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL
 
-    (cost, measured, kernel, kernel_cli, backend, layer, bench, runtime_designs) = (
+    (cost, kernel, kernel_cli, backend, layer, sweep) = (
         importlib.import_module(f"mla_var3.{m}") for m in (
-            "analysis.cost", "dispatch.measured", "kernel", "kernel.__main__", "model.backend", "model.layer",
-            "runtime.bench", "runtime.designs"))
+            "analysis.cost", "kernel", "kernel.__main__", "model.backend", "model.layer",
+            "cli.sweep"))
 
     table = designs.DESIGNS
     kernels = tuple(d.kernel for d in table)
@@ -222,8 +269,8 @@ def test_consumers_read_the_table():
     assert set(ALIASES) | set(DESIGNS) == NAMES
     assert CACHE_KINDS == designs.CACHE_KINDS
     assert layer.MODES == tuple(d.mode for d in table)
-    assert runtime_designs.DESIGNS == kernels == tuple(cost.DESIGNS) == measured.KERNELS == kernel_cli.DESIGNS
-    assert bench.BenchSpec(dims=None).designs == kernels
+    assert designs.ATTENTION_KERNELS == kernels == tuple(cost.DESIGN_MODELS)
+    assert sweep.BenchSpec(dims=None).designs == kernels
     assert backend.FUNCTIONS == tuple(designs.KERNELS)
     assert set(designs.KERNELS) <= set(mla_var3.__all__) and set(designs.KERNELS) <= set(kernel.__all__)
     parser = kernel_cli._parser()
@@ -251,7 +298,7 @@ def test_the_table_names_what_exists():
         module = importlib.import_module(designs.KERNELS[d.kernel].module)
         config_type = getattr(module, designs.KERNELS[d.kernel].config)
         if d.name == "absorbed":
-            continue  # its module keeps its launcher's sizes (runtime.designs adapts them)
+            continue  # its module keeps its launcher's sizes (kernel.launchers adapts them)
         for fn in (module.default_config, module.candidate_configs):
             assert list(inspect.signature(fn).parameters) == ["dims", "problem", "device"], fn
         problem = Problem(b=2, s=4, t=256, n=64 if d.split else None)
@@ -259,6 +306,49 @@ def test_the_table_names_what_exists():
         assert module.default_config(dims, problem) in module.candidate_configs(dims, problem)
     with pytest.raises(ValueError, match="unknown design 'flashinfer'"):
         designs.design("flashinfer")
+
+
+# ------------------------------------------------------------------------ one meaning per name
+
+#: modules binding ``DESIGNS`` besides the design table, being rewritten elsewhere: the
+#: dispatcher's is the designs' canonical names (read them from the table instead). Delete an
+#: entry when its binding is gone (the test fails until then, so the list cannot go stale).
+KNOWN_DESIGNS_BINDINGS = {"mla_var3.dispatch.decide"}
+
+
+def _binds(tree: ast.AST, name: str) -> list[int]:
+    """Lines of ``tree`` that bind ``name``: an assignment to it, a ``def`` or ``class`` of it, or
+    an import of it from anywhere but the design table."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)):
+            targets = [node.target]
+        else:
+            targets = []
+        lines += [node.lineno for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            lines.append(node.lineno)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            from_table = isinstance(node, ast.ImportFrom) and not node.level and node.module == "mla_var3.designs"
+            lines += [node.lineno for a in node.names if (a.asname or a.name.split(".")[-1]) == name and not from_table]
+    return lines
+
+
+def test_designs_is_bound_in_one_module():
+    """``DESIGNS`` means the design table (:data:`mla_var3.designs.DESIGNS`) wherever it is bound."""
+    assert _binds(ast.parse("DESIGNS = ()\nfrom mla_var3.dispatch.decide import DESIGNS\n"
+                            "from mla_var3.designs import DESIGNS"), "DESIGNS") == [1, 2]
+    bound = {m for m, tree in TREES.items() if m != "mla_var3.designs" and _binds(tree, "DESIGNS")}
+    assert not bound - KNOWN_DESIGNS_BINDINGS, f"DESIGNS bound outside the design table: {bound - KNOWN_DESIGNS_BINDINGS}"
+    gone = KNOWN_DESIGNS_BINDINGS - bound
+    assert not gone, f"bindings gone, delete them from KNOWN_DESIGNS_BINDINGS: {gone}"
+
+
+def test_one_module_named_designs():
+    """``designs`` is the design table alone (the launchers by name were once a second one)."""
+    assert [m for m in MODULES if m.rpartition(".")[2] == "designs"] == ["mla_var3.designs"]
 
 
 # ------------------------------------------------------------------------------ side effects

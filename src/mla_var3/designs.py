@@ -98,6 +98,10 @@ DESIGNS: tuple[Design, ...] = (
            latent=True, split=True, color="tab:green"),
 )
 
+#: the three attention kernels, by name, in the table's order (what the benchmark, the
+#: calibration and ``python -m mla_var3.kernel`` run).
+ATTENTION_KERNELS: tuple[str, ...] = tuple(d.kernel for d in DESIGNS)
+
 #: every accepted name of a design (canonical, kernel, alias, layer mode) -> the design.
 _BY_NAME = {n: d for d in DESIGNS for n in (d.name, d.kernel, d.mode, *d.aliases)}
 
@@ -111,4 +115,4 @@ def design(name: str) -> Design:
         raise ValueError(f"unknown design {name!r}; expected one of {', '.join(_BY_NAME)}") from None
 
 
-__all__ = ["CACHE_KINDS", "DESIGNS", "KERNELS", "Design", "Kernel", "design"]
+__all__ = ["ATTENTION_KERNELS", "CACHE_KINDS", "DESIGNS", "KERNELS", "Design", "Kernel", "design"]

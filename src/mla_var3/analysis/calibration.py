@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from mla_var3.analysis.cost import COST_MODELS, DESIGNS
+from mla_var3.analysis.cost import COST_MODELS, DESIGN_MODELS
 from mla_var3.analysis.devices import Device, get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
@@ -372,7 +372,7 @@ def predict(calibration: Calibration | None, design: str, dims: MLADims, problem
         return _roofline(design, dims, problem, dev, ceilings, f"no calibration for {dev.key}")
     if calibration.device != dev.key:
         return _roofline(design, dims, problem, dev, ceilings, f"the calibration is for {calibration.device}, not {dev.key}")
-    if design not in DESIGNS:
+    if design not in DESIGN_MODELS:
         if design not in COST_MODELS:
             raise ValueError(f"unknown design {design!r}; known: {', '.join(COST_MODELS)}")
         return _roofline(design, dims, problem, dev, ceilings, f"{design} is not a calibrated kernel")

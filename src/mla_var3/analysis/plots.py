@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from mla_var3.analysis.calibration import Calibration, predict as calibrated_predict  # noqa: E402
-from mla_var3.analysis.cost import DESIGNS  # noqa: E402
+from mla_var3.analysis.cost import DESIGN_MODELS  # noqa: E402
 from mla_var3.analysis.devices import Device  # noqa: E402
 from mla_var3.analysis.regime import HYBRID, RegimeGuide, best_hybrid_n, calibrated_split, regime_guide  # noqa: E402
 from mla_var3.designs import DESIGNS as _TABLE  # noqa: E402
@@ -59,7 +59,7 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
         pr = Problem(b=b, s=s, t=t)
         n = best_hybrid_n(dims, pr, device, ceilings).n
         best_n.append(n)
-        for design, model in DESIGNS.items():
+        for design, model in DESIGN_MODELS.items():
             c = model(dims, pr.with_n(n) if design == "mla_var6_plus" else pr)
             perf = min(used.flops_per_s, c.intensity * used.bytes_per_s) / 1e12
             ax.scatter(c.intensity, perf, color=COLORS[design], marker=MARKERS.get(s, "o"), s=70, zorder=3,
@@ -74,7 +74,7 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
                 mc = model(dims, pr.with_n(m[1]) if design == HYBRID and m[1] is not None else pr)
                 ax.scatter(mc.intensity, mc.flops / m[0] / 1e12, color=COLORS[design], marker="x", s=60, zorder=4)
     at_ridge = [s for s, n in zip(shown, best_n)
-                if abs(DESIGNS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
+                if abs(DESIGN_MODELS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
     if at_ridge:
         ax.annotate(f"MLAvar6+ at s = {', '.join(map(str, at_ridge))}:\nn puts its intensity on the ridge",
                     (used.ridge, used.flops_per_s / 1e12), xytext=(used.ridge * 0.08, used.flops_per_s / 1e12 * 1.6),
@@ -82,7 +82,7 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
     roof = ax.get_legend_handles_labels()[0]
     design_handles = [Line2D([], [], color=COLORS[d], marker="o", linestyle="", markeredgecolor="black",
                              label=LABELS[d] if d != "mla_var6_plus" else
-                             f"MLAvar6+ (hybrid; best n = {', '.join(map(str, best_n))})") for d in DESIGNS]
+                             f"MLAvar6+ (hybrid; best n = {', '.join(map(str, best_n))})") for d in DESIGN_MODELS]
     s_handles = [Line2D([], [], color="gray", marker=MARKERS.get(s, "o"), linestyle="", markeredgecolor="black",
                         label=f"s = {s}") for s in shown]
     s_handles += [Line2D([], [], color="gray", marker="o", markerfacecolor="none", linestyle="",
@@ -118,7 +118,7 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
     calibrated = dense.prediction == "calibrated"
     fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
     xs = [r.s for r in dense.rows]
-    for design in DESIGNS:
+    for design in DESIGN_MODELS:
         ax.plot(xs, [r.times[design] * 1e6 for r in dense.rows], color=COLORS[design], linewidth=1.2,
                 linestyle="--", label=LABELS[design] + ": roofline")
         if calibrated:
@@ -209,7 +209,7 @@ def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: 
     ns = np.unique(np.linspace(0, t, 257).astype(int))
     model = []
     for n in ns:
-        cost = DESIGNS["mla_var6_plus"](rank, Problem(b=b, s=s, t=t, n=int(n)))
+        cost = DESIGN_MODELS["mla_var6_plus"](rank, Problem(b=b, s=s, t=t, n=int(n)))
         model.append(max(cost.flops / c.flops_per_s, cost.bytes / c.bytes_per_s) * 1e6)
     best = choose_n(dims, Problem(b=b, s=s, t=t), device, tp=tp, ceilings=ceilings)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)

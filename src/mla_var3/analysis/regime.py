@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from mla_var3.analysis.calibration import CalibratedPrediction, Calibration, predict as calibrated_predict
-from mla_var3.analysis.cost import DESIGNS, get_cost_model
+from mla_var3.analysis.cost import DESIGN_MODELS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
 from mla_var3.analysis.roofline import Prediction, predict_cost, resolve_ceilings, roofline_time
@@ -81,13 +81,13 @@ class HybridSplit:
 
 
 def _hybrid_time(dims: MLADims, problem: Problem, n: int, ceil: Ceilings) -> tuple[float, str]:
-    return roofline_time(DESIGNS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
+    return roofline_time(DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
 
 
 def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> HybridSplit:
     t = problem.t
-    c0 = DESIGNS["mla_var6_plus"](dims, problem.with_n(0))
-    ct = DESIGNS["mla_var6_plus"](dims, problem.with_n(t))
+    c0 = DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(0))
+    ct = DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(t))
     f1, b1 = (ct.flops - c0.flops) / t, (ct.bytes - c0.bytes) / t
     p, w = ceil.flops_per_s, ceil.bytes_per_s
     denom = b1 / w - f1 / p
@@ -108,6 +108,21 @@ def best_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200"
     """
     _, ceil = resolve_ceilings(device, dims, ceilings)
     return _best_n_in(dims, problem, ceil, problem.t)
+
+
+#: the splits the benchmark and ``python -m mla_var3.kernel`` run: multiples of this many tokens.
+N_ALIGN = 64
+
+
+def align_n(n: float, t: int) -> int:
+    """A hybrid split ``n`` rounded to a multiple of :data:`N_ALIGN` within [0, t]."""
+    return int(min(t, max(0, round(n / N_ALIGN) * N_ALIGN)))
+
+
+def aligned_best_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> int:
+    """:func:`best_hybrid_n` rounded by :func:`align_n`: the split a benchmark point and
+    ``python -m mla_var3.kernel`` take when none is given."""
+    return align_n(best_hybrid_n(dims, problem, device, ceilings).n, problem.t)
 
 
 def scan_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
@@ -469,7 +484,7 @@ def regime_guide(
     """
     dev, ceil = resolve_ceilings(device, dims, ceilings)
     s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
-    models = {**DESIGNS, "flash_attention": get_cost_model(fa_model)}
+    models = {**DESIGN_MODELS, "flash_attention": get_cost_model(fa_model)}
     rows = []
     for s in s_values:
         pr = Problem(b=b, s=s, t=t)
