@@ -279,6 +279,17 @@ def test_consumers_read_the_table():
     assert set(next(a for a in explain._actions if a.dest == "design").choices) == NAMES | {"auto"}
 
 
+def test_the_names_are_documented_once_as_they_are():
+    """The design table's docstring lists each design's names (public, design, mode, aliases,
+    title) as the table holds them: the one place the aliases are written down."""
+    table = designs.__doc__.split("public name         design")[1].split("\n\n")[0]
+    rows = [line.split() for line in table.splitlines() if line.startswith("``")]
+    listed = [(r[0], r[1], r[2], r[3], " ".join(r[4:])) for r in rows]
+    strip = lambda x: x.strip("`")  # noqa: E731
+    assert [tuple(map(strip, row)) for row in listed] == [
+        (d.kernel, d.name, d.mode, ",".join(d.aliases), d.title) for d in designs.DESIGNS]
+
+
 def test_the_table_names_what_exists():
     """Each kernel's module defines it and its config type; each design module takes the one
     config signature ``(dims, problem, *, device=None)``."""

@@ -2,13 +2,13 @@
 calibrated model.
 
 For dims, a device and (b, t): per s the predicted time of FlashAttention, FlashMLA and
-MLAvar6+ at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
+the hybrid (``mla_var6_plus``) at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
 seed's decode / speculative / prefill table recomputed for the device. Each row has the ideal
 roofline (the seed's analysis, the ceiling) and the calibrated prediction of the default calls
 (:mod:`mla_var3.analysis.calibration`: the roofline where no calibration applies, and says so),
 with the hybrid at its own best n under each.
 
-Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, MLAvar6+'s FLOPs
+Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, the hybrid's FLOPs
 and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d: an expanded token is cheaper to
 compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer to read). The time
 max(F/P, B/W) is convex in n and smallest where the two balance,
@@ -47,6 +47,7 @@ HYBRID_MARGIN = 0.02
 REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
 #: the designs' kernels: the one that takes the split n, and the two single designs.
 HYBRID = next(d.kernel for d in _TABLE if d.split)
+_HYBRID_TITLE = next(d.title for d in _TABLE if d.split)
 _SINGLES = tuple(d.kernel for d in _TABLE if not d.split)
 
 
@@ -57,7 +58,7 @@ def regime_of(s: int) -> str:
 
 @dataclass(frozen=True)
 class HybridSplit:
-    """The chosen MLAvar6+ split for one problem.
+    """The hybrid's chosen split for one problem.
 
     Attributes
     ----------
@@ -102,7 +103,7 @@ def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> H
 
 
 def best_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
-    """The split n in [0, t] that minimises MLAvar6+'s roofline time (closed form, see module doc).
+    """The split n in [0, t] that minimises the hybrid's roofline time (closed form, see module doc).
 
     Ties go to the smaller n (less expanded cache). ``problem.n`` is ignored.
     """
@@ -527,12 +528,12 @@ def _at(r: RegimeRow, calibrated: bool = False) -> str:
     if calibrated:
         c = r.calibrated_times
         return (f"s={r.s}: " + ", ".join(f"{d.title} {_fmt_us(c[d.kernel])}" for d in _TABLE if not d.split)
-                + f", MLAvar6+ {_fmt_us(c[HYBRID])} (n={r.calibrated_n})")
+                + f", {_HYBRID_TITLE} {_fmt_us(c[HYBRID])} (n={r.calibrated_n})")
     p = r.predictions
     return (
         f"s={r.s}: FlashAttention {_fmt_us(p['flash_attention'].time_s)} ({p['flash_attention'].bound}), "
         f"FlashMLA {_fmt_us(p['flash_mla'].time_s)} ({p['flash_mla'].bound}), "
-        f"MLAvar6+ {_fmt_us(r.hybrid.time_s)} (n={r.hybrid.n})"
+        f"{_HYBRID_TITLE} {_fmt_us(r.hybrid.time_s)} (n={r.hybrid.n})"
     )
 
 

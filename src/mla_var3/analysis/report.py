@@ -16,6 +16,9 @@ from mla_var3.analysis.regime import RegimeGuide, regime_guide
 from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims
 
+#: the hybrid's title in the report (the design table's)
+_HYBRID_TITLE = next(d.title for d in DESIGNS if d.split)
+
 REPORT_FORMATS = ("md", "json")
 
 
@@ -98,7 +101,7 @@ def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict
            else "By the roofline FlashAttention never overtakes FlashMLA for s <= t")
         + ((f"; by the calibrated model at **s = {guide.calibrated_crossover_s}**." if guide.calibrated_crossover_s
             else "; by the calibrated model never.") if calibrated else ".")
-        + " MLAvar6+ is named best only when it beats the best single design by more than 2 %.",
+        + f" {_HYBRID_TITLE} is named best only when it beats the best single design by more than 2 %.",
         "",
         f"## Regime table ({guide.prediction})",
         "",

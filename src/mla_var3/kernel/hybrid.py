@@ -1,4 +1,4 @@
-"""The hybrid MLAvar6+ (design 3): O old tokens latent, N newest expanded, one softmax over O + N.
+"""The hybrid, ``mla_var6_plus`` (design 3): O old tokens latent, N newest expanded, one softmax over O + N.
 
 Design: two partial passes and an LSE merge
 --------------------------------------------
