@@ -15,8 +15,10 @@ exactly the expanded kernel of :mod:`mla_var3.kernel.expanded`, run on the new t
 
 Each part is normalised by its own softmax sum; the merge rescales both to the one softmax over
 all O + N keys, so ``o + decompress(o_latent, w_uv)`` is the attention output. The parts are
-independent launches (they can overlap on the GPU: one is compute-bound, the other memory-bound);
-the merge reads both partials once and writes the outputs in the input dtype. When O = 0 (or
+independent launches, issued here one after the other on the current stream (the sm_90 backend
+below issues them on two streams, or on an SM partition, so that the compute-bound latent part
+and the memory-bound expanded part overlap); the merge reads both partials once and writes the
+outputs in the input dtype. When O = 0 (or
 N = 0) only the expanded (or latent) part runs, writing its output directly, and the other
 output is zero.
 
@@ -580,7 +582,8 @@ def _mla_var6_plus_triton(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal
     f32 = dict(dtype=torch.float32, device=dev)
     o_e, lse_e = torch.empty((b, h, s, d), **f32), torch.empty((b, h, s), **f32)
     o_l, lse_l = torch.empty((b, h, s, k), **f32), torch.empty((b, h, s), **f32)
-    # independent launches: on the GPU they may overlap (compute-bound latent, memory-bound expanded)
+    # two independent launches, one after the other on the current stream (the sm_90 path, hybrid_hopper,
+    # runs them on two streams or an SM partition); each writes its own fp32 partial, merged below
     _launch_latent(qc, qpe, z_old, kpe_old, o_l, lse_l, t, scale, causal, config.latent)
     _fa._launch(q, qpe, k_new, v_new, kpe_new, o_e, lse_e, None, scale, causal, config.expanded)
     _merge(o_e, lse_e, o_l, lse_l, out, out_latent, lse)

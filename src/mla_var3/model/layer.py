@@ -112,6 +112,12 @@ class MLALayer(nn.Module):
         self.o_proj = nn.Linear(c.h * c.dv, c.hidden, bias=c.attention_bias, **kw)
         #: "auto" (kernels on CUDA, references elsewhere), "reference" or "kernel".
         self.backend = "auto"
+        #: mode "auto": the Dispatcher that decides (None: the default one of the device type)
+        self.dispatcher = None
+        #: mode "auto": a design to force (a name or alias of ``mla_var3.designs``), or "auto"
+        self.auto_design = "auto"
+        #: mode "auto": the Decision of the last call (None before the first)
+        self.last_decision = None
         self._inv_freq = rope_inv_freq(cfg)[0]  # float64, a plain attribute: immune to .to(dtype)
         self._absorbed_key: tuple | None = None
         self._absorbed: W.AbsorbedWeights | None = None
@@ -265,8 +271,9 @@ class MLALayer(nn.Module):
         cache : ExpandedCache (naive), LatentCache or PagedLatentCache (absorbed), HybridCache
             (hybrid), any but an ExpandedCache ("auto"), or None for an empty one.
         mode : "naive" | "absorbed" | "hybrid" | "auto" (the dispatcher, :mod:`mla_var3.dispatch`:
-            ``self.dispatcher`` (default one per device type), ``self.auto_design`` (force a
-            design, default 'auto'); the decision is left in ``self.last_decision``)
+            the attributes ``dispatcher`` (None, the default: one per device type) and
+            ``auto_design`` (a design to force, default 'auto') say how it decides; the decision
+            is left in ``last_decision``)
         n : int, optional
             Hybrid window (newest tokens kept expanded) of a new HybridCache: defaults to
             ``cfg.hybrid_n`` in mode "hybrid"; in mode "auto" it makes the new cache a
@@ -284,8 +291,8 @@ class MLALayer(nn.Module):
         w, c = self.absorbed, self.cfg
         if mode == "auto":
             o, self.last_decision = mla_attention(q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale,
-                                                  design=getattr(self, "auto_design", "auto"),
-                                                  dispatcher=getattr(self, "dispatcher", None), backend=self.backend)
+                                                  design=self.auto_design, dispatcher=self.dispatcher,
+                                                  backend=self.backend)
         else:
             o = run_design(mode, q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale, backend=self.backend)
         o = o.to(hidden_states.dtype).transpose(1, 2).reshape(b, s, c.h * c.dv)
