@@ -3,6 +3,7 @@
     python benchmarks/calibration_h200.py            # writes src/mla_var3/conf/calibration-h200.json
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
+    python benchmarks/calibration_h200.py --points-json PATH   # only the points it fits, as JSON
 
 H200: every committed timing of a *default* call's kernel at the current code becomes a
 :class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
@@ -380,10 +381,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fit and compare only; write nothing")
     ap.add_argument("--tables", help="write the Markdown tables to this file")
+    ap.add_argument("--points-json", metavar="PATH",
+                    help="write the points the H200 fit reads from the committed results (each Point.to_dict(), "
+                         "sorted) to PATH and stop: what the shipped file's points must equal")
     args = ap.parse_args(argv)
 
     pts, old = h200_points()
     anchors = anchor_points()
+    if args.points_json:
+        rows = sorted((p.to_dict() for p in pts + fitted_anchors(anchors)), key=lambda d: json.dumps(d, sort_keys=True))
+        Path(args.points_json).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
     cal = fit_h200(pts, anchors, anchors)
     split = fit_h200([p for p in pts if not held_out(p)], [p for p in anchors if not held_out(p)], anchors)
     fitted = pts + fitted_anchors(anchors)

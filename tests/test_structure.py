@@ -453,8 +453,90 @@ def test_importing_the_package_leaves_the_environment_alone():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+# ------------------------------------------------------------------------------ the benchmarks
+
+BENCHMARKS = SRC.parent / "benchmarks"
+MAX_BENCHMARK_SCRIPTS = 12
+#: the module every suite shares (the input builder, the timing primitive, the record)
+SHARED = "common"
+
+
+def _benchmark_trees() -> dict[str, ast.AST]:
+    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(BENCHMARKS.glob("*.py"))}
+
+
+def _private_uses(tree: ast.AST) -> list[str]:
+    """What a script uses of the package beyond its public API: a private module or name
+    imported (a part starting with ``_``), an attribute starting with ``_`` read from, or any
+    attribute set on, a module of the package (a module-level knob)."""
+    modules, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "mla_var3":
+                    modules.add(a.asname or a.name.split(".")[0])
+                    found += [a.name] if any(part.startswith("_") for part in a.name.split(".")) else []
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mla_var3":
+            found += [node.module] if any(part.startswith("_") for part in node.module.split(".")) else []
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"{node.module}.{a.name}")
+                elif f"{node.module}.{a.name}" in MODULES:
+                    modules.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") or isinstance(node.ctx, ast.Store):
+                found.append(f"{node.value.id}.{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules):
+            found.append(f"setattr({node.args[0].id}, ...)")
+    return found
+
+
+def test_the_public_api_check_sees_private_names_and_knobs():
+    code = ("from mla_var3.kernel import _launch\nfrom mla_var3.kernel.absorbed import _REPLAYS\n"
+            "from mla_var3.kernel import decode_plan as dp\nimport mla_var3.kernel.hopper.absorbed_seesaw as ss\n"
+            "dp.PACKING_PAIRS_PER_SM = 1\nss._WORKER_REGS\nsetattr(dp, 'X', 1)\ndp.plan_decode\n")
+    assert _private_uses(ast.parse(code)) == ["mla_var3.kernel._launch", "mla_var3.kernel.absorbed._REPLAYS",
+                                              "dp.PACKING_PAIRS_PER_SM", "ss._WORKER_REGS", "setattr(dp, ...)"]
+
+
+def test_benchmarks_are_a_few_suites_on_the_public_api():
+    """At most 12 scripts; each imports no other script but the shared module (which imports
+    none), and uses the package's public API only."""
+    trees = _benchmark_trees()
+    assert len(trees) <= MAX_BENCHMARK_SCRIPTS, sorted(trees)
+    siblings = {}
+    for name, tree in trees.items():
+        imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        siblings[name] = imported & set(trees) - {name}
+    assert siblings.pop(SHARED, set()) == set()
+    assert all(s <= {SHARED} for s in siblings.values()), siblings
+    private = {name: _private_uses(tree) for name, tree in trees.items()}
+    assert not {n: p for n, p in private.items() if p}, private
+
+
+def test_no_test_imports_a_benchmark_script():
+    """A test imports no benchmark script, by name or from its file; it may run one as a program."""
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    found = []
+    for path in sorted(SRC.parent.joinpath("tests").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = ([a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import)
+                     else [(node.module or "").split(".")[0]] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n in scripts]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr == "spec_from_file_location"
+                    or (node.func.attr in ("insert", "append") and ast.unparse(node.func.value) == "sys.path")):
+                if "benchmarks" in ast.unparse(node):
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
+    assert not found, found
+
+
 def test_the_benchmarks_readme_lists_the_scripts():
-    folder = SRC.parent / "benchmarks"
-    readme = (folder / "README.md").read_text()
+    readme = (BENCHMARKS / "README.md").read_text()
     listed = {line.split("`")[1] for line in readme.splitlines() if line.startswith("| `") and ".py`" in line}
-    assert listed == {p.name for p in folder.glob("*.py")} - {"common.py"}
+    assert listed == {p.name for p in BENCHMARKS.glob("*.py")} - {f"{SHARED}.py"}
