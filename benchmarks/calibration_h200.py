@@ -90,7 +90,8 @@ def serving_points() -> tuple[list[Point], list[Point]]:
     return dense, compat
 
 
-#: the sm_90 hybrid's runs (benchmarks/hybrid_partition.py): t = 4096, decompression included; b = 32 (and 64)
+#: the sm_90 hybrid's runs (benchmarks/hybrid_check.py --suite partition, once hybrid_partition.py): t = 4096,
+#: decompression included; b = 32 (and 64)
 PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.json", "hybrid/programs-s32-01c5255.json",
                   "hybrid/programs-s16-01c5255.json", "hybrid/b64-s32-518ebad.json")
 
@@ -98,8 +99,8 @@ PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.jso
 def partition_points() -> list[Point]:
     """The sm_90 hybrid's default path, per (run, s, n), the decompression measured in the same run
     taken off: for s <= HYBRID_PARTITION_MAX_S the best of the window partitions tried (the default's programs,
-    ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus.md
-    section 9), above it the two streams (the default there)."""
+    ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus/partition.md,
+    "Sizing the default partition"), above it the two streams (the default there)."""
     out = []
     for name in PARTITION_RUNS:
         data = _load(name)
@@ -154,7 +155,7 @@ def h200_points() -> tuple[list[Point], list[Point]]:
     for name in ("results.json", "grid-041b365/results.json", "repeat-b32-041b365.json",
                  "dispatch_check/n_sweep_default_path-dc278ef.json"):
         # 041b365 recorded no backend: every design ran its portable kernel there (the bench passed
-        # explicit portable configs, docs/kernels/flash-mla.md section 7)
+        # explicit portable configs, docs/kernels/flash-mla/first-kernels.md, "GPU runs")
         for p in points_from_results(RES / name, name, backends=dict.fromkeys(("flash_mla", "flash_attention", "mla_var6_plus"), "triton")):
             if p.design == "flash_mla" and name == "results.json":
                 old.append(Point(**{**p.__dict__, "note": "seesaw v4 (a17a668), an older kernel"}))

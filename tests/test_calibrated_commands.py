@@ -226,7 +226,8 @@ def test_hybrid_need_meets_the_target_by_its_own_law():
     assert 0 < need.n < 4096
     assert resource_law_s(H200, V3, pb, need.n, need.rate) == pytest.approx(target, rel=1e-9)
     # faster than the default call's window reaches, and more than one SM's share of the copy rate:
-    # no window kernel reaches it, so the hybrid loses here (docs/kernels/mla-var6-plus.md section 8)
+    # no window kernel reaches it, so the hybrid loses here (docs/kernels/mla-var6-plus/partition.md,
+    # "A window kernel for few SMs (Gluon), and the measured limit of the SM partition")
     m = H200.machine()
     assert need.rate > need.own_rate and need.rate > m.bytes_per_s / m.sms
     # every other split needs more

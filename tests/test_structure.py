@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -451,6 +452,91 @@ def test_importing_the_package_leaves_the_environment_alone():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- docs to cite
+
+DOCS = SRC.parent / "docs"
+#: the longest section of a document that code may cite (a heading and what follows it, or a whole file)
+MAX_CITED_LINES = 500
+#: files that still cite a devlog by section number, being rewritten elsewhere: delete an entry when
+#: its citations name a file and a heading (the test fails until then, so the list cannot go stale)
+KNOWN_NUMBERED_CITATIONS = {"src/mla_var3/kernel/decode_plan.py", "src/mla_var3/kernel/hopper/absorbed_seesaw.py",
+                            "src/mla_var3/kernel/hopper/hybrid_hopper.py"}
+_PATH = r"docs/[\w./-]+\.md"
+_CITATION = re.compile(rf"({_PATH})[`'\"]*((?:,\s*\"[^\"]+\"(?:\s*(?:and|;|,)\s*\"[^\"]+\")*)?)")
+_NUMBERED = re.compile(rf"{_PATH}[`'\"]*,?\s*(?:§|section \d)")
+
+
+def _flat(text: str) -> str:
+    """Source text as prose: comment markers and line breaks taken out, so that a citation wrapped
+    over lines reads as one."""
+    return re.sub(r"\s*\n\s*(?:#:?\s*)?", " ", text.replace('\\"', '"'))
+
+
+def _sections(path: Path) -> dict[str, int]:
+    """Each heading of a Markdown file -> the lines of its section (up to the next heading of the
+    same or a higher level); the file itself under ""."""
+    lines = path.read_text().splitlines()
+    heads = [(i, len(m.group(1)), m.group(2).strip()) for i, line in enumerate(lines)
+             if (m := re.match(r"^(#+) (.*)$", line))]
+    out = {"": len(lines)}
+    for j, (i, level, title) in enumerate(heads):
+        end = next((k for k, lv, _ in heads[j + 1:] if lv <= level), len(lines))
+        out.setdefault(title, end - i)
+    return out
+
+
+def _citations(text: str) -> list[tuple[str, list[str]]]:
+    """``(path, [headings])`` of each docs citation in ``text``."""
+    return [(m.group(1), re.findall(r"\"([^\"]+)\"", m.group(2))) for m in _CITATION.finditer(_flat(text))]
+
+
+def test_the_citation_reader_takes_a_file_and_its_headings():
+    text = ('# see docs/kernels/flash-mla/stalls.md,\n    # "Where the warps wait" and "Two kernel knobs"\n'
+            '"""(``docs/cost-analysis.md``, "Notation"); docs/regimes.md."""')
+    assert _citations(text) == [("docs/kernels/flash-mla/stalls.md", ["Where the warps wait", "Two kernel knobs"]),
+                                ("docs/cost-analysis.md", ["Notation"]), ("docs/regimes.md", [])]
+    assert _NUMBERED.search(_flat("(``docs/kernels/flash-mla.md`` §8)"))
+
+
+def test_code_cites_a_file_and_a_heading_of_a_short_section():
+    """Every citation of ``docs/`` in the package, the tests and the benchmarks names a file that
+    exists and, optionally, headings in it; what it cites (the section, or the whole file when it
+    names none) is at most 500 lines; no citation is a section number."""
+    sources = [*PACKAGE.rglob("*.py"), *BENCHMARKS.glob("*.py"),
+               *(p for p in SRC.parent.joinpath("tests").glob("*.py") if p.name != "test_structure.py")]
+    bad, numbered = [], set()
+    for path in sources:
+        rel = path.relative_to(SRC.parent).as_posix()
+        text = path.read_text()
+        if _NUMBERED.search(_flat(text)):
+            numbered.add(rel)
+        if rel in KNOWN_NUMBERED_CITATIONS:
+            continue
+        for doc, headings in _citations(text):
+            target = SRC.parent / doc
+            if not target.is_file():
+                bad.append(f"{rel}: {doc} does not exist")
+                continue
+            sections = _sections(target)
+            for h in headings or [""]:
+                found = [n for title, n in sections.items() if h and title.startswith(h) or title == h]
+                if not found:
+                    bad.append(f"{rel}: no heading {h!r} in {doc}")
+                elif min(found) > MAX_CITED_LINES:
+                    bad.append(f"{rel}: {doc} {h!r} is {min(found)} lines")
+    assert not bad, bad
+    assert not numbered - KNOWN_NUMBERED_CITATIONS, f"section numbers cited: {numbered - KNOWN_NUMBERED_CITATIONS}"
+    gone = KNOWN_NUMBERED_CITATIONS - numbered
+    assert not gone, f"no section numbers left, delete from KNOWN_NUMBERED_CITATIONS: {gone}"
+
+
+def test_the_devlogs_are_split_by_topic():
+    """No devlog file (``docs/kernels``) is longer than 500 lines: each can be cited whole."""
+    long = {p.relative_to(DOCS).as_posix(): n for p in DOCS.joinpath("kernels").rglob("*.md")
+            if (n := len(p.read_text().splitlines())) > MAX_CITED_LINES}
+    assert not long, long
 
 
 # ------------------------------------------------------------------------------ the benchmarks

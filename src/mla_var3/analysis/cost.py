@@ -3,8 +3,9 @@
 Each function takes ``(dims: MLADims, problem: Problem)`` and returns a frozen :class:`Cost`
 with integer ``flops`` and ``bytes`` (``bytes`` = DRAM traffic: every input read once, every
 output written once — the ideal a fused kernel can reach). Derivations are in
-``docs/cost-analysis.md``. Symbols: b, h, s, t, d, p, k, w as in :mod:`mla_var3.shapes`;
-``dv`` (value head dim) appears where the seed writes ``d`` for V and O — equal in every preset.
+``docs/cost-analysis.md``, "The three designs" and "The stages around the designs". Symbols: b, h,
+s, t, d, p, k, w as in :mod:`mla_var3.shapes`; ``dv`` (value head dim) appears where the seed
+writes ``d`` for V and O — equal in every preset.
 
 The three designs the regime guide compares are in :data:`DESIGN_MODELS` (the seed's model of each
 design, named like its kernel in :mod:`mla_var3.designs`); :data:`COST_MODELS` adds the stage

@@ -8,10 +8,10 @@ roofline (the seed's analysis, the ceiling) and the calibrated prediction of the
 (:mod:`mla_var3.analysis.calibration`: the roofline where no calibration applies, and says so),
 with the hybrid at its own best n under each.
 
-Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, the hybrid's FLOPs
-and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d: an expanded token is cheaper to
-compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer to read). The time
-max(F/P, B/W) is convex in n and smallest where the two balance,
+Best hybrid split (derivation in ``docs/cost-analysis.md``, "The best hybrid split n"): with
+o = t - n, the hybrid's FLOPs and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d:
+an expanded token is cheaper to compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer
+to read). The time max(F/P, B/W) is convex in n and smallest where the two balance,
 
     n* = (F0/P - B0/W) / (B1/W - F1/P),
 

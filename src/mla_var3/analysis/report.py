@@ -83,8 +83,8 @@ def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict
         f"Device: {device_note}.",
         "",
         ("Calibrated: the default call of each design's kernel alone, eager (roofline terms × measured efficiencies "
-         f"+ fixed and host costs; `docs/cost-analysis.md`), from {guide.calibration}. The hybrid is taken at its "
-         "own best n under each model." if calibrated else
+         f"+ fixed and host costs; `docs/cost-analysis.md`, \"The laws\"), from {guide.calibration}. The hybrid is "
+         "taken at its own best n under each model." if calibrated else
          f"No calibrated prediction ({guide.calibration}): these are predictions of the ideal roofline."),
         "Measured: the fastest recorded time of each design's kernel in the results files given." if measured else
         "No results file was given: no measured column.",

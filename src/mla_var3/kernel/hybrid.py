@@ -38,7 +38,8 @@ On sm_90 the ``"gluon"`` backend (:mod:`mla_var3.kernel.hopper.hybrid_hopper`) r
 part on the Gluon absorbed kernel instead (non-causal over the O old keys when N >= S) and the
 expanded part through the public expanded launcher or, on an SM partition, the Gluon window
 kernel, issued on two streams so the two may overlap, then the same merge. The devlog with predictions
-and measurements is docs/kernels/mla-var6-plus.md.
+and measurements is docs/kernels/mla-var6-plus/ (README.md: the state against the bar, then the
+parts by topic).
 
 Example
 -------
