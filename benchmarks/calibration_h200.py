@@ -4,6 +4,7 @@
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
     python benchmarks/calibration_h200.py --stamp-kernels   # also record today's kernel files (sha256)
+    python benchmarks/calibration_h200.py --points-json PATH   # only the points it fits, as JSON
 
 H200: every committed timing of a *default* call's kernel at the current code becomes a
 :class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
@@ -110,7 +111,8 @@ def serving_points() -> tuple[list[Point], list[Point]]:
     return dense, compat
 
 
-#: the sm_90 hybrid's runs (benchmarks/hybrid_partition.py): t = 4096, decompression included; b = 32 (and 64)
+#: the sm_90 hybrid's runs (benchmarks/hybrid_check.py --suite partition, once hybrid_partition.py): t = 4096,
+#: decompression included; b = 32 (and 64)
 PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.json", "hybrid/programs-s32-01c5255.json",
                   "hybrid/programs-s16-01c5255.json", "hybrid/b64-s32-518ebad.json")
 
@@ -118,8 +120,8 @@ PARTITION_RUNS = ("hybrid/partition-a147d5b.json", "hybrid/partition-01d2b76.jso
 def partition_points() -> list[Point]:
     """The sm_90 hybrid's default path, per (run, s, n), the decompression measured in the same run
     taken off: for s <= HYBRID_PARTITION_MAX_S the best of the window partitions tried (the default's programs,
-    ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus.md
-    section 9), above it the two streams (the default there)."""
+    ``default_programs``, were within 3 % of the best where both ran: docs/kernels/mla-var6-plus/partition.md,
+    "Sizing the default partition"), above it the two streams (the default there)."""
     out = []
     for name in PARTITION_RUNS:
         data = _load(name)
@@ -175,7 +177,7 @@ def h200_points() -> tuple[list[Point], list[Point]]:
     for name in ("results.json", "grid-041b365/results.json", "repeat-b32-041b365.json",
                  "dispatch_check/n_sweep_default_path-dc278ef.json"):
         # 041b365 recorded no backend: every design ran its portable kernel there (the bench passed
-        # explicit portable configs, docs/kernels/flash-mla.md section 7)
+        # explicit portable configs, docs/kernels/flash-mla/first-kernels.md, "GPU runs")
         for p in points_from_results(RES / name, name, backends=dict.fromkeys(("flash_mla", "flash_attention", "mla_var6_plus"), "triton")):
             if p.design == "flash_mla" and name == "results.json":
                 old.append(Point(**{**p.__dict__, "note": "seesaw v4 (a17a668), an older kernel"}))
@@ -447,10 +449,17 @@ def main(argv=None) -> int:
     ap.add_argument("--stamp-kernels", action="store_true",
                     help="record today's kernel files (sha256) in the H200 file instead of keeping the shipped ones")
     ap.add_argument("--tables", help="write the Markdown tables to this file")
+    ap.add_argument("--points-json", metavar="PATH",
+                    help="write the points the H200 fit reads from the committed results (each Point.to_dict(), "
+                         "sorted) to PATH and stop: what the shipped file's points must equal")
     args = ap.parse_args(argv)
 
     pts, old = h200_points()
     anchors = anchor_points()
+    if args.points_json:
+        rows = sorted((p.to_dict() for p in pts + fitted_anchors(anchors)), key=lambda d: json.dumps(d, sort_keys=True))
+        Path(args.points_json).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
     cal = fit_h200(pts, anchors, anchors)
     split = fit_h200([p for p in pts if not held_out(p)], [p for p in anchors if not held_out(p)], anchors)
     fitted = pts + fitted_anchors(anchors)

@@ -1,25 +1,35 @@
-"""What the check scripts of this folder share: the run's environment record, seeded inputs, a
-time budget, timed rows through the package's one timing primitive
-(:func:`mla_var3.runtime.timing.time_fn`), error text and the JSON record.
+"""What the suites of this folder share: the one input builder (seeded inputs of every shape a
+suite times), the one timing primitive (:func:`mla_var3.runtime.timing.time_fn` and
+``time_interleaved``, through :func:`timed`), the run's environment record, a time budget, error
+text, the JSON record and official FlashMLA's import.
 
-The scripts import it as a sibling module (``python benchmarks/<script>.py`` puts this folder
-first on ``sys.path``).
+The suites import it as a sibling module (``python benchmarks/<suite>.py`` puts this folder first
+on ``sys.path``); no suite imports another. They use the package's public API only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-#: DeepSeek-V3's per-head widths (the expanded and window checks' default shapes)
+#: DeepSeek-V3's per-head widths: heads, no-RoPE head dim, RoPE dim, latent rank
 H, D, P, K = 128, 128, 64, 512
+#: FlashMLA's page size (tokens per page of a paged latent cache)
+PAGE = 64
+#: the seeded threshold batches (:func:`threshold_batches`)
+THRESHOLD_BATCHES = Path(__file__).with_name("threshold_batches.json")
+
+
+# --------------------------------------------------------------------------------------------
+# the run
 
 
 def environment(**extra) -> dict:
@@ -31,7 +41,7 @@ def environment(**extra) -> dict:
 
 def stop_on_sigterm() -> None:
     """Raise KeyboardInterrupt in the main thread on SIGTERM (a time limit's ``timeout``), so a
-    script can write the points it has measured before it exits."""
+    suite can write the points it has measured before it exits."""
     import signal
 
     def stop(signum, frame):
@@ -45,10 +55,85 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
 
 
 def require_cuda() -> None:
-    """Exit with status 2 and a one-line message when there is no CUDA GPU (the GPU scripts' guard)."""
+    """Exit with status 2 and a one-line message when there is no CUDA GPU (the GPU suites' guard)."""
     if not torch.cuda.is_available():
         print("needs a CUDA (sm_90) GPU", file=sys.stderr)
         raise SystemExit(2)
+
+
+def write_json(path, data) -> None:
+    """``data`` as indented JSON at ``path`` (its folder created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+
+
+def baseline_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a suite that runs beside official FlashMLA: ``--out`` (the JSON
+    record) and ``--flash-mla`` (the folder holding the ``flash_mla`` package); the suite adds
+    its own options. ``doc``: the suite's docstring (its first line describes the command)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    return ap
+
+
+def import_flash_mla(folder: str | None):
+    """Official FlashMLA from ``folder`` (the folder holding the ``flash_mla`` package), or None:
+    no folder given, or it does not import (said on stdout)."""
+    if not folder or not os.path.isdir(folder):
+        return None
+    sys.path.insert(0, folder)
+    try:
+        import flash_mla
+    except Exception as exc:
+        print("official FlashMLA not importable:", exc)
+        return None
+    return flash_mla
+
+
+# --------------------------------------------------------------------------------------------
+# timing: the package's one primitive
+
+
+class Budget:
+    """A run's time budget in seconds, counted from its creation."""
+
+    def __init__(self, seconds: float):
+        self.start, self.seconds = time.perf_counter(), seconds
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+
+def timed(rows: list, label: str, fn: Callable[[], object], *, budget: Budget | None = None,
+          timing: dict | None = None, **info) -> float | None:
+    """Time ``fn`` with ``time_fn(**timing)`` (CUDA-graph replays, L2 flushed before each) and
+    append a row (``label``, ``info``, ``us``, ``p10``, ``p90``, ``method``; or ``skipped`` once
+    the budget is spent, or ``error``) to ``rows``; the median in µs, or None."""
+    from mla_var3.runtime.timing import time_fn
+
+    row = dict(label=label, **info)
+    rows.append(row)
+    if budget is not None and budget.left() < 0:
+        row["skipped"] = "time budget"
+        return None
+    try:
+        t = time_fn(fn, **(timing or {}))
+    except Exception as exc:  # a failing variant must not end the run
+        row["error"] = error_text(exc, 400)
+        print(f"  {label} {info}: {row['error']}", flush=True)
+        return None
+    row.update(us=t.median_us, p10=t.p10_us, p90=t.p90_us, method=t.method)
+    print(f"  {label:58s} {t.median_us:10.1f} us", flush=True)
+    return t.median_us
+
+
+# --------------------------------------------------------------------------------------------
+# inputs: the one builder
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,135 +184,56 @@ def sdpa_call(q, qpe, k, v, kpe, causal: bool):
     return lambda: F.scaled_dot_product_attention(qf, kf, vf, scale=scale), "no mask"
 
 
-class Budget:
-    """A run's time budget in seconds, counted from its creation."""
-
-    def __init__(self, seconds: float):
-        self.start, self.seconds = time.perf_counter(), seconds
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def left(self) -> float:
-        return self.seconds - self.elapsed()
-
-
-def timed(rows: list, label: str, fn: Callable[[], object], *, budget: Budget | None = None,
-          timing: dict | None = None, **info) -> float | None:
-    """Time ``fn`` with ``time_fn(**timing)`` and append a row (``label``, ``info``, ``us``, ``p10``,
-    ``p90``, ``method``; or ``skipped`` once the budget is spent, or ``error``) to ``rows``; the
-    median in µs, or None."""
-    from mla_var3.runtime.timing import time_fn
-
-    row = dict(label=label, **info)
-    rows.append(row)
-    if budget is not None and budget.left() < 0:
-        row["skipped"] = "time budget"
-        return None
-    try:
-        t = time_fn(fn, **(timing or {}))
-    except Exception as exc:  # a failing variant must not end the run
-        row["error"] = error_text(exc, 400)
-        print(f"  {label} {info}: {row['error']}", flush=True)
-        return None
-    row.update(us=t.median_us, p10=t.p10_us, p90=t.p90_us, method=t.method)
-    print(f"  {label:58s} {t.median_us:10.1f} us", flush=True)
-    return t.median_us
+def make_paged(lengths: list[int], s: int, *, capacity: int, seed: int, dev="cuda", poison: bool = True,
+               table_garbage: str = "minus1"):
+    """A decode step in FlashMLA's paged layout: q [b, s, H, K+P], cache [pages, 64, 1, K+P] with
+    the sequences' pages in random order, table [b, max_blocks] int32, seqlens [b] int32. Unused
+    rows and pages hold NaN when ``poison``; table entries past each sequence hold -1
+    (``minus1``) or random page numbers (``garbage``)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b = len(lengths)
+    max_blocks = math.ceil(capacity / PAGE)
+    used = [math.ceil(n / PAGE) for n in lengths]
+    n_pages = sum(used) + 3
+    cache = torch.randn(n_pages, PAGE, 1, K + P, generator=g).to(torch.bfloat16)
+    if poison:
+        cache.fill_(float("nan"))
+    perm = torch.randperm(n_pages, generator=g)
+    table = torch.full((b, max_blocks), -1, dtype=torch.int32)
+    if table_garbage == "garbage":
+        table = torch.randint(0, n_pages, (b, max_blocks), generator=g, dtype=torch.int32)
+    nxt = 0
+    for i, (n, u) in enumerate(zip(lengths, used)):
+        pages = perm[nxt: nxt + u]
+        nxt += u
+        table[i, :u] = pages.to(torch.int32)
+        keys = torch.randn(u * PAGE, K + P, generator=g).to(torch.bfloat16)
+        flat = keys.view(u, PAGE, 1, K + P)
+        for j in range(u):
+            rows = min(PAGE, n - j * PAGE)
+            cache[pages[j], :rows] = flat[j, :rows]
+    q = (torch.randn(b, s, H, K + P, generator=g) * 0.5).to(torch.bfloat16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    return q.to(dev), cache.to(dev), table.to(dev), seqlens.to(dev)
 
 
-def write_json(path, data) -> None:
-    """``data`` as indented JSON at ``path`` (its folder created)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
+def paged_reference(q, cache, table, seqlens, *, causal: bool, scale: float):
+    """The package's fp32 reference on FlashMLA's layout: output [b, s, H, K], LSE [b, H, s]
+    (a sequence of length 0 gets 0 and -inf)."""
+    from mla_var3.reference import flash_mla_paged as ref_paged
+
+    qt = q.transpose(1, 2)
+    o, lse = ref_paged(qt[..., :K], qt[..., K:], cache, table, seqlens, scale, causal)
+    return o.transpose(1, 2), lse
 
 
-def interleaved_rounds(fns: dict, rounds: int, *, eager: bool = True,
-                       seconds_per_call: float = 0.25) -> tuple[dict[str, list[float]], dict[str, list[float]] | None]:
-    """``rounds`` rounds of ``time_interleaved`` over ``fns`` (every callable in every repetition,
-    the order rotated; L2 flushed): per name the CUDA-graph median of each round, and with
-    ``eager`` the eager one (plain calls between events), else None."""
-    from mla_var3.runtime.timing import time_interleaved
-
-    graph: dict[str, list[float]] = {n: [] for n in fns}
-    plain: dict[str, list[float]] | None = {n: [] for n in fns} if eager else None
-    for _ in range(rounds):
-        g = time_interleaved(fns, use_graph=True, max_seconds=seconds_per_call * len(fns))
-        e = time_interleaved(fns, use_graph=False, max_seconds=seconds_per_call * len(fns)) if eager else None
-        for name in fns:
-            graph[name].append(g[name].median_us)
-            if e is not None:
-                plain[name].append(e[name].median_us)
-    return graph, plain
-
-
-def print_ratio_table(title: str, rows: list[dict], key: str, names: list[str], digits: int = 2) -> None:
-    """A markdown table of ``row["point"]`` and ``row[key][name]`` (µs) for each name, with
-    FlashMLA's time (``row[key]["flashmla"]``, when there) and FlashMLA ÷ each; ``-`` for a name
-    the row lacks."""
-    print(f"\n{title}")
-    print("| point | FlashMLA | " + " | ".join(names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for row in rows:
-        us = row[key]
-        f = us.get("flashmla")
-        cells = [f"{us[n]:.1f}" + (f" ({f / us[n]:.{digits}f})" if f else "") if n in us else "-" for n in names]
-        print(f"| {row['point']} | " + (f"{f:.1f}" if f else "-") + " | " + " | ".join(cells) + " |")
-
-
-def baseline_parser(doc: str) -> argparse.ArgumentParser:
-    """The command line of a script that runs beside official FlashMLA: ``--out`` (the JSON
-    record) and ``--flash-mla`` (the folder holding the ``flash_mla`` package); the script adds
-    its own options. ``doc``: the script's docstring (its first line describes the command)."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
-    return ap
-
-
-def import_flash_mla(folder: str | None):
-    """Official FlashMLA from ``folder`` (the folder holding the ``flash_mla`` package), or None:
-    no folder given, or it does not import (said on stdout)."""
-    if not folder or not os.path.isdir(folder):
-        return None
-    sys.path.insert(0, folder)
-    try:
-        import flash_mla
-    except Exception as exc:
-        print("official FlashMLA not importable:", exc)
-        return None
-    return flash_mla
-
-
-def check_hybrid_partition(cases, checks: list, dtype=torch.bfloat16) -> bool:
-    """The sm_90 hybrid on an SM partition (``mla_var6_plus_hopper(expanded_programs=m)``) against
-    the fp32 reference at DeepSeek-V3 dims, per case ``(b, s, t, n, m)``: o, o_latent, lse and the
-    decompressed output within the dtype's tolerance. Appends a row per case to ``checks``;
-    True when every case passed."""
-    from mla_var3 import reference as R
-    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
-    from mla_var3.shapes import Problem, get_preset
-    from mla_var3.testing import TOLERANCE, rel_err
-
-    dims, all_ok = get_preset("deepseek-v3"), True
-    for b, s, t, n, m in cases:
-        row = dict(kind="hybrid", b=b, s=s, t=t, n=n, programs=m)
-        try:
-            x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=n, causal=True), dtype=dtype, device="cuda")
-            o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
-                                              causal=True, expanded_programs=m)
-            torch.cuda.synchronize()
-            f32 = [a.float() for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
-            ro, rol, rlse = R.mla_var6_plus(*f32, x.scale, True)
-            w = x.w_uv.float()
-            errs = dict(o=rel_err(o, ro), o_latent=rel_err(ol, rol), lse=rel_err(lse, rlse),
-                        final=rel_err(R.decompress(ol.float(), w, o.float()), R.decompress(rol, w, ro)))
-            row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
-        except Exception as exc:
-            traceback.print_exc()
-            row.update(ok=False, error=error_text(exc))
-        all_ok &= row["ok"]
-        checks.append(row)
-        print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
-              flush=True)
-    return all_ok
+def threshold_batches(seed: int) -> list[dict]:
+    """The seeded short-item ragged batches of ``seed`` (7, 8 or 9) whose plan kind the GPU chooses:
+    ``[{"label", "b", "s", "t", "lengths"}]``, read from ``threshold_batches.json`` (how they were
+    drawn is written there)."""
+    data = json.loads(THRESHOLD_BATCHES.read_text())
+    key = f"seed{seed}"
+    if key not in data:
+        raise ValueError(f"no threshold batches of seed {seed}; known: "
+                         f"{', '.join(k[4:] for k in data if k.startswith('seed'))}")
+    return data[key]

@@ -1,5 +1,7 @@
-"""Check and time the expanded (FlashAttention-style) kernel's launch configs on an sm_90 GPU,
-against cuDNN attention (PyTorch SDPA), at the compute-bound points.
+"""The expanded (FlashAttention-style) kernels on an sm_90 GPU against cuDNN attention (PyTorch
+SDPA): two suites, ``--suite configs`` (the default) and ``--suite gluon``.
+
+``--suite configs``: the portable kernel's launch configs at the compute-bound points.
 
 1. Correctness of every config against the fp32 reference ``mla_var3.reference.flash_attention``
    (relative Frobenius error of ``o`` and ``lse``, the dtype's tolerance) on two causal checks
@@ -19,11 +21,25 @@ against cuDNN attention (PyTorch SDPA), at the compute-bound points.
    speedup over the default across them (printed last, JSON key ``winners``): the data to
    re-pick ``default_config`` from.
 
-Every variant is guarded (a failure prints and the script goes on) and a time budget skips
-what is left once exceeded. The rows are written as JSON to ``--out``; a table is printed last.
+``--suite gluon``: the warp-specialised Gluon kernel (``kernel/hopper/expanded_gluon.py``).
+
+1. Correctness of every Gluon variant (``block_n`` x ``stages``, ``pingpong``) against the fp32
+   reference on edge shapes (DeepSeek-V3 head dims d = 128, p = 64, 8 heads): causal s < t,
+   causal prefill s = t, ragged s and t (neither a multiple of a block), s = 1, non-causal,
+   b = 1, and a non-contiguous ``out``. The output buffer is NaN-poisoned, so an unwritten
+   element fails. A variant that fails is never timed.
+2. Timing (``time_fn``) at b = 32, t = 4096, s in {16, 64, 128, 256, 512, 1024} (bottom-right
+   causal) and the full causal prefill b = 4, s = t = 4096: each Gluon variant, the portable
+   kernel's default config, and cuDNN SDPA.
+3. TFLOP/s on the cost model's FLOPs and % of the matmul rate measured in the same process
+   (8192^3 bf16); cuDNN / ours.
+
+Every variant is guarded (a failure prints and the suite goes on) and a time budget skips what
+is left once exceeded. The rows are written as JSON to ``--out``; a table is printed last.
 
     python benchmarks/expanded_check.py --out benchmarks/results/h200/expanded_check.json
-    python benchmarks/expanded_check.py --dry-run --out /tmp/x.json    # CPU: plumbing only
+    python benchmarks/expanded_check.py --suite gluon --out benchmarks/results/h200/gluon_expanded_check.json
+    python benchmarks/expanded_check.py --dry-run --out /tmp/x.json    # CPU: plumbing only (configs)
 """
 
 from __future__ import annotations
@@ -36,8 +52,8 @@ import traceback
 
 import torch
 
-from common import (D, H, P, Budget, environment, error_text, expanded_flops as flops, expanded_inputs, sdpa_call,
-                    write_json)
+from common import (D, H, P, Budget, environment, error_text, expanded_flops as flops, expanded_inputs, require_cuda,
+                    sdpa_call, write_json)
 
 MATMUL_TFLOPS = 801.0
 
@@ -57,6 +73,16 @@ CANDIDATES = [
 ]
 #: also timed at the regression points s = 16 / 128 (besides the default there)
 REGRESSION = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, tma=True)
+
+#: ``--suite gluon``: the Gluon kernel's variants
+GLUON_VARIANTS = [dict(block_n=128, stages=2), dict(block_n=128, stages=2, pingpong=True), dict(block_n=64, stages=3),
+                  dict(block_n=64, stages=4)]
+#: ``--suite gluon``: its checks, (b, h, s, t, causal, strided out), and the timed (b, s, t)
+GLUON_CHECKS = [(2, 8, 512, 1024, True, False), (1, 8, 512, 512, True, False), (2, 8, 130, 1000, True, False),
+                (1, 8, 1, 333, True, False), (2, 8, 200, 700, False, False), (1, 8, 64, 64, True, False),
+                (2, 8, 300, 777, True, True)]
+GLUON_TIMES = [(32, 512, 4096), (32, 1024, 4096), (4, 4096, 4096), (32, 128, 4096), (32, 256, 4096), (32, 64, 4096),
+               (32, 16, 4096)]
 
 # (b, s, t, time all candidates?)
 TIME_SHAPES = [(32, 512, 4096, True), (32, 1024, 4096, True), (4, 4096, 4096, True),
@@ -111,14 +137,9 @@ def pick_winners(rows: list[dict], problems: list[tuple[int, int, int]]) -> dict
     return dict(per_problem=per_problem, overall=overall)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU/interpreter allowed: plumbing only")
-    ap.add_argument("--budget", type=float, default=110.0, help="seconds; what is left is skipped after it")
-    ap.add_argument("--matmul-tflops", type=float, default=MATMUL_TFLOPS)
-    args = ap.parse_args()
-    budget = Budget(args.budget)
+def run_configs(args) -> int:
+    """``--suite configs``: the portable kernel's launch configs (the module docstring)."""
+    budget = Budget(args.budget or 110.0)
 
     if args.dry_run:
         from mla_var3.kernel import use_interpreter_without_gpu
@@ -257,6 +278,111 @@ def main() -> int:
               f"({o['speedup_vs_default']:.3f}x the default; timed on all {o['problems']} problems)")
     print(f"(* = default config; {budget.elapsed():.0f} s; wrote {args.out})")
     return 0
+
+
+
+def gluon_label(v: dict) -> str:
+    return f"gluon_n{v['block_n']}s{v['stages']}" + ("p" if v.get("pingpong") else "")
+
+
+def run_gluon(args) -> int:
+    """``--suite gluon``: the Gluon kernel's variants (the module docstring)."""
+    require_cuda()
+    budget = Budget(args.budget or 240.0)
+    from mla_var3 import reference as R
+    from mla_var3.kernel.expanded import default_config, flash_attention
+    from mla_var3.kernel.hopper.expanded_gluon import flash_attention_gluon
+    from mla_var3.runtime.ceilings import measure_matmul_rate
+    from mla_var3.runtime.timing import time_fn
+    from mla_var3.shapes import MLADims, Problem
+    from mla_var3.testing import LSE_TOLERANCE, TOLERANCE, rel_err
+
+    info = environment(dims=dict(h=H, d=D, p=P), dtype="bfloat16")
+    dtype = torch.bfloat16
+
+    # 1. correctness
+    checks, ok = [], {gluon_label(v): True for v in GLUON_VARIANTS}
+    for v in GLUON_VARIANTS:
+        for b, h, s, t, causal, strided in GLUON_CHECKS:
+            row = dict(variant=gluon_label(v), b=b, h=h, s=s, t=t, causal=causal, strided_out=strided)
+            try:
+                q, qpe, k, vv, kpe = expanded_inputs(b, s, t, h, D, P, dtype, "cuda")
+                if strided:
+                    out = torch.full((b, s, h, D), float("nan"), dtype=dtype, device="cuda").transpose(1, 2)
+                else:
+                    out = torch.full((b, h, s, D), float("nan"), dtype=dtype, device="cuda")
+                o, lse = flash_attention_gluon(q, qpe, k, vv, kpe, scale=(D + P) ** -0.5, causal=causal, out=out, **v)
+                ref_o, ref_lse = R.flash_attention(q, qpe, k, vv, kpe, (D + P) ** -0.5, causal, None)
+                e_o, e_l = rel_err(o, ref_o), rel_err(lse, ref_lse)
+                row.update(err_o=e_o, err_lse=e_l, ok=bool(e_o <= TOLERANCE[dtype] and e_l <= LSE_TOLERANCE[dtype]))
+            except Exception as exc:
+                traceback.print_exc()
+                row.update(ok=False, error=error_text(exc))
+            ok[gluon_label(v)] &= row["ok"]
+            checks.append(row)
+            print(f"check {row['variant']:14s} b={b} h={h} s={s:4d} t={t:4d} causal={causal:d} strided={strided:d}: "
+                  f"{'ok' if row['ok'] else 'FAIL'} {row.get('err_o', float('nan')):.2e} "
+                  f"{row.get('err_lse', float('nan')):.2e}", flush=True)
+
+    # 2. timing
+    mm = measure_matmul_rate()[0]
+    print(f"matmul 8192^3 bf16: {mm:.1f} TFLOP/s", flush=True)
+    rows = []
+    for b, s, t in GLUON_TIMES:
+        if budget.left() < 0:
+            print("time budget exceeded: stopping", flush=True)
+            break
+        q, qpe, k, vv, kpe = expanded_inputs(b, s, t, H, D, P, dtype, "cuda")
+        out = torch.empty((b, H, s, D), dtype=dtype, device="cuda")
+        cfg = default_config(MLADims(h=H, d=D, p=P), Problem(b, s, t))
+        impls = [("triton_" + cfg.label(), lambda: flash_attention(q, qpe, k, vv, kpe, config=cfg, out=out,
+                                                                   backend="triton"))]
+        impls += [(gluon_label(v), (lambda v=v: flash_attention_gluon(q, qpe, k, vv, kpe, scale=(D + P) ** -0.5,
+                                                                       out=out, **v)))
+                  for v in GLUON_VARIANTS if ok[gluon_label(v)]]
+        impls.append(("cudnn_sdpa", sdpa_call(q, qpe, k, vv, kpe, True)[0]))
+        for name, fn in impls:
+            try:
+                tm = time_fn(fn, max_seconds=1.5)
+                us = tm.median_us
+                rows.append(dict(b=b, s=s, t=t, impl=name, us=us, tflops=flops(b, s, t) / us / 1e6,
+                                 pct_matmul=100 * flops(b, s, t) / us / 1e6 / mm))
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(dict(b=b, s=s, t=t, impl=name, error=error_text(exc)))
+        sd = [r["us"] for r in rows if (r["b"], r["s"]) == (b, s) and r["impl"] == "cudnn_sdpa" and "us" in r]
+        for r in rows:
+            if (r["b"], r["s"]) == (b, s) and "us" in r and sd:
+                r["cudnn_over_ours"] = sd[0] / r["us"]
+        del q, qpe, k, vv, kpe, out
+        torch.cuda.empty_cache()
+
+    write_json(args.out, dict(info=info, matmul_tflops=mm, checks=checks, rows=rows))
+    print(f"\n{'problem':>16s} {'impl':>24s} {'us':>10s} {'%mm':>6s} {'cuDNN/x':>8s}")
+    for r in rows:
+        if "us" in r:
+            print(f"b={r['b']:2d} s={r['s']:4d} t={r['t']} {r['impl']:>24s} {r['us']:10.1f} {r['pct_matmul']:6.1f} "
+                  f"{r.get('cudnn_over_ours', float('nan')):8.2f}")
+        else:
+            print(f"b={r['b']:2d} s={r['s']:4d} t={r['t']} {r['impl']:>24s} ERROR {r['error'][:60]}")
+    print(f"checks: {sum(c['ok'] for c in checks)}/{len(checks)} ok; {budget.elapsed():.0f} s")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--suite", choices=("configs", "gluon"), default="configs",
+                    help="the portable kernel's launch configs (default) or the Gluon kernel's variants")
+    ap.add_argument("--dry-run", action="store_true", help="configs: tiny shapes, CPU/interpreter allowed: plumbing only")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds; what is left is skipped after it (default 110 for configs, 240 for gluon)")
+    ap.add_argument("--matmul-tflops", type=float, default=MATMUL_TFLOPS,
+                    help="configs: the matmul rate the %% column is of (gluon measures it)")
+    args = ap.parse_args()
+    if args.suite == "gluon" and args.dry_run:
+        ap.error("--dry-run: the Gluon kernel does not run under the interpreter")
+    return run_gluon(args) if args.suite == "gluon" else run_configs(args)
 
 
 if __name__ == "__main__":

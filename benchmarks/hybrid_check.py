@@ -1,4 +1,7 @@
-"""Check and time the hybrid MLAvar6+ on an sm_90 GPU (H100/H200), bf16, DeepSeek-V3 dims.
+"""Check and time the hybrid (``mla_var6_plus``) on an sm_90 GPU (H100/H200), bf16, DeepSeek-V3
+dims: two suites, ``--suite check`` (the default) and ``--suite partition``.
+
+``--suite check``:
 
 1. Correctness, in a child process with a time limit (a wrong mbarrier phase in the Gluon
    kernel would hang the GPU instead of failing): :func:`mla_var3.kernel.hybrid.mla_var6_plus`
@@ -17,8 +20,29 @@
    A deadline keeps the whole run under ``--budget`` seconds: later rows are skipped.
 3. A table is printed last; everything goes to ``--out`` as JSON.
 
+``--suite partition``: the hybrid on an SM partition, its parts alone and together, beside the
+three single designs and official FlashMLA, in one process (b = 32 (``--b``), t = 4,096,
+causal, the output decompression included everywhere). Per ``s`` (default 32, 16, 64):
+
+* **baselines** on the same latents: official FlashMLA (``flash_mla_with_kvcache`` over the
+  latents seen as 64-token pages, identity block table; when ``--flash-mla`` names its folder)
+  then ``decompress``; our absorbed call (``flash_mla``) then ``decompress``; our expanded call
+  (``flash_attention`` over all t keys, per-head K/V);
+* **parts alone**, per window size n: the latent part (``flash_mla`` non-causal over the
+  t - n old keys, whole GPU) and the window part on m programs (``expanded_window_gluon``);
+* **together**: ``mla_var6_plus_hopper(expanded_programs=m)`` (the window's persistent launch
+  first, the latent part on the SMs it leaves) then ``decompress(o_latent, w_uv, o)``; the two
+  parts on two streams without a partition (``expanded_programs=None``); and the default public
+  call (``mla_var6_plus``, its sm_90 default: the partition of ``default_programs``).
+
+First a correctness check of the partitioned hybrid against the fp32 reference at s = 16, 32
+and 64 (small b and t); nothing is timed when it fails. Timing: ``time_fn`` (CUDA-graph
+replays, L2 flushed). Everything goes to ``--out`` as JSON; a table last.
+
     python benchmarks/hybrid_check.py --out benchmarks/results/h200/hybrid_check.json
     python benchmarks/hybrid_check.py --dry-run --out /tmp/hybrid_dry.json    # CPU plumbing check
+    python benchmarks/hybrid_check.py --suite partition --out benchmarks/results/h200/hybrid/partition.json \
+        --flash-mla DIR
 """
 
 from __future__ import annotations
@@ -33,7 +57,8 @@ import traceback
 
 import torch
 
-from common import Budget, environment, error_text, randn, timed, write_json
+from common import (D, H, K, P, Budget, environment, error_text, import_flash_mla, randn, require_cuda, timed,
+                    write_json)
 
 #: official FlashMLA on an H200, bf16, h = 128, k = 512, p = 64, t = 4096 (microseconds), keyed (b, s).
 FLASHMLA_US = {(32, 1): 75.2, (32, 2): 124.4, (32, 4): 224.1, (32, 8): 443.0, (32, 16): 886.0, (32, 32): 1760.0,
@@ -49,6 +74,12 @@ CHECKS = [(2, 16, 1024, 0, True), (2, 16, 1024, 16, True), (2, 16, 1024, 300, Tr
           (2, 4, 777, 200, False), (1, 1, 65, 1, True), (2, 64, 1500, 512, True)]
 SMALL_CHECKS = [(2, 16, 200, 40, True)]          # the tests' dims: h=16, d=32, p=16, k=64
 DRY_CHECKS = [(1, 2, 20, 5, True), (1, 2, 20, 0, True)]
+
+#: ``--suite partition``: per s, the window sizes n and window programs m timed
+PARTITION_GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
+                  64: ((1024, 2048, 3072), (44, 66, 88))}
+#: ``--suite partition``: its correctness checks, (b, s, t, n, programs)
+PARTITION_CHECKS = [(2, 32, 1024, 512, 8), (2, 64, 1200, 700, 12), (2, 16, 1024, 300, 20)]
 
 
 def _dims(small: bool):
@@ -387,14 +418,178 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------
+# --suite partition
+
+
+def check_partition(cases, checks: list, dtype=torch.bfloat16) -> bool:
+    """The sm_90 hybrid on an SM partition (``mla_var6_plus_hopper(expanded_programs=m)``) against
+    the fp32 reference at DeepSeek-V3 dims, per case ``(b, s, t, n, m)``: o, o_latent, lse and the
+    decompressed output within the dtype's tolerance. Appends a row per case to ``checks``;
+    True when every case passed."""
+    from mla_var3 import reference as R
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
+    from mla_var3.shapes import Problem, get_preset
+    from mla_var3.testing import TOLERANCE, rel_err
+
+    dims, all_ok = get_preset("deepseek-v3"), True
+    for b, s, t, n, m in cases:
+        row = dict(kind="hybrid", b=b, s=s, t=t, n=n, programs=m)
+        try:
+            x = R.make_inputs(dims, Problem(b=b, s=s, t=t, n=n, causal=True), dtype=dtype, device="cuda")
+            o, ol, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
+                                              causal=True, expanded_programs=m)
+            torch.cuda.synchronize()
+            f32 = [a.float() for a in (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)]
+            ro, rol, rlse = R.mla_var6_plus(*f32, x.scale, True)
+            w = x.w_uv.float()
+            errs = dict(o=rel_err(o, ro), o_latent=rel_err(ol, rol), lse=rel_err(lse, rlse),
+                        final=rel_err(R.decompress(ol.float(), w, o.float()), R.decompress(rol, w, ro)))
+            row.update(errs=errs, ok=all(e <= TOLERANCE[dtype] for e in errs.values()))
+        except Exception as exc:
+            traceback.print_exc()
+            row.update(ok=False, error=error_text(exc))
+        all_ok &= row["ok"]
+        checks.append(row)
+        print(f"check hybrid b={b} s={s} t={t} n={n} m={m}: {'ok' if row['ok'] else 'FAIL'} {row.get('errs')}",
+              flush=True)
+    return all_ok
+
+
+def run_partition(args) -> int:
+    """``--suite partition`` (the module docstring)."""
+    require_cuda()
+    budget = Budget(args.budget or 200.0)
+    from mla_var3.kernel.absorbed import flash_mla
+    from mla_var3.kernel.expanded import flash_attention
+    from mla_var3.kernel.gemm import decompress
+    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
+    from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+    from mla_var3.kernel.hybrid import mla_var6_plus
+
+    fm = import_flash_mla(args.flash_mla)
+    dtype = torch.bfloat16
+    scale = (D + P) ** -0.5
+    info = environment(flashmla=fm is not None)
+    checks, rows = [], []
+
+    all_ok = check_partition(PARTITION_CHECKS, checks, dtype)
+    if not all_ok:
+        write_json(args.out, dict(info=info, checks=checks, rows=rows))
+        print("a check failed: nothing timed")
+        return 1
+
+    timing = dict(max_seconds=0.4)
+    batch = args.b
+    rand = randn("cuda", dtype)
+    for s in (int(v) for v in args.s.split(",")):
+        ns, ms = PARTITION_GRID.get(s, PARTITION_GRID[32])
+        ns = tuple(int(v) for v in args.n.split(",")) if args.n else ns
+        ms = tuple(int(v) for v in args.programs.split(",")) if args.programs else ms
+        q, qpe, qc = rand(batch, H, s, D), rand(batch, H, s, P), rand(batch, H, s, K, std=0.05)
+        z, kpe = rand(batch, T, K), rand(batch, T, P)
+        k_all, v_all = rand(batch, T, H, D), rand(batch, T, H, D)
+        w_uv = rand(H, K, D, std=K ** -0.5)
+        base = dict(b=batch, s=s, t=T)
+        print(f"---- s = {s}", flush=True)
+        if fm is not None:
+            cache = torch.cat([z, kpe], dim=-1).view(batch * T // 64, 64, 1, K + P)
+            table = torch.arange(batch * T // 64, dtype=torch.int32, device="cuda").view(batch, T // 64)
+            lens = torch.full((batch,), T, dtype=torch.int32, device="cuda")
+            q_fm = torch.cat([qc, qpe], dim=-1).transpose(1, 2).contiguous()
+            meta, _ = fm.get_mla_metadata()
+
+            def flashmla():
+                o, _ = fm.flash_mla_with_kvcache(q_fm, cache, table, lens, K, meta, None, softmax_scale=scale,
+                                                 causal=s > 1)
+                return decompress(o.transpose(1, 2), w_uv)
+            timed(rows, f"s={s} FlashMLA + decompress", flashmla, budget=budget, timing=timing, part="baseline",
+                  impl="flashmla", **base)
+        timed(rows, f"s={s} absorbed + decompress",
+              lambda: decompress(flash_mla(qc, qpe, z, kpe, scale=scale, causal=True)[0], w_uv),
+              budget=budget, timing=timing, part="baseline", impl="absorbed", **base)
+        timed(rows, f"s={s} decompress alone", lambda: decompress(qc, w_uv), budget=budget, timing=timing,
+              part="baseline", impl="decompress", **base)
+        timed(rows, f"s={s} expanded (all t keys)",
+              lambda: flash_attention(q, qpe, k_all, v_all, kpe, scale=scale, causal=True),
+              budget=budget, timing=timing, part="baseline", impl="expanded", **base)
+        for n in ns:
+            o_len = T - n
+            z_old, k_new, v_new = z[:, :o_len], k_all[:, o_len:], v_all[:, o_len:]
+            if not args.no_parts:
+                timed(rows, f"s={s} n={n} latent part alone (whole GPU)",
+                      lambda: flash_mla(qc, qpe, z_old, kpe[:, :o_len], scale=scale, causal=False),
+                      budget=budget, timing=timing, part="latent", n=n, **base)
+            for m in ms:
+                if not args.no_parts:
+                    timed(rows, f"s={s} n={n} window part alone on {m} programs",
+                          lambda m=m: expanded_window_gluon(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale,
+                                                            causal=True, programs=m),
+                          budget=budget, timing=timing, part="window", n=n, programs=m, **base)
+                    if rows[-1].get("us"):
+                        rows[-1]["gbps"] = 2 * batch * n * H * 2 * D / rows[-1]["us"] / 1e3
+
+                def hybrid(m=m):
+                    o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True,
+                                                    expanded_programs=m)
+                    return decompress(ol, w_uv, o)
+                timed(rows, f"s={s} n={n} hybrid, window on {m} programs + decompress", hybrid, budget=budget,
+                      timing=timing, part="hybrid", n=n, programs=m, **base)
+
+            def default():   # the public call as a user makes it: mla_var6_plus's sm_90 default
+                o, ol, _ = mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale)
+                return decompress(ol, w_uv, o)
+            timed(rows, f"s={s} n={n} default mla_var6_plus call + decompress", default, budget=budget,
+                  timing=timing, part="hybrid", n=n, programs="default", **base)
+
+            def streams():
+                o, ol, _ = mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=True,
+                                                expanded_programs=None)
+                return decompress(ol, w_uv, o)
+            timed(rows, f"s={s} n={n} hybrid, two streams, no partition + decompress", streams, budget=budget,
+                  timing=timing, part="hybrid", n=n, programs=0, **base)
+        del q, qpe, qc, z, kpe, k_all, v_all
+        torch.cuda.empty_cache()
+
+    write_json(args.out, dict(info=info, checks=checks, rows=rows))
+    print("\n| s | FlashMLA | absorbed | expanded | best hybrid (n, m) | best single ÷ best hybrid |")
+    print("|---|---|---|---|---|---|")
+    for s in sorted({r["s"] for r in rows}):
+        get = lambda impl: next((r.get("us") for r in rows if r["s"] == s and r.get("impl") == impl), None)  # noqa: E731
+        hy = [r for r in rows if r["s"] == s and r.get("part") == "hybrid" and r.get("us")]
+        best = min(hy, key=lambda r: r["us"]) if hy else None
+        singles = [v for v in (get("flashmla"), get("absorbed"), get("expanded")) if v]
+        fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+        print(f"| {s} | {fmt(get('flashmla'))} | {fmt(get('absorbed'))} | {fmt(get('expanded'))} | "
+              f"{fmt(best['us']) if best else '-'} ({best['n'] if best else '-'}, {best['programs'] if best else '-'}) | "
+              f"{min(singles) / best['us']:.2f}" if best and singles else "-")
+    print(f"checks {sum(c['ok'] for c in checks)}/{len(checks)} ok; {budget.elapsed():.0f} s")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="hybrid_check.json")
-    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
-    ap.add_argument("--budget", type=float, default=105.0,
-                    help="seconds from the start after which no new timing starts (the run ends a few s later)")
+    ap.add_argument("--suite", choices=("check", "partition"), default="check",
+                    help="the checks, n sweep and s grid (default), or the hybrid on an SM partition")
+    ap.add_argument("--dry-run", action="store_true", help="check: tiny shapes on the CPU (interpreter): plumbing only")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds from the start after which no new timing starts (the run ends a few s later; "
+                         "default 105 for check, 200 for partition)")
     ap.add_argument("--child-checks", metavar="PATH", help=argparse.SUPPRESS)
+    part = ap.add_argument_group("--suite partition")
+    part.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
+    part.add_argument("--s", default="32,16,64", help="query tokens per sequence, comma-separated")
+    part.add_argument("--b", type=int, default=32, help="sequences (default 32)")
+    part.add_argument("--n", default=None, help="window sizes, comma-separated (default: the grid per s)")
+    part.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88)")
+    part.add_argument("--no-parts", action="store_true", help="time the hybrid only, not its parts alone")
     args = ap.parse_args()
+    if args.suite == "partition":
+        if args.dry_run:
+            ap.error("--dry-run: the partition suite runs the Gluon kernels (no interpreter)")
+        return run_partition(args)
+    args.budget = 105.0 if args.budget is None else args.budget
     if args.dry_run:
         from mla_var3.kernel import use_interpreter_without_gpu
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from mla_var3.analysis.calibration import load_calibration, predict
@@ -29,7 +30,7 @@ from mla_var3.shapes import MLADims, Problem, get_preset
 GUIDE_S = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 HYBRID = next(d.kernel for d in TABLE if d.split)
 
-DESIGNS = ("flash_mla", "flash_mla_gluon", "mla_var6_plus", "flash_attention")
+GRID_NAMES = ("flash_mla", "flash_mla_gluon", "mla_var6_plus", "flash_attention")
 BASELINES = ("torch_eager_absorbed", "torch_sdpa_expanded")
 LABEL = {"flash_mla": "FlashMLA (ours, grid run)", "mla_var6_plus": "MLAvar6+ (ours)", "flash_attention": "FlashAttention (ours)",
          "torch_eager_absorbed": "eager absorbed", "torch_sdpa_expanded": "SDPA expanded (cuDNN)"}
@@ -40,7 +41,8 @@ LABEL[GLUON] = "FlashMLA (ours, check run)"
 
 def _gluon_times(results_path: Path, t: int) -> tuple[dict[tuple[int, int], float], str]:
     """(b, s) -> time of the Gluon absorbed kernel's newest timed schedule (seesaw, else pipelined)
-    from the ``gluon_flash_mla_check.json`` beside the results (same timing primitive, its own run)."""
+    from the ``gluon_flash_mla_check.json`` beside the results (same timing primitive, its own run:
+    ``gluon_flash_mla_check.py`` at c289878, a script since retired)."""
     path = results_path.with_name("gluon_flash_mla_check.json")
     if not path.exists():
         return {}, ""
@@ -249,7 +251,7 @@ def render(results_path: Path) -> str:
     if gluon_note:
         lines += [gluon_note, ""]
     for b in sorted({b for b, _ in grid}):
-        names = [n for n in (*DESIGNS, *BASELINES) if any(n in grid[(b, s)] for bb, s in grid if bb == b)]
+        names = [n for n in (*GRID_NAMES, *BASELINES) if any(n in grid[(b, s)] for bb, s in grid if bb == b)]
         lines += [f"## b = {b}", "",
                   "| s | " + " | ".join(LABEL[n] for n in names) + " | FlashMLA official (anchor) | fastest of ours | "
                   "fastest measured here | ours vs FlashMLA |",
@@ -263,8 +265,8 @@ def render(results_path: Path) -> str:
                 if r is not None and n == "mla_var6_plus" and r.n is not None:
                     txt += f" (n={r.n})"
                 cells.append(txt)
-            ours = {n: row[n].time_us for n in DESIGNS if n in row}
-            everyone = {n: row[n].time_us for n in (*DESIGNS, *BASELINES) if n in row}
+            ours = {n: row[n].time_us for n in GRID_NAMES if n in row}
+            everyone = {n: row[n].time_us for n in (*GRID_NAMES, *BASELINES) if n in row}
             best_ours = min(ours, key=ours.get) if ours else None
             best_all = min(everyone, key=everyone.get) if everyone else None
             anchor = flashmla.get(str(b), {}).get(str(s))
@@ -328,8 +330,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="results.json written by mla-var3 bench")
     ap.add_argument("--out", type=Path, default=Path("docs/regimes.md"))
+    ap.add_argument("--print", action="store_true", help="write the guide to stdout instead of --out")
     args = ap.parse_args()
-    args.out.write_text(render(args.results))
+    text = render(args.results)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    args.out.write_text(text)
     print(args.out)
     return 0
 

@@ -7,12 +7,14 @@
    ``flash_mla_paged`` on pages in random order whose unused rows, unused pages and table
    entries past each sequence hold NaN / -1 / garbage; block tables with non-unit strides;
    lengths 1, 63, 64, 65, capacity and 0; ``flash_mla`` dense with and without ``seqlens`` (NaN
-   past the lengths) and with ``out=``; official FlashMLA on the same inputs; each
-   ``PREFETCH_PAGES`` variant of the seesaw kernel.
+   past the lengths) and with ``out=``; official FlashMLA on the same inputs.
 3. **CUDA graphs**: the compat call (its plan built inside the capture), ``flash_mla_paged`` and
    the dense ``flash_mla`` captured with ``torch.cuda.graph``; the inputs' contents (lengths, pages,
    queries) changed; the replay compared with an eager call on the new contents.
-4. **Timing** (``mla_var3.runtime.timing``; L2 flushed before each repetition): per point the
+4. **Host time**: where one eager call's host time goes (cProfile over 200 calls of the compat
+   call and the dense ``flash_mla``), beside this host's floor (an empty Triton kernel's launch,
+   ``torch.empty``, official FlashMLA's call on the same inputs).
+5. **Timing** (``mla_var3.runtime.timing``; L2 flushed before each repetition): per point the
    eager time (CUDA events around plain calls: host work included), the CUDA-graph time and the
    host time per call (300 calls without a synchronisation), for official FlashMLA, the compat
    call, and (uniform rows) the dense ``flash_mla``, after ``--cool`` idle seconds, the calls
@@ -21,7 +23,8 @@
    others), over ``--rounds`` rounds; FlashMLA ÷ ours is the median over repetitions of the two
    calls' times in the same repetition, then over rounds. Uniform rows: b in {32, 64} x s in {1, 2, 4, 8, 16,
    32}, t = 4096, causal for s > 1; ragged paged rows: lengths uniform in [t_max / 8, t_max],
-   pages in random order.
+   pages in random order. ``--threshold SEED`` times the seeded threshold batches of
+   ``threshold_batches.json`` instead (short-item ragged batches whose plan kind the GPU chooses).
 
 The record (device, versions, commit, every check and time) goes to ``--out`` as JSON; a short
 table is printed last. Official FlashMLA is imported from ``--flash-mla`` (a folder holding the
@@ -34,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import statistics
 import subprocess
 import sys
@@ -44,67 +45,12 @@ import traceback
 
 import torch
 
-from common import baseline_parser, import_flash_mla, rel, stop_on_sigterm
+from common import (H, K, P, baseline_parser, environment, import_flash_mla, make_paged, paged_reference as reference,
+                    rel, stop_on_sigterm, threshold_batches)
 
-H, K, P, PAGE = 128, 512, 64, 64
 UNIFORM = [(b, s) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)]
 RAGGED = [(32, 1, 4096), (64, 1, 8192), (128, 1, 4096), (64, 2, 8192), (32, 4, 16384), (8, 1, 32768), (1, 1, 4096),
           (16, 2, 32768), (256, 1, 2048)]
-
-
-def make_paged(lengths: list[int], s: int, *, capacity: int, seed: int, dev="cuda", poison: bool = True,
-               table_garbage: str = "minus1"):
-    """q [b, s, H, K+P], cache [pages, 64, 1, K+P] with the sequences' pages in random order,
-    table [b, max_blocks] int32, seqlens [b] int32. Unused rows and pages hold NaN when
-    ``poison``; table entries past each sequence hold -1 (``minus1``) or random page numbers
-    (``garbage``)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    b = len(lengths)
-    max_blocks = math.ceil(capacity / PAGE)
-    used = [math.ceil(n / PAGE) for n in lengths]
-    n_pages = sum(used) + 3
-    cache = torch.randn(n_pages, PAGE, 1, K + P, generator=g).to(torch.bfloat16)
-    if poison:
-        cache.fill_(float("nan"))
-    perm = torch.randperm(n_pages, generator=g)
-    table = torch.full((b, max_blocks), -1, dtype=torch.int32)
-    if table_garbage == "garbage":
-        table = torch.randint(0, n_pages, (b, max_blocks), generator=g, dtype=torch.int32)
-    nxt = 0
-    for i, (n, u) in enumerate(zip(lengths, used)):
-        pages = perm[nxt: nxt + u]
-        nxt += u
-        table[i, :u] = pages.to(torch.int32)
-        keys = torch.randn(u * PAGE, K + P, generator=g).to(torch.bfloat16)
-        flat = keys.view(u, PAGE, 1, K + P)
-        for j in range(u):
-            rows = min(PAGE, n - j * PAGE)
-            cache[pages[j], :rows] = flat[j, :rows]
-    q = (torch.randn(b, s, H, K + P, generator=g) * 0.5).to(torch.bfloat16)
-    seqlens = torch.tensor(lengths, dtype=torch.int32)
-    return q.to(dev), cache.to(dev), table.to(dev), seqlens.to(dev)
-
-
-def reference(q, cache, table, seqlens, *, causal: bool, scale: float):
-    """The package's fp32 reference on FlashMLA's layout: output [b, s, H, K], LSE [b, H, s]
-    (a sequence of length 0 gets 0 and -inf)."""
-    from mla_var3.reference import flash_mla_paged as ref_paged
-    qt = q.transpose(1, 2)
-    o, lse = ref_paged(qt[..., :K], qt[..., K:], cache, table, seqlens, scale, causal)
-    return o.transpose(1, 2), lse
-
-
-def environment() -> dict:
-    import triton
-    commit = os.environ.get("MLA_VAR3_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            commit = "unknown"
-    return {"device": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": commit,
-            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def smoke() -> None:
@@ -154,21 +100,20 @@ def correctness(r: Runner) -> None:
         ("b8 s1 with empty", [0, 5, 64, 0, 1000, 2, 65, 4096], 1, 4096), ("b32 s1 uniform", [4096] * 32, 1, 4096),
         ("b16 s32 ragged", [32 + 97 * i for i in range(16)], 32, 2048),
     ]
-    for tag in ("",):
-        for name, lengths, s, cap in cases:
-            for causal in ((True, False) if s > 1 else (False,)):
-                q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=hash(name) % 1000)
-                ref = reference(q, cache, table, seqlens, causal=causal, scale=scale)
-                meta, _ = get_mla_metadata()
-                got = flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
-                r.check(f"compat {tag} {name} causal={causal}", got, ref)
-        q, cache, table, seqlens = make_paged([70, 300, 1, 2000], 2, capacity=4096, seed=7, table_garbage="garbage")
-        ref = reference(q, cache, table, seqlens, causal=True, scale=scale)
-        qt = q.transpose(1, 2)
-        for tname, tab in (("garbage-past-end", table), ("col-major", table.t().contiguous().t()),
-                           ("every-other-col", torch.stack([table, table], 2).reshape(table.shape[0], -1)[:, ::2])):
-            got = flash_mla_paged(qt[..., :K], qt[..., K:], cache, tab, seqlens, scale=scale, causal=True)
-            r.check(f"paged {tag} table {tname}", (got[0].transpose(1, 2), got[1]), ref)
+    for name, lengths, s, cap in cases:
+        for causal in ((True, False) if s > 1 else (False,)):
+            q, cache, table, seqlens = make_paged(lengths, s, capacity=cap, seed=hash(name) % 1000)
+            ref = reference(q, cache, table, seqlens, causal=causal, scale=scale)
+            meta, _ = get_mla_metadata()
+            got = flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, causal=causal)
+            r.check(f"compat {name} causal={causal}", got, ref)
+    q, cache, table, seqlens = make_paged([70, 300, 1, 2000], 2, capacity=4096, seed=7, table_garbage="garbage")
+    ref = reference(q, cache, table, seqlens, causal=True, scale=scale)
+    qt = q.transpose(1, 2)
+    for tname, tab in (("garbage-past-end", table), ("col-major", table.t().contiguous().t()),
+                       ("every-other-col", torch.stack([table, table], 2).reshape(table.shape[0], -1)[:, ::2])):
+        got = flash_mla_paged(qt[..., :K], qt[..., K:], cache, tab, seqlens, scale=scale, causal=True)
+        r.check(f"paged table {tname}", (got[0].transpose(1, 2), got[1]), ref)
     # dense, with NaN past the lengths, and out=
     g = torch.Generator(device="cuda").manual_seed(3)
     for b, s, t, lens in ((4, 1, 1000, [1000, 1, 64, 999]), (3, 4, 4096, [4096, 65, 4]), (32, 1, 4096, None),
@@ -326,11 +271,9 @@ def timing(r: Runner, quick: bool, rounds: int = 2, cool: float = 2.0, threshold
                        for k, v in row.items() if isinstance(v, dict))
         print(f"{kind} b{b} s{s} t{cap}: {msg}", flush=True)
 
-    if threshold is not None:   # seesaw_ab.py's threshold batches of that seed, instead of the grid
-        from seesaw_ab import threshold_points
-
-        for label, _, b, s, t, lengths in threshold_points(seed=threshold):
-            point("threshold", b, s, lengths, t, False, label=label)
+    if threshold is not None:   # the seeded threshold batches, instead of the grid
+        for x in threshold_batches(threshold):
+            point("threshold", x["b"], x["s"], x["lengths"], x["t"], False, label=x["label"])
         return
     uniform = UNIFORM if not quick else [(32, 1), (64, 1), (32, 16)]
     for b, s in uniform:
@@ -346,8 +289,10 @@ def host_profile(r: Runner) -> None:
     import cProfile
     import io
     import pstats
+
     from mla_var3 import flash_mla
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
+    from mla_var3.runtime.timing import host_time_us
 
     q, cache, table, seqlens = make_paged([4096] * 32, 1, capacity=4096, seed=1, poison=False)
     meta, _ = get_mla_metadata()
@@ -369,55 +314,16 @@ def host_profile(r: Runner) -> None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
         print(f"---- host profile: {name}, 200 calls\n" + buf.getvalue()[-3500:])
-        from mla_var3.kernel import _launch
-        from mla_var3.kernel.hopper import absorbed_seesaw
-        from mla_var3.runtime.timing import host_time_us
-        # bound repeats (the default), the direct launcher per call, Triton's own launch path
-        for bound, direct in ((True, True), (False, True), (False, False)):
-            _launch.DIRECT, absorbed_seesaw.BOUND_REPEATS = direct, bound
-            r.checks.append({"name": f"host {name} bound={bound} direct={direct}", "host_us": host_time_us(fn)})
-            print(f"host time {name} bound={bound} direct={direct}: {r.checks[-1]['host_us']:.1f} us", flush=True)
-        _launch.DIRECT, absorbed_seesaw.BOUND_REPEATS = True, True
-        host_parts(r, name, fn)
+        r.checks.append({"name": f"host {name}", "host_us": host_time_us(fn)})
+        print(f"host time {name}: {r.checks[-1]['host_us']:.1f} us", flush=True)
     host_floor(r, q, cache, table, seqlens)
 
 
-def host_parts(r: Runner, name: str, fn) -> None:
-    """What a bound repeat's host time is made of: its two output allocations and each of its
-    bound launches alone (same stream, same addresses), the rest being Python."""
-    from mla_var3.kernel.absorbed import _REPLAYS
-    from mla_var3.kernel.hopper.absorbed_seesaw import _Repeat
-    from mla_var3.runtime.timing import host_time_us
-
-    _REPLAYS.clear()              # only this call's repeat, bound (the third call runs on its bound launches)
-    for _ in range(3):
-        fn()
-    rep = next((v for v in (getattr(x, "__self__", x) for x in _REPLAYS.values())
-                if isinstance(v, _Repeat) and v.bound is not None), None)
-    if rep is None:
-        print(f"host parts {name}: no bound repeat found", flush=True)
-        return
-    stream, _, launches = rep.bound
-    shape = rep.tm_shape or rep.shape
-    outputs = lambda: (torch.empty(shape, dtype=rep.dtype, device=rep.dev),
-                       torch.empty(rep.lse_shape, dtype=torch.float32, device=rep.dev))
-    x, lse = outputs()
-    parts = {"outputs (2 x torch.empty)": host_time_us(outputs)}
-    for i, launch in enumerate(launches):
-        parts[f"bound launch {i} of {len(launches)}"] = host_time_us(
-            lambda launch=launch: launch(stream, x.data_ptr(), lse.data_ptr()))
-    for part, us in parts.items():
-        r.checks.append({"name": f"host part {name}: {part}", "host_us": us})
-        print(f"host part {name}: {part}: {us:.1f} us", flush=True)
-
-
 def host_floor(r: Runner, q, cache, table, seqlens) -> None:
-    """This host's floor for a decode call: an empty Triton kernel's launch (ordinary and bound),
-    and official FlashMLA's compat call on the same inputs (its host time per call)."""
+    """This host's floor for a decode call: an empty Triton kernel's launch, ``torch.empty``, and
+    official FlashMLA's compat call on the same inputs (its host time per call)."""
     import triton
-    import triton.language as tl
 
-    from mla_var3.kernel._launch import CachedLaunch, current_stream
     from mla_var3.runtime.timing import host_time_us
 
     @triton.jit
@@ -425,14 +331,9 @@ def host_floor(r: Runner, q, cache, table, seqlens) -> None:
         pass
 
     x = torch.empty(16, device="cuda")
-    launch = CachedLaunch(_nothing)
-    launch("floor", (1, 1, 1), (x, 1), {}, num_warps=4)
+    _nothing[(1,)](x, 1, num_warps=4)
     torch.cuda.synchronize()
-    floor = {"empty kernel, CachedLaunch": host_time_us(lambda: launch("floor", (1, 1, 1), (x, 1), {}, num_warps=4))}
-    if launch.ready("floor"):
-        bound = launch.bind("floor", (1, 1, 1), (x, 1), (0,))
-        stream = current_stream(x.device.index)
-        floor["empty kernel, bound launch"] = host_time_us(lambda: bound(stream, x.data_ptr()))
+    floor = {"empty kernel, Triton launch": host_time_us(lambda: _nothing[(1,)](x, 1, num_warps=4))}
     floor["torch.empty"] = host_time_us(lambda: torch.empty(16, device="cuda"))
     fm = r.fm
     if fm is not None:
@@ -465,8 +366,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds per point, the calls interleaved")
     ap.add_argument("--cool", type=float, default=2.0, help="idle seconds before each point's timing")
     ap.add_argument("--threshold", type=int, default=None, metavar="SEED",
-                    help="time seesaw_ab.py's threshold batches of this seed (short-item ragged batches whose plan "
-                         "kind the GPU chooses) instead of the uniform and ragged rows")
+                    help="time the threshold batches of this seed (7, 8 or 9: short-item ragged batches whose plan "
+                         "kind the GPU chooses; threshold_batches.json) instead of the uniform and ragged rows")
     args = ap.parse_args()
     if args.smoke:
         smoke()
@@ -478,7 +379,8 @@ def main() -> None:
         sys.exit("smoke run failed")
     fm = import_flash_mla(args.flash_mla)
     r = Runner(fm)
-    record = {"env": environment(), "flashmla": fm is not None}
+    record = {"env": environment(sms=torch.cuda.get_device_properties(0).multi_processor_count),
+              "flashmla": fm is not None}
     for step in (host_profile, correctness, graphs):
         try:
             step(r)

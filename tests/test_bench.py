@@ -7,8 +7,9 @@ import torch
 
 from mla_var3 import cli, reference
 from mla_var3.runtime import baselines as BL
-from mla_var3.runtime import bench as B
-from mla_var3.runtime.designs import design_inputs
+from mla_var3.analysis.regime import N_ALIGN, aligned_best_n
+from mla_var3.cli import sweep as B
+from mla_var3.reference.inputs import design_inputs
 from mla_var3.shapes import Problem, get_preset
 from mla_var3.testing import assert_close
 
@@ -31,10 +32,10 @@ def test_default_grid_plan():
     assert len(main) == 2 * 10 * (3 + 2)
     assert {p.problem.b for p in points} == {32, 64} and {p.problem.t for p in points} == {4096}
     hyb = [p for p in main if p.name == "mla_var6_plus"]
-    assert all(p.problem.n is not None and p.problem.n % B.N_ALIGN == 0 for p in hyb)
+    assert all(p.problem.n is not None and p.problem.n % N_ALIGN == 0 for p in hyb)
     for b in (32, 64):
         ns = [p.problem.n for p in sweep if p.problem.b == b]
-        best = B.align_n(B.model_best_n(dims, Problem(b, 16, 4096), "h200"), 4096)
+        best = aligned_best_n(dims, Problem(b, 16, 4096), "h200")
         assert best in ns and 0 in ns and 4096 in ns and all(p.problem.s == 16 for p in sweep)
 
 

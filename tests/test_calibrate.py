@@ -16,7 +16,7 @@ from mla_var3.analysis.calibration import (
 )
 from mla_var3.analysis.devices import get_device
 from mla_var3.designs import DESIGNS
-from mla_var3.runtime.calibrate import GRID, QUICK, calibration_from_records, default_backends
+from mla_var3.cli.calibrate import GRID, QUICK, calibration_from_records, default_backends
 from mla_var3.runtime.records import Record
 from mla_var3.shapes import Problem, get_preset
 

@@ -3,7 +3,7 @@
 import pytest
 
 from mla_var3.analysis.cost import (
-    COST_MODELS, DESIGNS, Cost, absorb_query, cost, decompress, design_pipeline, flash_attention,
+    COST_MODELS, DESIGN_MODELS, Cost, absorb_query, cost, decompress, design_pipeline, flash_attention,
     flash_attention_shared_kpe, flash_mla, get_cost_model, mla_var6_plus, split_kv_combine,
 )
 from mla_var3.shapes import MLADims, Problem, get_preset
@@ -113,8 +113,8 @@ def test_custom_dims_everywhere():
 
 
 def test_registry_and_pipeline():
-    assert set(DESIGNS) == {"flash_attention", "flash_mla", "mla_var6_plus"}
-    assert set(DESIGNS) <= set(COST_MODELS)
+    assert set(DESIGN_MODELS) == {"flash_attention", "flash_mla", "mla_var6_plus"}
+    assert set(DESIGN_MODELS) <= set(COST_MODELS)
     pr = Problem(b=2, s=4, t=64, n=16)
     assert cost("flash_mla", V3, pr) == flash_mla(V3, pr)
     assert design_pipeline("flash_mla", V3, pr) == flash_mla(V3, pr) + absorb_query(V3, pr) + decompress(V3, pr)

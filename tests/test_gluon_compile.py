@@ -2,7 +2,7 @@
 shared memory within one CTA's 227 KiB, and the score MMA split between the warpgroups.
 
 Gluon does not run under the Triton interpreter, so the numerics are checked on a Hopper GPU
-by ``benchmarks/gluon_flash_mla_check.py``; this test guards what the compiler decides. The
+(``benchmarks/serving_check.py`` and the GPU tests); this test guards what the compiler decides. The
 compile runs in a subprocess with ``TRITON_INTERPRET=0`` (the variable changes what the jit
 decorators return at import). Five variants (~2 s each) cover every constexpr branch that
 changes code: causal / non-causal, split-KV (fp32 partial output) and seqlens (with the tail

@@ -45,7 +45,7 @@ def test_check_pass_flash_mla(capsys):
 
 
 def test_check_fail_exits_1(capsys, monkeypatch):
-    from mla_var3.runtime import designs as D
+    from mla_var3.kernel import launchers as D
 
     real_run = D.run
 

@@ -364,27 +364,6 @@ def test_reserve_keeps_contents(nan_empty):
     assert big.z.untyped_storage().data_ptr() == ptr          # no reallocation below the reserve
 
 
-def test_maintenance_benchmark_dry_run(tmp_path):
-    """benchmarks/hybrid_maintenance.py --dry-run: the GPU script's plumbing on the CPU."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_maintenance.py"
-    out = tmp_path / "dry.json"
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out)], capture_output=True,
-                          text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    res = json.loads(out.read_text())
-    assert res["checks_ok"] and len(res["checks"]) == 3
-    whats = {(r["what"], r["s"], r["n"]) for r in res["rows"] if "median_us" in r}
-    assert {(w, s, n) for w in ("maintenance", "maintenance_legacy", "attention", "layer_step")
-            for s in (1, 4) for n in (0, 8, 16)} <= whats
-
-
 # --- the latent cache's in-place appends against a per-token oracle -------------------------
 
 

@@ -276,6 +276,12 @@ def test_bad_inputs_are_clear_errors():
         layer(x[:1], pos[:1] + 3, cache=latent, mode="absorbed")
 
 
+def test_auto_mode_attributes_exist_before_the_first_call():
+    """The dispatcher settings a layer documents are attributes of every layer, with their defaults."""
+    layer = MLALayer.random(MLAConfig.from_preset("deepseek-v3").scaled(div=16, h=2), seed=0)
+    assert (layer.dispatcher, layer.auto_design, layer.last_decision, layer.backend) == (None, "auto", None, "auto")
+
+
 def test_backend_selection():
     import mla_var3.reference as ref
 

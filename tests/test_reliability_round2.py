@@ -711,11 +711,11 @@ def test_o_no_command_is_one_usage_line_and_status_2(capsys):
 @pytest.fixture
 def no_timing(monkeypatch):
     """calibrate must refuse bad input before the timing run starts."""
-    from mla_var3.runtime import calibrate as runtime_calibrate
+    from mla_var3.cli import calibrate as calibrate_command
 
     def refuse(**_):
         raise AssertionError("the timing run started")
-    monkeypatch.setattr(runtime_calibrate, "run_calibration", refuse)
+    monkeypatch.setattr(calibrate_command, "run_calibration", refuse)
 
 
 @pytest.mark.parametrize("content,words", [

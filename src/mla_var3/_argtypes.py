@@ -3,7 +3,9 @@ goes through one of these, so a bad value is an argparse error naming the flag.
 
 Integers stop at :data:`MAX_INT` and other numbers at :data:`MAX_NUMBER`, far above any real
 shape or size, so the cost models' arithmetic (which turns products of them into floats) stays
-finite; NaN and infinity are refused; a long bad value is quoted short.
+finite; NaN and infinity are refused; a long bad value is quoted short. The model options
+(``--model``, ``--dtype``, ``--h --d --p --k``) and their resolution to ``MLADims`` are here too:
+``mla-var3`` and ``python -m mla_var3.kernel`` share them.
 
 >>> positive_int("32"), nonneg_int_list("0, 256"), window_budget_arg("4.5MiB")
 (32, [0, 256], 4718592.0)
@@ -16,6 +18,7 @@ import math
 
 from mla_var3 import _io
 from mla_var3._io import quote
+from mla_var3.shapes import DEFAULT_MODEL, DTYPE_BYTES, get_preset
 
 #: the largest integer argument (2**53: every integer up to it is exact as a float).
 MAX_INT = _io.MAX_INT
@@ -126,3 +129,26 @@ def nonneg_int_list(text: str) -> list[int]:
 def _raise_empty(text: str, allow_zero: bool = False):
     kind = "non-negative" if allow_zero else "positive"
     raise _bad(f"a comma-separated list of {kind} integers", text)
+
+
+# --- shared options: the model and its dims ---------------------------------------------------
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model, --dtype and the dim overrides (--h --d --p --k)."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset (default {DEFAULT_MODEL})")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES), help="element type (default bf16)")
+    for dim, what in (("h", "heads"), ("d", "no-RoPE head dim"), ("p", "RoPE dim"), ("k", "latent rank")):
+        p.add_argument(f"--{dim}", type=positive_int, help=f"override {what}")
+
+
+def dims_from_args(args):
+    """The MLADims for --model/--dtype and any overrides."""
+    dims = get_preset(args.model, args.dtype)
+    overrides = {k: getattr(args, k) for k in ("h", "d", "p", "k") if getattr(args, k, None) is not None}
+    if overrides:
+        if "d" in overrides:
+            overrides.setdefault("dv", overrides["d"])
+        label = ",".join(f"{k}={v}" for k, v in overrides.items() if k != "dv")
+        dims = dims.replace(**overrides, name=f"{dims.name}({label})")
+    return dims

@@ -5,6 +5,23 @@ aliases, the layer's modes, the benchmark's and ``python -m mla_var3.kernel``'s 
 cost models) is read from this table. It imports nothing: kernels and their config types are
 named by import path, cost models by their name in :mod:`mla_var3.analysis.cost`.
 
+Names. Each design has one public name, its kernel's: ``flash_attention`` (the expanded design),
+``flash_mla`` (the absorbed design) and ``mla_var6_plus`` (the hybrid), the names of the entry
+points, the benchmark records, the cost models and the calibration. The other names a design
+answers to are listed here once (:func:`design` accepts each):
+
+==================  ===================  ==============  ===========  ==================
+public name         design (dispatcher)  layer mode      aliases      title (reports)
+==================  ===================  ==============  ===========  ==================
+``flash_attention`` ``expanded``         ``naive``       ``naive``    FlashAttention
+``flash_mla``       ``absorbed``         ``absorbed``    ``latent``   FlashMLA
+``mla_var6_plus``   ``hybrid``           ``hybrid``      ``var6``     MLAvar6+
+==================  ===================  ==============  ===========  ==================
+
+The design name is what :class:`~mla_var3.dispatch.Decision` reports, the mode what
+:class:`~mla_var3.model.MLALayer` takes, the title the seed's name shown in tables and plots;
+prose calls the hybrid "the hybrid" and names it ``mla_var6_plus``.
+
 The dispatcher runs the expanded design over a latent cache by expanding it for the call; the
 layer's ``naive`` mode keeps an expanded cache instead. The absorbed and hybrid designs attend
 in the latent space: the query is absorbed before them, the output decompressed after them.
@@ -98,6 +115,10 @@ DESIGNS: tuple[Design, ...] = (
            latent=True, split=True, color="tab:green"),
 )
 
+#: the three attention kernels, by name, in the table's order (what the benchmark, the
+#: calibration and ``python -m mla_var3.kernel`` run).
+ATTENTION_KERNELS: tuple[str, ...] = tuple(d.kernel for d in DESIGNS)
+
 #: every accepted name of a design (canonical, kernel, alias, layer mode) -> the design.
 _BY_NAME = {n: d for d in DESIGNS for n in (d.name, d.kernel, d.mode, *d.aliases)}
 
@@ -111,4 +132,4 @@ def design(name: str) -> Design:
         raise ValueError(f"unknown design {name!r}; expected one of {', '.join(_BY_NAME)}") from None
 
 
-__all__ = ["CACHE_KINDS", "DESIGNS", "KERNELS", "Design", "Kernel", "design"]
+__all__ = ["ATTENTION_KERNELS", "CACHE_KINDS", "DESIGNS", "KERNELS", "Design", "Kernel", "design"]

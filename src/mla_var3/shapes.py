@@ -3,7 +3,7 @@
 Everything in the package (cost models, references, kernels, tests, benchmarks) takes an
 :class:`MLADims` for the model's attention dims and a :class:`Problem` for the call's sizes.
 
-Notation (DeepSeek-V3 defaults, see ``docs/cost-analysis.md``):
+Notation (DeepSeek-V3 defaults, see ``docs/cost-analysis.md``, "Notation"):
 
 ====  =======================================================  =========
  sym  meaning                                                   default

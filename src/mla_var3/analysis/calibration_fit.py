@@ -26,7 +26,7 @@ What a record needs (other fields are ignored):
 GPU-group parameters are fitted from GPU times, host-group ones from host times (or, without
 them, from host-bound eager calls: eager ≥ 1.25 × GPU time); ``fit(..., base=cal,
 only={"host"})`` re-fits the host costs alone. :func:`compare` lists predicted ÷ measured per
-point (the fit-quality table of ``docs/cost-analysis.md``).
+point (the table of ``docs/cost-analysis.md``, "Fit quality and the bar").
 """
 
 from __future__ import annotations

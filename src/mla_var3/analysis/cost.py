@@ -3,10 +3,11 @@
 Each function takes ``(dims: MLADims, problem: Problem)`` and returns a frozen :class:`Cost`
 with integer ``flops`` and ``bytes`` (``bytes`` = DRAM traffic: every input read once, every
 output written once — the ideal a fused kernel can reach). Derivations are in
-``docs/cost-analysis.md``. Symbols: b, h, s, t, d, p, k, w as in :mod:`mla_var3.shapes`;
-``dv`` (value head dim) appears where the seed writes ``d`` for V and O — equal in every preset.
+``docs/cost-analysis.md``, "The three designs" and "The stages around the designs". Symbols: b, h,
+s, t, d, p, k, w as in :mod:`mla_var3.shapes`; ``dv`` (value head dim) appears where the seed
+writes ``d`` for V and O — equal in every preset.
 
-The three designs the regime guide compares are in :data:`DESIGNS` (the seed's model of each
+The three designs the regime guide compares are in :data:`DESIGN_MODELS` (the seed's model of each
 design, named like its kernel in :mod:`mla_var3.designs`); :data:`COST_MODELS` adds the stage
 models (query absorption, output decompression) and the shared-RoPE-key variant of
 FlashAttention.
@@ -159,7 +160,7 @@ def design_pipeline(design: str, dims: MLADims, problem: Problem) -> Cost:
     (the hybrid's accumulating into the expanded part's O); flash_attention needs none.
     """
     cost = get_cost_model(design)(dims, problem)
-    if design in DESIGNS and (d := _design_of(design)).latent:
+    if design in DESIGN_MODELS and (d := _design_of(design)).latent:
         cost = cost + absorb_query(dims, problem) + decompress(dims, problem, accumulate=d.split)
     return cost
 
@@ -171,7 +172,7 @@ COST_MODELS: dict[str, CostModel] = {f.__name__: f for f in (
     flash_attention, flash_mla, mla_var6_plus, flash_attention_shared_kpe, absorb_query, decompress)}
 
 #: the three attention designs compared by the regime guide: the seed's model of each, by kernel name.
-DESIGNS: dict[str, CostModel] = {d.kernel: COST_MODELS[d.kernel] for d in _TABLE}
+DESIGN_MODELS: dict[str, CostModel] = {d.kernel: COST_MODELS[d.kernel] for d in _TABLE}
 
 
 def get_cost_model(name: str) -> CostModel:

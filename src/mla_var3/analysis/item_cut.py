@@ -17,9 +17,10 @@ chunks of ``C`` blocks and a shorter remainder. It tries **every** ``C`` from
 * more than one wave: :data:`LATE_WAVE` more;
 * plus the combine when anything is split (:data:`COMBINE_FIXED` and ``comb`` per split item).
 
-This is the list-scheduling simulation the cut was judged by (``benchmarks/cut_ranking_sim.py``:
-132 SMs, programs in plan order, row tile fastest, a model fitted to measured item plans) at
-slot granularity: over the serving rows and 120 random ragged batches (b = 8..128, s = 1..4, t up
+This is the list-scheduling simulation the cut was judged by (``benchmarks/cut_ranking_sim.py``
+at 1ac28a2, which wrote ``benchmarks/results/h200/seesaw/cut-ranking-sim.json``: 132 SMs,
+programs in plan order, row tile fastest, a model fitted to measured item plans) at slot
+granularity: over the serving rows and 120 random ragged batches (b = 8..128, s = 1..4, t up
 to 32k) its choice is 0.6-0.8 % above the simulation's best C on average (1.8-2.5 % at the 90th
 percentile; the charge for a later wave, which that simulation lacks, is part of it), where the
 closed-form "tail" ranking the planner used before, over its 32 candidates, was 2.6-3.3 % (5.2-7.4 %).

@@ -23,7 +23,7 @@ Laws:
 * :func:`expanded_tiles` — expanded attention, one program per (sequence, head, query block):
   the padded, causally visible FLOPs at ``compute_efficiency`` against the key/value stream at
   ``bandwidth_efficiency`` of the copy rate.
-* :func:`hybrid` — MLAvar6+: latent part, expanded (window) part, merge; ``part_overlap`` of the
+* :func:`hybrid` — the hybrid (``mla_var6_plus``): latent part, expanded (window) part, merge; ``part_overlap`` of the
   shorter part hides under the longer. Its breakdown states the resource law: SM-time per latent
   key and per window key, the merge and the overlap.
 """
@@ -380,7 +380,7 @@ def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float
 def hybrid(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
            latent_law: Callable[[Problem], Breakdown], window_law: Callable[[Problem], Breakdown],
            absorbed_law: Callable[[Problem], Breakdown] | None = None) -> Breakdown:
-    """MLAvar6+ with o = t - n latent keys and n window keys: the latent part (``latent_law`` over
+    """The hybrid with o = t - n latent keys and n window keys: the latent part (``latent_law`` over
     the o old keys; causal into them only when n < s), the window part (``window_law`` over the
     n newest keys), ``part_overlap`` of the shorter part hidden under the longer (0 = one after
     the other), then the merge (``merge_us`` plus its bytes: fp32 partials in, both outputs out).
@@ -468,7 +468,7 @@ def flash_attention_gluon(dims: MLADims, pb: Problem, m: Machine, p: Params) -> 
 
 def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded: Params,
                     absorbed: Params | None = None) -> Breakdown:
-    """MLAvar6+'s portable path (the default on every GPU but sm_90): the latent part as 32-row tiles
+    """The hybrid's portable path (the default on every GPU but sm_90): the latent part as 32-row tiles
     of heads x queries over 32-key steps (mma.sync), the window part as the portable expanded
     kernel over the n newest keys (parameters ``expanded``), one launch after the other, then the
     merge. With n = 0 the call is the portable absorbed kernel (parameters ``absorbed``)."""
@@ -498,7 +498,7 @@ def window_partition(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Break
 
 def hybrid_hopper(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Params, expanded_gluon: Params,
                   expanded_portable: Params) -> Breakdown:
-    """MLAvar6+'s sm_90 default: the seesaw over the o old keys (parameters ``latent``) and, for
+    """The hybrid's sm_90 default: the seesaw over the o old keys (parameters ``latent``) and, for
     s <= :data:`HYBRID_PARTITION_MAX_S`, the window kernel on an SM partition sized to balance the
     parts (its part: :func:`window_partition`, with the window's held SM-time per key), the fitted
     ``part_overlap`` of the shorter part hidden under the longer, plus the merge. Above it the parts run on two streams: the
@@ -529,7 +529,7 @@ def seed_flash_attention(dims: MLADims, pb: Problem, m: Machine, p: Params) -> B
 
 
 def seed_hybrid(dims: MLADims, pb: Problem, m: Machine, p: Params, latent: Params, window: Params) -> Breakdown:
-    """The seed's MLAvar6+: its latent part at the seed's absorbed rate, its window part at the
+    """The seed's hybrid: its latent part at the seed's absorbed rate, its window part at the
     seed's expanded rate, overlapped by ``part_overlap``, plus ``fixed_us`` per call."""
     return hybrid(dims, pb, m, p, lambda q: seed_flash_mla(dims, q, m, latent),
                   lambda q: seed_flash_attention(dims, q, m, window))

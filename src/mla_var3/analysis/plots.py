@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from mla_var3.analysis.calibration import Calibration, predict as calibrated_predict  # noqa: E402
-from mla_var3.analysis.cost import DESIGNS  # noqa: E402
+from mla_var3.analysis.cost import DESIGN_MODELS  # noqa: E402
 from mla_var3.analysis.devices import Device  # noqa: E402
 from mla_var3.analysis.regime import HYBRID, RegimeGuide, best_hybrid_n, calibrated_split, regime_guide  # noqa: E402
 from mla_var3.designs import DESIGNS as _TABLE  # noqa: E402
@@ -33,6 +33,7 @@ from mla_var3.shapes import MLADims, Problem  # noqa: E402
 
 LABELS = {d.kernel: f"{d.title} ({d.name}{', best n' if d.split else ''})" for d in _TABLE}
 COLORS = {d.kernel: d.color for d in _TABLE}
+_HYBRID_TITLE = next(d.title for d in _TABLE if d.split)
 MARKERS = {1: "o", 16: "s", 128: "^", 1024: "D"}
 
 
@@ -59,7 +60,7 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
         pr = Problem(b=b, s=s, t=t)
         n = best_hybrid_n(dims, pr, device, ceilings).n
         best_n.append(n)
-        for design, model in DESIGNS.items():
+        for design, model in DESIGN_MODELS.items():
             c = model(dims, pr.with_n(n) if design == "mla_var6_plus" else pr)
             perf = min(used.flops_per_s, c.intensity * used.bytes_per_s) / 1e12
             ax.scatter(c.intensity, perf, color=COLORS[design], marker=MARKERS.get(s, "o"), s=70, zorder=3,
@@ -74,15 +75,15 @@ def plot_roofline(dims: MLADims, device: Device, b: int, t: int, path: Path, cei
                 mc = model(dims, pr.with_n(m[1]) if design == HYBRID and m[1] is not None else pr)
                 ax.scatter(mc.intensity, mc.flops / m[0] / 1e12, color=COLORS[design], marker="x", s=60, zorder=4)
     at_ridge = [s for s, n in zip(shown, best_n)
-                if abs(DESIGNS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
+                if abs(DESIGN_MODELS["mla_var6_plus"](dims, Problem(b=b, s=s, t=t, n=n)).intensity / used.ridge - 1) < 0.05]
     if at_ridge:
-        ax.annotate(f"MLAvar6+ at s = {', '.join(map(str, at_ridge))}:\nn puts its intensity on the ridge",
+        ax.annotate(f"{_HYBRID_TITLE} at s = {', '.join(map(str, at_ridge))}:\nn puts its intensity on the ridge",
                     (used.ridge, used.flops_per_s / 1e12), xytext=(used.ridge * 0.08, used.flops_per_s / 1e12 * 1.6),
                     fontsize=8, color=COLORS["mla_var6_plus"], arrowprops={"arrowstyle": "->", "color": COLORS["mla_var6_plus"]})
     roof = ax.get_legend_handles_labels()[0]
     design_handles = [Line2D([], [], color=COLORS[d], marker="o", linestyle="", markeredgecolor="black",
                              label=LABELS[d] if d != "mla_var6_plus" else
-                             f"MLAvar6+ (hybrid; best n = {', '.join(map(str, best_n))})") for d in DESIGNS]
+                             f"{_HYBRID_TITLE} (hybrid; best n = {', '.join(map(str, best_n))})") for d in DESIGN_MODELS]
     s_handles = [Line2D([], [], color="gray", marker=MARKERS.get(s, "o"), linestyle="", markeredgecolor="black",
                         label=f"s = {s}") for s in shown]
     s_handles += [Line2D([], [], color="gray", marker="o", markerfacecolor="none", linestyle="",
@@ -118,7 +119,7 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
     calibrated = dense.prediction == "calibrated"
     fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
     xs = [r.s for r in dense.rows]
-    for design in DESIGNS:
+    for design in DESIGN_MODELS:
         ax.plot(xs, [r.times[design] * 1e6 for r in dense.rows], color=COLORS[design], linewidth=1.2,
                 linestyle="--", label=LABELS[design] + ": roofline")
         if calibrated:
@@ -138,7 +139,7 @@ def plot_time_vs_s(dims: MLADims, device: Device, b: int, t: int, path: Path, ce
     hybrid_best = [r.s for r in dense.rows if (r.calibrated_best if calibrated else r.best) == HYBRID]
     if hybrid_best:
         ax.axvspan(min(hybrid_best), max(hybrid_best), color=COLORS["mla_var6_plus"], alpha=0.08,
-                   label=f"MLAvar6+ best by > 2% (s {min(hybrid_best)}-{max(hybrid_best)}, {dense.prediction})")
+                   label=f"{_HYBRID_TITLE} best by > 2% (s {min(hybrid_best)}-{max(hybrid_best)}, {dense.prediction})")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_yscale("log")
@@ -197,7 +198,7 @@ def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: 
                    measured: dict[str, list[tuple[int, float]]] | None = None,
                    window_budget_bytes: float | None = None, tp: int = 1,
                    calibration: Calibration | None = None) -> Path:
-    """MLAvar6+'s time vs n: the roofline model (perfect overlap of its two parts) with its
+    """The hybrid's (``mla_var6_plus``) time vs n: the roofline model (perfect overlap of its two parts) with its
     optimum marked, the calibrated default call (where a calibration applies) with its optimum,
     the measured sweep when given (its best marked), and the n a window budget allows
     (:func:`mla_var3.analysis.regime.choose_n`). ``measured`` here is the sweep
@@ -209,7 +210,7 @@ def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: 
     ns = np.unique(np.linspace(0, t, 257).astype(int))
     model = []
     for n in ns:
-        cost = DESIGNS["mla_var6_plus"](rank, Problem(b=b, s=s, t=t, n=int(n)))
+        cost = DESIGN_MODELS["mla_var6_plus"](rank, Problem(b=b, s=s, t=t, n=int(n)))
         model.append(max(cost.flops / c.flops_per_s, cost.bytes / c.bytes_per_s) * 1e6)
     best = choose_n(dims, Problem(b=b, s=s, t=t), device, tp=tp, ceilings=ceilings)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
@@ -241,7 +242,7 @@ def plot_time_vs_n(dims: MLADims, device: Device, b: int, s: int, t: int, path: 
     ax.set_xlabel("n (newest tokens kept expanded; o = t - n latent)")
     ax.set_ylabel("time (µs)")
     heads = f", {dims.h // tp} heads per rank (tp = {tp})" if tp != 1 else ""
-    ax.set_title(f"MLAvar6+ time vs n: {dims.name} on {device.name}\nb={b}, s={s}, t={t}{heads}"
+    ax.set_title(f"{_HYBRID_TITLE} time vs n: {dims.name} on {device.name}\nb={b}, s={s}, t={t}{heads}"
                  + ("; circles: measured best" if measured else ""), fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)

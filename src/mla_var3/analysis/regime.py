@@ -2,16 +2,16 @@
 calibrated model.
 
 For dims, a device and (b, t): per s the predicted time of FlashAttention, FlashMLA and
-MLAvar6+ at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
+the hybrid (``mla_var6_plus``) at its best split n; the crossover s where FlashAttention overtakes FlashMLA; the
 seed's decode / speculative / prefill table recomputed for the device. Each row has the ideal
 roofline (the seed's analysis, the ceiling) and the calibrated prediction of the default calls
 (:mod:`mla_var3.analysis.calibration`: the roofline where no calibration applies, and says so),
 with the hybrid at its own best n under each.
 
-Best hybrid split (derivation in ``docs/cost-analysis.md``): with o = t - n, MLAvar6+'s FLOPs
-and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d: an expanded token is cheaper to
-compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer to read). The time
-max(F/P, B/W) is convex in n and smallest where the two balance,
+Best hybrid split (derivation in ``docs/cost-analysis.md``, "The best hybrid split n"): with
+o = t - n, the hybrid's FLOPs and bytes are affine in n, F(n) = F0 + F1·n (F1 < 0 when k > d:
+an expanded token is cheaper to compute) and B(n) = B0 + B1·n (B1 > 0 when 2hd > k: it is dearer
+to read). The time max(F/P, B/W) is convex in n and smallest where the two balance,
 
     n* = (F0/P - B0/W) / (B1/W - F1/P),
 
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from mla_var3.analysis.calibration import CalibratedPrediction, Calibration, predict as calibrated_predict
-from mla_var3.analysis.cost import DESIGNS, get_cost_model
+from mla_var3.analysis.cost import DESIGN_MODELS, get_cost_model
 from mla_var3.analysis.devices import Ceilings, Device
 from mla_var3.analysis.memory import hybrid_cache_bytes, max_window_n, mla_cache_bytes, window_bytes
 from mla_var3.analysis.roofline import Prediction, predict_cost, resolve_ceilings, roofline_time
@@ -47,6 +47,7 @@ HYBRID_MARGIN = 0.02
 REGIMES = (("decode", 1, 1), ("speculative", 2, 32), ("prefill", 129, None))
 #: the designs' kernels: the one that takes the split n, and the two single designs.
 HYBRID = next(d.kernel for d in _TABLE if d.split)
+_HYBRID_TITLE = next(d.title for d in _TABLE if d.split)
 _SINGLES = tuple(d.kernel for d in _TABLE if not d.split)
 
 
@@ -57,7 +58,7 @@ def regime_of(s: int) -> str:
 
 @dataclass(frozen=True)
 class HybridSplit:
-    """The chosen MLAvar6+ split for one problem.
+    """The hybrid's chosen split for one problem.
 
     Attributes
     ----------
@@ -81,13 +82,13 @@ class HybridSplit:
 
 
 def _hybrid_time(dims: MLADims, problem: Problem, n: int, ceil: Ceilings) -> tuple[float, str]:
-    return roofline_time(DESIGNS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
+    return roofline_time(DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(n)), ceil)
 
 
 def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> HybridSplit:
     t = problem.t
-    c0 = DESIGNS["mla_var6_plus"](dims, problem.with_n(0))
-    ct = DESIGNS["mla_var6_plus"](dims, problem.with_n(t))
+    c0 = DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(0))
+    ct = DESIGN_MODELS["mla_var6_plus"](dims, problem.with_n(t))
     f1, b1 = (ct.flops - c0.flops) / t, (ct.bytes - c0.bytes) / t
     p, w = ceil.flops_per_s, ceil.bytes_per_s
     denom = b1 / w - f1 / p
@@ -102,12 +103,27 @@ def _best_n_in(dims: MLADims, problem: Problem, ceil: Ceilings, n_max: int) -> H
 
 
 def best_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
-    """The split n in [0, t] that minimises MLAvar6+'s roofline time (closed form, see module doc).
+    """The split n in [0, t] that minimises the hybrid's roofline time (closed form, see module doc).
 
     Ties go to the smaller n (less expanded cache). ``problem.n`` is ignored.
     """
     _, ceil = resolve_ceilings(device, dims, ceilings)
     return _best_n_in(dims, problem, ceil, problem.t)
+
+
+#: the splits the benchmark and ``python -m mla_var3.kernel`` run: multiples of this many tokens.
+N_ALIGN = 64
+
+
+def align_n(n: float, t: int) -> int:
+    """A hybrid split ``n`` rounded to a multiple of :data:`N_ALIGN` within [0, t]."""
+    return int(min(t, max(0, round(n / N_ALIGN) * N_ALIGN)))
+
+
+def aligned_best_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> int:
+    """:func:`best_hybrid_n` rounded by :func:`align_n`: the split a benchmark point and
+    ``python -m mla_var3.kernel`` take when none is given."""
+    return align_n(best_hybrid_n(dims, problem, device, ceilings).n, problem.t)
 
 
 def scan_hybrid_n(dims: MLADims, problem: Problem, device: str | Device = "h200", ceilings: str = "measured") -> HybridSplit:
@@ -469,7 +485,7 @@ def regime_guide(
     """
     dev, ceil = resolve_ceilings(device, dims, ceilings)
     s_values = sorted(set(s_values)) if s_values else [s for s in DEFAULT_S if s <= t]
-    models = {**DESIGNS, "flash_attention": get_cost_model(fa_model)}
+    models = {**DESIGN_MODELS, "flash_attention": get_cost_model(fa_model)}
     rows = []
     for s in s_values:
         pr = Problem(b=b, s=s, t=t)
@@ -512,12 +528,12 @@ def _at(r: RegimeRow, calibrated: bool = False) -> str:
     if calibrated:
         c = r.calibrated_times
         return (f"s={r.s}: " + ", ".join(f"{d.title} {_fmt_us(c[d.kernel])}" for d in _TABLE if not d.split)
-                + f", MLAvar6+ {_fmt_us(c[HYBRID])} (n={r.calibrated_n})")
+                + f", {_HYBRID_TITLE} {_fmt_us(c[HYBRID])} (n={r.calibrated_n})")
     p = r.predictions
     return (
         f"s={r.s}: FlashAttention {_fmt_us(p['flash_attention'].time_s)} ({p['flash_attention'].bound}), "
         f"FlashMLA {_fmt_us(p['flash_mla'].time_s)} ({p['flash_mla'].bound}), "
-        f"MLAvar6+ {_fmt_us(r.hybrid.time_s)} (n={r.hybrid.n})"
+        f"{_HYBRID_TITLE} {_fmt_us(r.hybrid.time_s)} (n={r.hybrid.n})"
     )
 
 

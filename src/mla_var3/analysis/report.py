@@ -16,6 +16,9 @@ from mla_var3.analysis.regime import RegimeGuide, regime_guide
 from mla_var3.designs import DESIGNS
 from mla_var3.shapes import MLADims
 
+#: the hybrid's title in the report (the design table's)
+_HYBRID_TITLE = next(d.title for d in DESIGNS if d.split)
+
 REPORT_FORMATS = ("md", "json")
 
 
@@ -80,8 +83,8 @@ def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict
         f"Device: {device_note}.",
         "",
         ("Calibrated: the default call of each design's kernel alone, eager (roofline terms × measured efficiencies "
-         f"+ fixed and host costs; `docs/cost-analysis.md`), from {guide.calibration}. The hybrid is taken at its "
-         "own best n under each model." if calibrated else
+         f"+ fixed and host costs; `docs/cost-analysis.md`, \"The laws\"), from {guide.calibration}. The hybrid is "
+         "taken at its own best n under each model." if calibrated else
          f"No calibrated prediction ({guide.calibration}): these are predictions of the ideal roofline."),
         "Measured: the fastest recorded time of each design's kernel in the results files given." if measured else
         "No results file was given: no measured column.",
@@ -98,7 +101,7 @@ def render_markdown(guide: RegimeGuide, dims: MLADims, device: Device, mem: dict
            else "By the roofline FlashAttention never overtakes FlashMLA for s <= t")
         + ((f"; by the calibrated model at **s = {guide.calibrated_crossover_s}**." if guide.calibrated_crossover_s
             else "; by the calibrated model never.") if calibrated else ".")
-        + " MLAvar6+ is named best only when it beats the best single design by more than 2 %.",
+        + f" {_HYBRID_TITLE} is named best only when it beats the best single design by more than 2 %.",
         "",
         f"## Regime table ({guide.prediction})",
         "",

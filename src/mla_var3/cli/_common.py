@@ -9,10 +9,11 @@ import os
 import sys
 from pathlib import Path
 
+# the model options live with the argument types (``python -m mla_var3.kernel`` takes them too)
+from mla_var3._argtypes import add_model_args, dims_from_args  # noqa: F401
 from mla_var3._argtypes import path_arg, positive_int, window_budget_arg
 from mla_var3._io import finite_json
 from mla_var3.analysis.devices import DEFAULT_DEVICE, DEVICES_ENV, get_device
-from mla_var3.shapes import DEFAULT_MODEL, DTYPE_BYTES, get_preset
 
 PROG = "mla-var3"
 
@@ -27,14 +28,6 @@ class Parser(argparse.ArgumentParser):
 
 
 # --- shared options -------------------------------------------------------------------------
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """--model, --dtype and the dim overrides (--h --d --p --k)."""
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset (default {DEFAULT_MODEL})")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES), help="element type (default bf16)")
-    for dim, what in (("h", "heads"), ("d", "no-RoPE head dim"), ("p", "RoPE dim"), ("k", "latent rank")):
-        p.add_argument(f"--{dim}", type=positive_int, help=f"override {what}")
 
 
 def add_devices_file_arg(p: argparse.ArgumentParser) -> None:
@@ -148,18 +141,6 @@ def window_budget_bytes(value, dims, t: int) -> float | None:
 
         return latent_window_budget(dims, t)
     return value
-
-
-def dims_from_args(args):
-    """The MLADims for --model/--dtype and any overrides."""
-    dims = get_preset(args.model, args.dtype)
-    overrides = {k: getattr(args, k) for k in ("h", "d", "p", "k") if getattr(args, k, None) is not None}
-    if overrides:
-        if "d" in overrides:
-            overrides.setdefault("dv", overrides["d"])
-        label = ",".join(f"{k}={v}" for k, v in overrides.items() if k != "dv")
-        dims = dims.replace(**overrides, name=f"{dims.name}({label})")
-    return dims
 
 
 def per_rank(dims, tp: int):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from mla_var3._argtypes import int_list, nonneg_int_list, path_arg, positive_float, positive_int
 from mla_var3._io import quote
-from mla_var3.analysis.cost import DESIGNS
 from mla_var3.cli import _common as C
-from mla_var3.designs import design
+from mla_var3.designs import ATTENTION_KERNELS, design
 
 _CEILING_CHOICES = ("measure", "measured", "datasheet")
 
@@ -29,11 +28,11 @@ def _designs_arg(text: str) -> tuple[str, ...]:
     """``all`` or a comma list of design names (checked without importing torch)."""
     names = [x.strip() for x in text.split(",") if x.strip()]
     if text.strip() == "all":
-        return tuple(DESIGNS)
-    bad = [x for x in names if x not in DESIGNS]
+        return ATTENTION_KERNELS
+    bad = [x for x in names if x not in ATTENTION_KERNELS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown design(s) {', '.join(bad) or quote(text)}; known: "
-                                         f"{', '.join(DESIGNS)} or 'all'")
+                                         f"{', '.join(ATTENTION_KERNELS)} or 'all'")
     return tuple(names)
 
 
@@ -59,8 +58,8 @@ def run(args) -> int:
     from mla_var3.runtime import records as R
     from mla_var3.runtime.autotune import AutotuneCache
     from mla_var3.runtime.baselines import BASELINES
-    from mla_var3.runtime.bench import BenchSpec, Runner, interpret_spec, plan_points
-    from mla_var3.runtime.designs import parse_designs
+    from mla_var3.cli.sweep import BenchSpec, Runner, interpret_spec, plan_points
+    from mla_var3.kernel.launchers import parse_designs
     from mla_var3.runtime.environment import device_slug, environment
 
     dims = C.dims_from_args(args)            # every argument is checked before the GPU is looked at
@@ -146,7 +145,7 @@ def add(sub) -> None:
                                    "baselines in the same repetitions (with official FlashMLA among them, each records "
                                    "FlashMLA / it as the median of paired ratios); writes results.json, results.md and "
                                    "PNG plots. Without a GPU it refuses unless --interpret is given.")
-    p.add_argument("--designs", type=_designs_arg, default="all", help=f"'all' or a comma list of {', '.join(DESIGNS)}")
+    p.add_argument("--designs", type=_designs_arg, default="all", help=f"'all' or a comma list of {', '.join(ATTENTION_KERNELS)}")
     C.add_model_args(p)
     p.add_argument("--device", default=None, help="device key for the datasheet ceilings (default: detected)")
     C.add_devices_file_arg(p)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from mla_var3._argtypes import nonneg_int, path_arg, positive_int, window_budget_arg
 from mla_var3.cli import _common as C
-from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, DESIGNS, KERNEL, CacheInfo, Dispatcher, regime_of
+from mla_var3.designs import DESIGNS
+from mla_var3.dispatch.decide import ALIASES, CACHE_KINDS, KERNEL, CacheInfo, Dispatcher, regime_of
 from mla_var3.shapes import Problem
 
 
@@ -162,8 +163,9 @@ def add(sub) -> None:
     p.add_argument("--window", type=nonneg_int, help="hybrid cache: its window n (default t: any split)")
     p.add_argument("--no-latent-window", action="store_true",
                    help="hybrid cache without latent copies of its window (n fixed, no absorbed design)")
-    p.add_argument("--design", default="auto", choices=("auto", *DESIGNS, *ALIASES), metavar="DESIGN",
-                   help=f"force a design: {', '.join(DESIGNS)} (default auto)")
+    names = tuple(d.name for d in DESIGNS)
+    p.add_argument("--design", default="auto", choices=("auto", *names, *ALIASES), metavar="DESIGN",
+                   help=f"force a design: {', '.join(names)} (default auto)")
     p.add_argument("--n", type=nonneg_int, help="force the hybrid split n (with --design hybrid)")
     p.add_argument("--window-budget", type=window_budget_arg, metavar="BYTES|latent",
                    help="cap the hybrid's window per sequence per layer per GPU (n·(h/tp)·2d·w): bytes or 'latent' "

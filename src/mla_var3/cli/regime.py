@@ -76,8 +76,8 @@ def run(args) -> int:
                       [[e.regime, e.s_range, e.best, e.why] for e in regimes], right_from=99))
     if budget_rows:
         con.print(C.table(f"hybrid n under a window budget ({budget_note}; times per rank of h/tp heads)",
-                          ["s", "tp", "window budget", "n", "window / seq / layer", "MLAvar6+", "n = 0", "speed-up",
-                           "limited by"],
+                          ["s", "tp", "window budget", "n", "window / seq / layer",
+                           next(d.title for d in DESIGNS if d.split), "n = 0", "speed-up", "limited by"],
                           [[s, r.tp, "-" if r.window_budget_bytes is None else C.mb(r.window_budget_bytes), r.split.n,
                             C.mb(r.window_bytes), C.us(r.split.time_s), C.us(r.latent_time_s), f"{r.speedup:.3f}x",
                             "budget" if r.split.limited_by == "memory" else "time"]

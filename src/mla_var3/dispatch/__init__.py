@@ -1,6 +1,7 @@
 """The regime guide as a running system: per call, the MLA attention design (and its hybrid
-split n) an engine should run, from the roofline model at the device's ceilings, overridden by
-measured kernel times when the benchmark or the autotune cache has them.
+split n) an engine should run, from the calibrated model of the default calls where the package
+has a calibration for the device (the roofline at the device's ceilings where it has none),
+overridden by measured kernel times when the benchmark or the autotune cache has them.
 
 ==============  ==============================================================================
 ``decide``      :class:`Dispatcher`, :class:`Decision`, :class:`CacheInfo`, the per-design costs
@@ -18,8 +19,9 @@ The decision needs no torch and no model: the tensors' side, :func:`mla_var3.mod
 (the engine entry point) and ``MLALayer(mode="auto")``, asks it (imports go model -> dispatch).
 """
 
-from mla_var3.dispatch.decide import (ALIASES, DESIGNS, KERNEL, CacheInfo, Decision, Dispatcher, Estimate,
-                                      canonical_design, decide, design_cost, expansion_cost, regime_of)
+from mla_var3.dispatch.decide import (ALIASES, KERNEL, CacheInfo, Decision, Dispatcher, Estimate, canonical_design,
+                                      decide, design_cost, expansion_cost, regime_of)
 
-__all__ = ["DESIGNS", "KERNEL", "ALIASES", "CacheInfo", "Decision", "Dispatcher", "Estimate", "decide",
+# the designs' names are the design table's (``mla_var3.designs.DESIGNS``), not re-exported here
+__all__ = ["KERNEL", "ALIASES", "CacheInfo", "Decision", "Dispatcher", "Estimate", "decide",
            "design_cost", "expansion_cost", "regime_of", "canonical_design"]

@@ -21,12 +21,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_var3.designs import DESIGNS
+from mla_var3.designs import ATTENTION_KERNELS
 from mla_var3.shapes import MLADims, Problem
-
-#: the kernels whose measured times can override the model (the designs' attention kernels).
-KERNELS = tuple(d.kernel for d in DESIGNS)
-
 
 @dataclass(frozen=True)
 class Measurement:
@@ -136,7 +132,7 @@ def from_autotune(device_key: str, dims: MLADims, problem: Problem, dtype: str,
         if len(parts) != 6:
             continue
         dev_name, kernel, dims_tok, bucket, dt, triton_tok = parts
-        if kernel not in KERNELS or dims_tok != _dims_token(dims) or dt != dtype:
+        if kernel not in ATTENTION_KERNELS or dims_tok != _dims_token(dims) or dt != dtype:
             continue
         if want_triton is not None and triton_tok != f"triton-{want_triton}":
             continue
@@ -173,7 +169,7 @@ def from_results(paths, device_key: str, dims: MLADims, problem: Problem, dtype:
         if any(md.get(f) not in (None, getattr(dims, f)) for f in ("h", "d", "p", "k", "dv")):
             continue
         for r in records:
-            if (r.name in KERNELS and r.kind == "design" and r.status == "ok" and r.time_us
+            if (r.name in ATTENTION_KERNELS and r.kind == "design" and r.status == "ok" and r.time_us
                     and (r.b, r.s, r.t) == (problem.b, problem.s, problem.t) and r.dtype == dtype
                     and r.stage == "attention"):
                 n = r.n if r.name == "mla_var6_plus" else None

@@ -1,14 +1,26 @@
 """Triton kernels of the MLA designs and the stages around them.
 
-One module per design (its ``@triton.jit`` kernels, launch config dataclass and launcher):
+Each design's public entry point (:data:`mla_var3.designs.KERNELS`) lives in one portable module
+(its ``@triton.jit`` kernels, launch config dataclass and launcher); a design may span more
+modules: its Hopper (sm_90) backend in :mod:`mla_var3.kernel.hopper`, which registers itself
+(:mod:`~mla_var3.kernel.backends`), and, for the absorbed design, its decode plan and the
+split-KV combine.
 
-==================  ==========================================================
-``flash_mla``       absorbed attention over the latent cache (dense and paged)
-``flash_attention`` expanded attention with the shared RoPE key
-``mla_var6_plus``   the hybrid: latent old tokens + expanded new ones, one softmax
-``gemm``            ``absorb_query`` and ``decompress`` (per-head batched GEMMs)
-``combine``         split-KV combine (LSE merge of partial outputs)
-==================  ==========================================================
+===============  ====================================================================================
+design / stage   modules
+===============  ====================================================================================
+absorbed         ``absorbed`` (``flash_mla``, ``flash_mla_paged``; portable), ``decode_plan`` (which
+                 program runs which key blocks, planned on the GPU), ``combine`` (the split-KV LSE
+                 merge), ``hopper.absorbed_gluon`` and ``hopper.absorbed_seesaw`` (sm_90)
+expanded         ``expanded`` (``flash_attention``), ``hopper.expanded_gluon`` (sm_90)
+hybrid           ``hybrid`` (``mla_var6_plus``), ``hopper.hybrid_hopper`` and ``hopper.window_gluon``
+                 (sm_90)
+stages           ``gemm`` (``absorb_query``, ``decompress``)
+shared           ``_jit`` (in-kernel helpers), ``_common`` (host checks), ``_launch`` (launching with
+                 little host work), ``backends`` (which implementation runs where)
+programs         ``launchers`` (every launcher by name), ``selfcheck``, ``profile``, ``sass``, and
+                 ``python -m mla_var3.kernel``
+===============  ====================================================================================
 
 The entry points (:data:`mla_var3.designs.KERNELS`) are imported lazily so that importing one
 design does not compile or import the others; ``mla_var3.flash_mla`` etc. re-export them.

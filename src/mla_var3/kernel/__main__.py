@@ -20,11 +20,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from mla_var3.designs import DESIGNS as _TABLE, design
+from mla_var3.designs import ATTENTION_KERNELS, DESIGNS, design
 from mla_var3.kernel import use_interpreter_without_gpu
 from mla_var3.kernel._common import cdiv, interpreting
 
-DESIGNS = tuple(d.kernel for d in _TABLE)
 #: interpreter cost (seconds, measured on a 2-core CPU) per unit of work: the absorbed kernel per
 #: (64 rows of heads x queries) x 64 keys; the expanded kernel per (head x 16 queries) x 64 keys;
 #: the hybrid pays both plus a fixed cost for its merge.
@@ -46,12 +45,11 @@ def interpreter_estimate(design_name: str, dims, problem) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from mla_var3._argtypes import nonneg_int, positive_int
-    from mla_var3.cli._common import add_model_args
+    from mla_var3._argtypes import add_model_args, nonneg_int, positive_int
 
     p = argparse.ArgumentParser(prog="python -m mla_var3.kernel",
                                 description="Run, check, time or profile one MLA attention design.")
-    p.add_argument("design", choices=DESIGNS)
+    p.add_argument("design", choices=ATTENTION_KERNELS)
     add_model_args(p)
     p.add_argument("--b", type=positive_int, default=32, help="batch (default 32)")
     p.add_argument("--s", type=positive_int, default=16, help="query tokens per sequence (default 16)")
@@ -79,11 +77,11 @@ def _problem(args, dims):
     problem = Problem(b=args.b, s=args.s, t=args.t, n=args.n, causal=not args.no_causal)
     split = design(args.design).split
     if split and args.n is None:
-        from mla_var3.runtime.bench import align_n, model_best_n
+        from mla_var3.analysis.regime import aligned_best_n
 
-        problem = problem.with_n(align_n(model_best_n(dims, problem, _device(args)), problem.t))
+        problem = problem.with_n(aligned_best_n(dims, problem, _device(args)))
     elif not split and args.n is not None:
-        raise ValueError(f"--n applies to {', '.join(d.kernel for d in _TABLE if d.split)} only")
+        raise ValueError(f"--n applies to {', '.join(d.kernel for d in DESIGNS if d.split)} only")
     return problem
 
 
@@ -100,10 +98,11 @@ def _fmt_problem(dims, problem, dtype) -> str:
 
 
 def _check(args, dims, problem, device) -> int:
-    from mla_var3.runtime import designs as D
+    from mla_var3.kernel import launchers as D
+    from mla_var3.reference.inputs import torch_dtype
     from mla_var3.testing import TOLERANCE
 
-    tol = TOLERANCE[D.torch_dtype(args.dtype)]
+    tol = TOLERANCE[torch_dtype(args.dtype)]
     ok = True
     for name, (shape, err) in D.check(args.design, dims, problem, dtype=args.dtype, device=device,
                                       seed=args.seed).items():
@@ -116,14 +115,14 @@ def _check(args, dims, problem, device) -> int:
 
 def _time(args, dims, problem, device) -> int:
     from mla_var3.analysis.roofline import predict
-    from mla_var3.runtime import designs as D
+    from mla_var3.kernel import launchers as D
     from mla_var3.runtime.autotune import AutotuneCache
-    from mla_var3.runtime.bench import pick_config
+    from mla_var3.reference.inputs import design_inputs
     from mla_var3.runtime.timing import time_fn
 
     dev = _device(args)
-    cfg, how = pick_config(args.design, dims, problem, args.dtype, device, cache=AutotuneCache(), tune=args.autotune)
-    inputs = D.design_inputs(args.design, dims, problem, dtype=args.dtype, device=device, seed=args.seed)
+    cfg, how = D.pick_config(args.design, dims, problem, args.dtype, device, cache=AutotuneCache(), tune=args.autotune)
+    inputs = design_inputs(args.design, dims, problem, dtype=args.dtype, device=device, seed=args.seed)
     reps = 3 if interpreting() else 100
     timing = time_fn(lambda: D.run(args.design, inputs, cfg), warmup=1 if interpreting() else 3, reps=reps,
                      min_reps=min(reps, 3), max_seconds=60.0 if interpreting() else 1.0)
@@ -150,7 +149,7 @@ def _run_once(args, dims, problem, device) -> int:
     """Warm up, then run every stage once inside an NVTX range named 'profile' (for ncu)."""
     import torch
 
-    from mla_var3.runtime import designs as D
+    from mla_var3.kernel import launchers as D
 
     stages = D.pipeline(args.design, dims, problem, dtype=args.dtype, device=device, seed=args.seed)
     for st in stages:
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
     import torch
 
-    from mla_var3.cli._common import dims_from_args
+    from mla_var3._argtypes import dims_from_args
 
     dims = dims_from_args(args)
     problem = _problem(args, dims)
@@ -202,7 +201,7 @@ def _main(args) -> int:
         return _run_once(args, dims, problem, device)
     status = _check(args, dims, problem, device) if args.check else 0
     if args.profile == "annotate":
-        from mla_var3.runtime.profile import annotate
+        from mla_var3.kernel.profile import annotate
 
         annotate(args, dims, problem, device, _device(args), _out_dir(args, problem))
     elif args.profile == "ncu":
@@ -213,7 +212,7 @@ def _main(args) -> int:
 
 
 def _ncu(args, problem) -> int:
-    from mla_var3.runtime.profile import run_ncu
+    from mla_var3.kernel.profile import run_ncu
 
     exe = shutil.which("ncu")
     if exe is None:

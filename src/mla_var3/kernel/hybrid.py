@@ -1,4 +1,4 @@
-"""The hybrid MLAvar6+ (design 3): O old tokens latent, N newest expanded, one softmax over O + N.
+"""The hybrid, ``mla_var6_plus`` (design 3): O old tokens latent, N newest expanded, one softmax over O + N.
 
 Design: two partial passes and an LSE merge
 --------------------------------------------
@@ -15,8 +15,10 @@ exactly the expanded kernel of :mod:`mla_var3.kernel.expanded`, run on the new t
 
 Each part is normalised by its own softmax sum; the merge rescales both to the one softmax over
 all O + N keys, so ``o + decompress(o_latent, w_uv)`` is the attention output. The parts are
-independent launches (they can overlap on the GPU: one is compute-bound, the other memory-bound);
-the merge reads both partials once and writes the outputs in the input dtype. When O = 0 (or
+independent launches, issued here one after the other on the current stream (the sm_90 backend
+below issues them on two streams, or on an SM partition, so that the compute-bound latent part
+and the memory-bound expanded part overlap); the merge reads both partials once and writes the
+outputs in the input dtype. When O = 0 (or
 N = 0) only the expanded (or latent) part runs, writing its output directly, and the other
 output is zero; the default call with N = 0 is the absorbed design and runs its kernel
 (:func:`mla_var3.kernel.absorbed.flash_mla`).
@@ -37,7 +39,8 @@ On sm_90 the ``"gluon"`` backend (:mod:`mla_var3.kernel.hopper.hybrid_hopper`) r
 part on the Gluon absorbed kernel instead (non-causal over the O old keys when N >= S) and the
 expanded part through the public expanded launcher or, on an SM partition, the Gluon window
 kernel, issued on two streams so the two may overlap, then the same merge. The devlog with predictions
-and measurements is docs/kernels/mla-var6-plus.md.
+and measurements is docs/kernels/mla-var6-plus/ (README.md: the state against the bar, then the
+parts by topic).
 
 Example
 -------
@@ -584,7 +587,8 @@ def mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causa
     f32 = dict(dtype=torch.float32, device=dev)
     o_e, lse_e = torch.empty((b, h, s, d), **f32), torch.empty((b, h, s), **f32)
     o_l, lse_l = torch.empty((b, h, s, k), **f32), torch.empty((b, h, s), **f32)
-    # independent launches: on the GPU they may overlap (compute-bound latent, memory-bound expanded)
+    # two independent launches, one after the other on the current stream (the sm_90 path, hybrid_hopper,
+    # runs them on two streams or an SM partition); each writes its own fp32 partial, merged below
     _launch_latent(qc, qpe, z_old, kpe_old, o_l, lse_l, t, scale, causal, config.latent)
     _fa._launch(q, qpe, k_new, v_new, kpe_new, o_e, lse_e, None, scale, causal, config.expanded)
     merge_parts(o_e, lse_e, o_l, lse_l, out, out_latent, lse)

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mla_var3.designs import ATTENTION_KERNELS
 from mla_var3.kernel import use_interpreter_without_gpu
-from mla_var3.runtime import designs as D
+from mla_var3.kernel import launchers as D
+from mla_var3.reference.inputs import TORCH_DTYPES
 from mla_var3.shapes import MLADims, Problem, get_preset
 from mla_var3.testing import TOLERANCE
 
@@ -48,16 +50,16 @@ def _shapes(on_gpu: bool) -> tuple[MLADims, list[Problem]]:
 
 def run_selfcheck(device: str | None = None, dtype: torch.dtype = torch.bfloat16) -> list[CheckResult]:
     """Run every design (and the decompression) once per shape against its fp32 reference
-    (:func:`mla_var3.runtime.designs.check`; the largest relative error of its outputs); one
+    (:func:`mla_var3.kernel.launchers.check`; the largest relative error of its outputs); one
     result per run."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dims, problems = _shapes(device == "cuda")
     name = str(dtype).replace("torch.", "")
-    dt = {v: k for k, v in D.TORCH_DTYPES.items()}[dtype]
+    dt = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
     results = []
     for problem in problems:
         shape = f"{dims.name} b={problem.b} s={problem.s} t={problem.t}"
-        for kernel in (*D.DESIGNS, "decompress"):
+        for kernel in (*ATTENTION_KERNELS, "decompress"):
             start = time.perf_counter()
             errors = D.check(kernel, dims, problem, dtype=dt, device=device, seed=problem.s)
             if device == "cuda":

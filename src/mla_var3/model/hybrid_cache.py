@@ -1,4 +1,4 @@
-"""The hybrid (MLAvar6+) cache: the ``n`` newest tokens of each sequence expanded, the rest latent,
+"""The hybrid's (``mla_var6_plus``) cache: the ``n`` newest tokens of each sequence expanded, the rest latent,
 maintained per decode step with whole-batch tensor ops.
 
 Layout (the public tensors are views into buffers with spare capacity)::
@@ -48,7 +48,7 @@ from mla_var3.shapes import check_window
 
 @dataclass(frozen=True)
 class HybridCache(HostLengths):
-    """Hybrid (MLAvar6+) cache: the ``n`` newest tokens of each sequence expanded, the rest latent.
+    """The hybrid's cache: the ``n`` newest tokens of each sequence expanded, the rest latent.
 
     Attributes
     ----------

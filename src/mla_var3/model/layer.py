@@ -17,7 +17,7 @@ Paths (``mode``, one per design of :mod:`mla_var3.designs`, each run by
 * ``"absorbed"``: cache only ``[z, kpe]`` (:class:`LatentCache` or :class:`PagedLatentCache`),
   absorb ``W_UK`` into the query (:func:`absorb_query`), run :func:`flash_mla`, then
   :func:`decompress` with ``W_UV``.
-* ``"hybrid"``: MLAvar6+ over a :class:`HybridCache` (o oldest latent, n newest expanded),
+* ``"hybrid"``: the hybrid (``mla_var6_plus``) over a :class:`HybridCache` (o oldest latent, n newest expanded),
   output ``o + decompress(o_latent)``.
 * ``"auto"``: the dispatcher picks the design per call over a latent, paged or hybrid cache
   (:func:`mla_var3.model.attention.mla_attention`).
@@ -118,6 +118,8 @@ class MLALayer(nn.Module):
         self.attention_state = AttentionState()
         #: the design mode "auto" forces ("auto": the dispatcher decides)
         self.auto_design = "auto"
+        #: mode "auto": the Decision of the last call (None before the first)
+        self.last_decision = None
         self._inv_freq = rope_inv_freq(cfg)[0]  # float64, a plain attribute: immune to .to(dtype)
         self._absorbed_key: tuple | None = None
         self._absorbed: W.AbsorbedWeights | None = None

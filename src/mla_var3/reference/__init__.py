@@ -14,9 +14,9 @@ from mla_var3.reference.attention import (
     key_mask,
     mla_var6_plus,
 )
-from mla_var3.reference.inputs import MLAInputs, make_inputs, make_paged
+from mla_var3.reference.inputs import MLAInputs, design_inputs, make_inputs, make_paged
 
 __all__ = [
     "absorb_query", "decompress", "expand_kv", "flash_attention", "flash_mla", "flash_mla_paged",
-    "gather_paged", "key_mask", "mla_var6_plus", "MLAInputs", "make_inputs", "make_paged",
+    "gather_paged", "key_mask", "mla_var6_plus", "MLAInputs", "design_inputs", "make_inputs", "make_paged",
 ]

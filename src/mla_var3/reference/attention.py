@@ -130,7 +130,7 @@ def flash_mla_paged(qc, qpe, kv_cache, block_table, seqlens, scale: float, causa
 
 
 def mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale: float, causal: bool = True):
-    """Hybrid MLAvar6+ (design 3): O old tokens latent, N newest expanded, one softmax over O+N.
+    """The hybrid, ``mla_var6_plus`` (design 3): O old tokens latent, N newest expanded, one softmax over O+N.
 
     q [B,H,S,D], qpe [B,H,S,P], qc [B,H,S,K], z_old [B,O,K], kpe [B,O+N,P],
     k_new, v_new [B,N,H,D] -> (o [B,H,S,D], o_latent [B,H,S,K], lse [B,H,S]).

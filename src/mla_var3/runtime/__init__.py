@@ -1,15 +1,17 @@
 """Measurement: the timing primitive, device environment and ceilings, autotuning with an
-on-disk cache, result records, baselines and the benchmark sweep.
+on-disk cache, result records and the baselines.
+
+It sits below the kernels and knows none of them: the launchers by name are
+:mod:`mla_var3.kernel.launchers`, the sweep behind ``mla-var3 bench`` is
+:mod:`mla_var3.cli.sweep` and the calibration run :mod:`mla_var3.cli.calibrate`.
 
 ==================  ==========================================================
 ``timing``          :func:`time_fn` — the one timing primitive (CUDA graph + events, L2 flushed)
 ``environment``     device name, clocks as found, versions, project commit
 ``ceilings``        measured copy bandwidth and bf16 matmul rate
 ``autotune``        config search and the on-disk cache of winners
-``designs``         the adapter to the kernel launchers, their configs and inputs
 ``records``         the result record, results.json, Markdown table, plots
 ``baselines``       torch eager / SDPA, FlashMLA and FlashInfer when importable
-``bench``           the sweep runner behind ``mla-var3 bench``
 ==================  ==========================================================
 """
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.runtime.designs import design_inputs, torch_dtype
+from mla_var3.reference.inputs import design_inputs, torch_dtype
 from mla_var3.shapes import MLADims, Problem
 
 #: the cost model (analysis.cost name) each baseline is measured against.

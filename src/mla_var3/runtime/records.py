@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from mla_var3._io import InputFileError, check_field, finite_json, load_json, quote, show_path
+from mla_var3.designs import DESIGNS
 
 #: record kinds.
 DESIGN, BASELINE = "design", "baseline"
@@ -350,7 +351,7 @@ def plot_hybrid_n(records: list[Record], path, optimum: dict[int, float] | None 
             ax.axvline(optimum[bsz], color=line.get_color(), ls=":", label=f"model optimum n = {optimum[bsz]:.0f} (b = {bsz})")
     ax.set_xlabel("n (newest tokens kept expanded; o = t - n latent)")
     ax.set_ylabel("time (µs, median)")
-    ax.set_title("MLAvar6+: time vs n (circle: measured best)")
+    ax.set_title(f"{next(d.title for d in DESIGNS if d.split)}: time vs n (circle: measured best)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)

@@ -2,8 +2,8 @@
 
 Gluon kernels cannot run under the Triton interpreter; they are compiled for sm_90 on any
 machine (see ``tests/test_gluon_compile.py`` and ``tests/test_gluon_expanded.py``) and checked
-numerically on a Hopper GPU (``benchmarks/gluon_flash_mla_check.py``,
-``benchmarks/gluon_expanded_check.py`` and the GPU tests). Importing this package never fails:
+numerically on a Hopper GPU (``benchmarks/serving_check.py``, ``benchmarks/expanded_check.py
+--suite gluon``, ``benchmarks/hybrid_check.py`` and the GPU tests). Importing this package never fails:
 when Gluon is missing, :data:`GLUON_AVAILABLE` is False and :data:`GLUON_IMPORT_ERROR` says why.
 
 Each module registers its design's ``"gluon"`` backend with :mod:`mla_var3.kernel.backends`

@@ -1,8 +1,9 @@
-"""The one adapter between the measurement code and the kernel / analysis modules.
+"""The kernel launchers by name: the one adapter between the measurement code and the kernels.
 
-Every lookup of a kernel launcher, its launch-config functions and the inputs it takes goes
-through here; which kernels exist, where they live and what they cost comes from the design
-table (:mod:`mla_var3.designs`).
+Every lookup of a kernel launcher, its launch-config functions, the backend a default call
+selects and the config a benchmark point runs goes through here; which kernels exist, where
+they live and what they cost comes from the design table (:mod:`mla_var3.designs`), their
+random inputs from :mod:`mla_var3.reference.inputs`.
 
 Designs measured: ``flash_attention`` (expanded), ``flash_mla`` (absorbed), ``mla_var6_plus``
 (hybrid); stages ``absorb_query`` and ``decompress`` around the absorbed designs.
@@ -16,31 +17,22 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_var3.designs import DESIGNS as _TABLE, KERNELS, design as _design
+from mla_var3.designs import ATTENTION_KERNELS, KERNELS, design as _design
+from mla_var3.kernel import backends
+from mla_var3.reference.inputs import design_inputs
 from mla_var3.shapes import MLADims, Problem
-
-#: the three attention designs, by kernel name.
-DESIGNS = tuple(d.kernel for d in _TABLE)
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_designs(text: str) -> list[str]:
     """``"all"`` or a comma list of design names -> list; ValueError naming the known ones."""
     if text.strip() == "all":
-        return list(DESIGNS)
+        return list(ATTENTION_KERNELS)
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in DESIGNS]
+    bad = [x for x in names if x not in ATTENTION_KERNELS]
     if bad or not names:
-        raise ValueError(f"unknown design(s) {', '.join(bad) or repr(text)}; known: {', '.join(DESIGNS)} or 'all'")
+        raise ValueError(f"unknown design(s) {', '.join(bad) or repr(text)}; "
+                         f"known: {', '.join(ATTENTION_KERNELS)} or 'all'")
     return names
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return TORCH_DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(TORCH_DTYPES)}") from None
 
 
 def candidate_configs(name: str, dims: MLADims, problem: Problem, dtype: str = "bf16", device="cuda") -> list:
@@ -55,46 +47,6 @@ def candidate_configs(name: str, dims: MLADims, problem: Problem, dtype: str = "
     if name == "decompress":             # rows = b * s; per head k -> dv
         return list(fn(pr.b * pr.s, dims.k, dims.dv))
     return list(fn(dims, pr, device=device))
-
-
-# --------------------------------------------------------------------------------------------
-# inputs
-
-
-def design_inputs(name: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16", device="cuda",
-                  seed: int = 0) -> dict:
-    """Random keyword arguments for launcher ``name`` in the public layouts (scale included).
-
-    Values are N(0, 1) drawn on ``device`` (fast at benchmark sizes); each design gets only its
-    own tensors, so this is for timing and single-design checks. The cross-design invariant
-    (same tokens and weights for all designs) is what ``mla_var3.reference.make_inputs`` is for.
-    """
-    b, s, t, h = problem.b, problem.s, problem.t, dims.h
-    d, p, k, dv = dims.d, dims.p, dims.k, dims.dv
-    dt = torch_dtype(dtype)
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape, std=1.0):
-        x = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
-        return (x * std).to(dt)
-
-    scale = dims.default_scale
-    if name == "flash_attention":
-        return dict(q=randn(b, h, s, d), qpe=randn(b, h, s, p), k=randn(b, t, h, d), v=randn(b, t, h, dv),
-                    kpe=randn(b, t, p), scale=scale, causal=problem.causal)
-    if name == "flash_mla":
-        return dict(qc=randn(b, h, s, k, std=k**-0.25), qpe=randn(b, h, s, p), z=randn(b, t, k), kpe=randn(b, t, p),
-                    scale=scale, causal=problem.causal)
-    if name == "mla_var6_plus":
-        n = problem.n or 0
-        return dict(q=randn(b, h, s, d), qpe=randn(b, h, s, p), qc=randn(b, h, s, k, std=k**-0.25),
-                    z_old=randn(b, t - n, k), kpe=randn(b, t, p), k_new=randn(b, n, h, d), v_new=randn(b, n, h, dv),
-                    scale=scale, causal=problem.causal)
-    if name == "absorb_query":
-        return dict(q_nope=randn(b, h, s, d), w_uk=randn(h, d, k, std=d**-0.5))
-    if name == "decompress":
-        return dict(o_latent=randn(b, h, s, k), w_uv=randn(h, k, dv, std=k**-0.5))
-    raise ValueError(f"no inputs known for {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,7 +68,7 @@ def check(name: str, dims: MLADims, problem: Problem, *, dtype: str = "bf16", de
 
 
 def output_names(name: str) -> tuple[str, ...]:
-    if name not in DESIGNS:
+    if name not in ATTENTION_KERNELS:
         return ("out",)
     d = _design(name)
     return ("o", "o_latent", "lse") if d.split else ("o_latent", "lse") if d.latent else ("o", "lse")
@@ -127,8 +79,6 @@ def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
     for the absorbed and expanded designs — which itself runs the portable kernel on calls its
     Gluon kernel does not take, e.g. the expanded design at s <= 64 — else "triton"); "triton"
     when a tuned portable config is passed."""
-    from mla_var3.kernel import backends
-
     names = backends.available(name, device) if backends.backends(name) else []
     if not names:
         return None
@@ -143,6 +93,41 @@ def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
 
 def _named(name: str, out) -> dict[str, torch.Tensor]:
     return dict(zip(output_names(name), out if isinstance(out, tuple) else (out,)))
+
+
+# --------------------------------------------------------------------------------------------
+# the config a benchmark point runs
+
+
+def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, *, cache=None, tune: bool = False,
+                retune: bool = False, log: Callable[[str], None] | None = None, budget_s: float | None = 30.0):
+    """(config, how) for one launcher and problem: the cached autotuned config when there is
+    one, else a fresh tuning (at most ``budget_s`` seconds) when ``tune``/``retune``, else None:
+    the launcher's own default call, so the benchmark times exactly what a user's call runs,
+    backend selection included (a portable config passed explicitly would keep a design on its
+    portable kernel where a device-specific backend exists)."""
+    from mla_var3.runtime import autotune as at
+    from mla_var3.runtime.environment import device_name
+
+    cands = candidate_configs(name, dims, problem, dtype, device)
+    if not cands:
+        return None, "launcher default (no config enumerator)"
+    key = at.cache_key(device_name(), name, dims, problem, dtype)
+    if cache is not None and not retune:
+        entry = cache.get(key)
+        if entry is not None:
+            cfg = at.restore_config(entry["config"], cands)
+            if cfg is not None:
+                return cfg, "autotuned (cached)"
+    if tune or retune:
+        inputs = design_inputs(name, dims, problem, dtype=dtype, device=device)
+        # a tuned config runs the portable backend; the dispatcher must know when a default call
+        # would run another one (the Gluon kernels on sm_90), whose time this is not
+        info = dict(backend=backend_name(name, device, tuned=True), default_backend=backend_name(name, device))
+        res = at.autotune(name, cands, lambda cfg: (lambda: run(name, inputs, cfg)), key=key, cache=cache,
+                          retune=retune, log=log, budget_s=budget_s, info=info)
+        return res.config, "autotuned"
+    return None, "default"
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from mla_var3.designs import design as design_of
-from mla_var3.runtime import designs as D
+from mla_var3.kernel import launchers as D
 from mla_var3.runtime.records import Record, fill_roofline, fill_timing
 
 #: ncu sections collected, and the metrics shown from them.
@@ -43,10 +43,9 @@ def stage_records(design: str, dims, problem, dtype: str, device: str, ceilings,
     from mla_var3.analysis.cost import Cost
     from mla_var3.analysis.roofline import predict
     from mla_var3.runtime.autotune import config_to_dict
-    from mla_var3.runtime.bench import pick_config
     from mla_var3.runtime.timing import time_fn
 
-    picked = {name: pick_config(name, dims, problem, dtype, device, cache=cache)
+    picked = {name: D.pick_config(name, dims, problem, dtype, device, cache=cache)
               for name in design_of(design).pipeline}
     stages = D.pipeline(design, dims, problem, dtype=dtype, device=device, seed=seed,
                         configs={name: cfg for name, (cfg, _) in picked.items()})

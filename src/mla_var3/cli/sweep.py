@@ -1,5 +1,9 @@
 """The sweep runner behind ``mla-var3 bench``: every design (and baseline) over a grid of shapes.
 
+It sits with the commands, above every layer it drives: the kernels by name
+(:mod:`mla_var3.kernel.launchers`), the baselines (:mod:`mla_var3.runtime.baselines`) and, on
+ragged paged batches, the FlashMLA-compatible call (:mod:`mla_var3.compat`).
+
 The points of one shape (every design and baseline at the same b, s, t and lengths) are timed
 together with :func:`~mla_var3.runtime.timing.time_interleaved` — every call in every
 repetition, the order rotated — so each meets the same clock and power state; with official
@@ -28,8 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mla_var3.designs import KERNELS
-from mla_var3.runtime import designs as D
+from mla_var3.analysis.regime import align_n, aligned_best_n
+from mla_var3.designs import ATTENTION_KERNELS, KERNELS
+from mla_var3.kernel import launchers as D
+from mla_var3.reference.inputs import design_inputs
 from mla_var3.runtime.records import BASELINE, DESIGN, Record, fill_roofline, fill_timing
 from mla_var3.shapes import MLADims, Problem
 
@@ -37,7 +43,6 @@ DEFAULT_S = (1, 2, 4, 8, 16, 32, 64, 128, 512, 1024)
 DEFAULT_B = (32, 64)
 #: the hybrid's n sweep, as fractions of t (plus the model's optimum).
 N_SWEEP_FRACTIONS = (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
-N_ALIGN = 64
 #: the design a ragged point runs: the FlashMLA-compatible call on a paged cache
 RAGGED_DESIGN = "flash_mla_paged"
 RAGGED_BASELINES = ("flashmla_official",)
@@ -48,7 +53,7 @@ class BenchSpec:
     """What to measure and under which budget (see ``mla-var3 bench --help``)."""
 
     dims: MLADims
-    designs: tuple[str, ...] = D.DESIGNS
+    designs: tuple[str, ...] = ATTENTION_KERNELS
     bs: tuple[int, ...] = DEFAULT_B
     ss: tuple[int, ...] = DEFAULT_S
     t: int = 4096
@@ -87,9 +92,9 @@ class BenchSpec:
             ints("n", self.n, 0)
         if self.sweep_s is not None:
             ints("sweep_s", (self.sweep_s,), 1)
-        bad = [d for d in self.designs if d not in D.DESIGNS]
+        bad = [d for d in self.designs if d not in ATTENTION_KERNELS]
         if bad:
-            raise ValueError(f"BenchSpec: unknown design(s) {bad}; known: {', '.join(D.DESIGNS)}")
+            raise ValueError(f"BenchSpec: unknown design(s) {bad}; known: {', '.join(ATTENTION_KERNELS)}")
         for name in ("point_seconds", "slow_point_seconds", "max_seconds", "tune_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -133,18 +138,6 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
-def align_n(n: float, t: int) -> int:
-    """A hybrid split n rounded to a multiple of ``N_ALIGN`` within [0, t]."""
-    return int(min(t, max(0, round(n / N_ALIGN) * N_ALIGN)))
-
-
-def model_best_n(dims: MLADims, problem: Problem, device) -> int:
-    """The model's optimum hybrid split for ``problem`` on ``device`` (analysis.regime)."""
-    from mla_var3.analysis.regime import best_hybrid_n
-
-    return best_hybrid_n(dims, problem, device, "measured").n
-
-
 def plan_points(spec: BenchSpec, device) -> list[Point]:
     """The grid, in order: for each b and s every design then every baseline; then the n sweep."""
     points: list[Point] = []
@@ -155,7 +148,7 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
             base = Problem(b=b, s=s, t=spec.t, causal=spec.causal)
             for name in spec.designs:
                 if name == "mla_var6_plus":
-                    ns = spec.n if isinstance(spec.n, tuple) else (align_n(model_best_n(spec.dims, base, device), spec.t),)
+                    ns = spec.n if isinstance(spec.n, tuple) else (aligned_best_n(spec.dims, base, device),)
                     for n in ns:
                         points.append(Point(name, DESIGN, base.with_n(min(n, spec.t)),
                                             {"n_choice": "model optimum" if spec.n == "auto" else "given"}))
@@ -178,7 +171,7 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
     if "mla_var6_plus" in spec.designs and spec.sweep_s is not None and spec.sweep_s <= spec.t:
         for b in spec.bs:
             base = Problem(b=b, s=spec.sweep_s, t=spec.t, causal=spec.causal)
-            best = align_n(model_best_n(spec.dims, base, device), spec.t)
+            best = aligned_best_n(spec.dims, base, device)
             ns = sorted({align_n(f * spec.t, spec.t) for f in N_SWEEP_FRACTIONS} | {best})
             for n in ns:
                 points.append(Point("mla_var6_plus", DESIGN, base.with_n(n),
@@ -201,37 +194,6 @@ def _free(device) -> None:
         torch.cuda.empty_cache()
 
 
-def pick_config(name: str, dims: MLADims, problem: Problem, dtype: str, device, *, cache=None, tune: bool = False,
-                retune: bool = False, log: Callable[[str], None] | None = None, budget_s: float | None = 30.0):
-    """(config, how) for one launcher and problem: the cached autotuned config when there is
-    one, else a fresh tuning (at most ``budget_s`` seconds) when ``tune``/``retune``, else None:
-    the launcher's own default call, so the benchmark times exactly what a user's call runs,
-    backend selection included (a portable config passed explicitly would keep a design on its
-    portable kernel where a device-specific backend exists)."""
-    from mla_var3.runtime import autotune as at
-    from mla_var3.runtime.environment import device_name
-
-    cands = D.candidate_configs(name, dims, problem, dtype, device)
-    if not cands:
-        return None, "launcher default (no config enumerator)"
-    key = at.cache_key(device_name(), name, dims, problem, dtype)
-    if cache is not None and not retune:
-        entry = cache.get(key)
-        if entry is not None:
-            cfg = at.restore_config(entry["config"], cands)
-            if cfg is not None:
-                return cfg, "autotuned (cached)"
-    if tune or retune:
-        inputs = D.design_inputs(name, dims, problem, dtype=dtype, device=device)
-        # a tuned config runs the portable backend; the dispatcher must know when a default call
-        # would run another one (the Gluon kernels on sm_90), whose time this is not
-        info = dict(backend=D.backend_name(name, device, tuned=True), default_backend=D.backend_name(name, device))
-        res = at.autotune(name, cands, lambda cfg: (lambda: D.run(name, inputs, cfg)), key=key, cache=cache,
-                          retune=retune, log=log, budget_s=budget_s, info=info)
-        return res.config, "autotuned"
-    return None, "default"
-
-
 class Runner:
     """Runs a :class:`BenchSpec` on ``device`` ("cuda" or "cpu" under the interpreter).
 
@@ -252,7 +214,7 @@ class Runner:
     # ---- one point -------------------------------------------------------------------------
 
     def _config(self, name: str, problem: Problem):
-        return pick_config(name, self.spec.dims, problem, self.spec.dtype, self.device, cache=self.cache,
+        return D.pick_config(name, self.spec.dims, problem, self.spec.dtype, self.device, cache=self.cache,
                            tune=self.spec.autotune, retune=self.spec.retune, log=self.log,
                            budget_s=self.spec.tune_seconds)
 
@@ -275,7 +237,7 @@ class Runner:
             rec.config = config_to_dict(cfg) if cfg is not None else None
             rec.extra["config_source"] = how
             rec.backend = D.backend_name(point.name, self.device, tuned=cfg is not None)
-            inputs = D.design_inputs(point.name, self.spec.dims, point.problem, dtype=self.spec.dtype,
+            inputs = design_inputs(point.name, self.spec.dims, point.problem, dtype=self.spec.dtype,
                                      device=self.device)
             return lambda: D.run(point.name, inputs, cfg)
         from mla_var3.runtime.baselines import make_baseline
