@@ -130,10 +130,16 @@ def render(table: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write the Markdown table here")
+    ap.add_argument("--rows-json", type=Path, metavar="PATH", help="also write the rows as JSON (for the tests)")
     args = ap.parse_args(argv)
-    text = render(rows())
+    table = rows()
+    text = render(table)
     if args.out:
         args.out.write_text(text)
+    if args.rows_json:
+        import json
+
+        args.rows_json.write_text(json.dumps(table))
     print(text)
     return 0
 

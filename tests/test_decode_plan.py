@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel import decode_plan
+from mla_var3.kernel import plan_reference as plan_reference_module
 from mla_var3.kernel.combine import combine_planned
 from mla_var3.kernel.decode_plan import (
     ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PLAN_BLOCK, KindReadback, auto_reference, item_makespan,
@@ -68,7 +69,7 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
 
 @pytest.mark.parametrize("packed", [False, None])
 def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
-    """The planners read a batch longer than their pass (``_seq_block``) in several passes, and
+    """The planners read a batch longer than their pass (``seq_block``) in several passes, and
     the cuts' simulation sorts the remainders a tile of ``SORT_BLOCK`` sequences at a time; the
     device plan is the reference's: 40 ragged sequences, 16 per pass and per tile."""
     import mla_var3.kernel.decode_plan as dp
@@ -76,7 +77,7 @@ def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
 
     g = torch.Generator().manual_seed(4)
     lengths = torch.where(torch.rand(40, generator=g) < 0.2, 8192, torch.randint(1, 1024, (40,), generator=g)).tolist()
-    monkeypatch.setattr(dp, "_seq_block", lambda batch, block: 16)
+    monkeypatch.setattr(dp, "seq_block", lambda batch, block: 16)
     monkeypatch.setattr(item_cut, "SORT_BLOCK", 16)
     ref = plan_reference(lengths, 256, capacity=8192) if packed is False else auto_reference(lengths, 256,
                                                                                                 capacity=8192)
@@ -211,7 +212,7 @@ def test_a_gated_item_plan_holds_fewer_items_and_keeps_every_plan_the_gpu_runs()
 
 @settings(max_examples=60, deadline=None)
 @given(blocks=st.lists(st.integers(0, 300), min_size=1, max_size=30), c_len=st.integers(2, 64), r=st.integers(0, 80),
-       cut=st.sampled_from(decode_plan.CUTS))
+       cut=st.sampled_from(plan_reference_module.CUTS))
 def test_the_kth_item_is_the_sorted_cut_s(blocks, c_len, r, cut):
     """``_kth_item``: the ``r``-th longest item of the cut (0 where it has at most ``r`` items), as
     sorting every item's size says; near-equal items, or chunks of ``c_len`` and a remainder."""
@@ -222,7 +223,7 @@ def test_the_kth_item_is_the_sorted_cut_s(blocks, c_len, r, cut):
         sizes = [min(c_len, n - j * c_len) if c > 1 else n for n, c in zip(blocks, counts) for j in range(c)]
     sizes = sorted((x for x in sizes if x > 0), reverse=True)
     longest = max(sizes, default=0)
-    assert decode_plan._kth_item(blocks, counts, r, longest, c_len, cut) == (sizes[r] if r < len(sizes) else 0)
+    assert plan_reference_module._kth_item(blocks, counts, r, longest, c_len, cut) == (sizes[r] if r < len(sizes) else 0)
 
 
 def test_a_second_wave_of_short_items_is_ranked_by_the_sms_that_take_it():
@@ -486,7 +487,7 @@ def test_the_gpu_chooses_the_kind_as_the_reference_on_close_batches():
 def test_a_packed_reference_with_its_own_overhead_is_the_planner_at_that_overhead(monkeypatch):
     """``packed_reference(..., overhead=N)`` lays the plan out as the planner would with
     ``PACK_OVERHEAD = N``, and leaves ``PACK_OVERHEAD`` as it is."""
-    import mla_var3.kernel.decode_plan as dp
+    import mla_var3.kernel.plan_reference as dp
 
     lengths = torch.randint(1, 4097, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     mine = packed_reference(lengths, 128, capacity=4096, overhead=6)

@@ -159,7 +159,7 @@ def test_seesaw_compiles_warp_specialised(idx):
 
 
 def test_seesaw_applies_only_where_checked_on_a_gpu():
-    from mla_var3.kernel.hopper.absorbed_seesaw import seesaw_applies
+    from mla_var3.kernel.hopper.seesaw_host import seesaw_applies
 
     def dense(b=2, h=4, s=3, k=512, p=64, t=100, dtype=torch.bfloat16):
         return (torch.zeros(b, h, s, k, dtype=dtype), torch.zeros(b, h, s, p, dtype=dtype),
@@ -239,7 +239,7 @@ print(json.dumps(dict(ptx=c.asm["ptx"], pdl=c.metadata.launch_pdl)))
 
 _PLANNER_SCRIPT = r"""
 import json
-from mla_var3.kernel import decode_plan as dp
+from mla_var3.kernel import plan_kernels as dp
 from mla_var3.kernel.sass import compile_report
 out = {}
 for name, fn, consts in (("cut_sim", dp._cut_sim_kernel, dp.cut_sim_constexprs(True, 66)),
@@ -261,7 +261,7 @@ def test_the_decode_planners_compile_for_sm90(tmp_path):
     """The interpreter runs the planners' tests on the CPU but does not type-check them as the
     compiler does (a loop-carried scalar re-bound to a tensor passes there and fails to
     compile): the planners (the cuts' simulation, the item and the packed planner) compile for sm_90 with the constants the GPU launch uses, a pass of
-    256 sequences, 64 and 32 (``_seq_block``). The packed planner's program starts are computed
+    256 sequences, 64 and 32 (``seq_block``). The packed planner's program starts are computed
     32 programs at a time: a [256 programs x 64 sequences] tile spilled 1,076 bytes per thread."""
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", _PLANNER_SCRIPT], env=env, capture_output=True, text=True,

@@ -129,27 +129,11 @@ def flash_mla_with_kvcache(
     softmax_lse : [b, h_q, s_q] float32 (natural log)
     """
     meta = tile_scheduler_metadata
-    scale = softmax_scale
-    entry = None
-    if scale is None and isinstance(q, torch.Tensor):
-        scale = q.shape[-1] ** -0.5
-    if (type(meta) is MLASchedMeta or meta is None) and type(head_dim_v) is int and fast_scale(scale) and (
-            num_splits is None and not is_fp8_kvcache and indices is None and attn_sink is None and extra_k_cache is None
-            and extra_indices_in_kvcache is None and topk_length is None and extra_topk_length is None):
-        # the fast path: a call signature an earlier call checked and compiled (see kernel.decode.entry_signature)
-        entry = entry_signature("compat", "auto", causal, (q, k_cache, block_table), cache_seqlens, head_dim_v)
-        spec = entry_spec(entry)
-        if spec is not None:
-            config = (*q.shape[:3], k_cache.shape[1], 1, causal)
-            if meta is None or not meta.have_initialized or meta.config == config:
-                decode = AbsorbedDecode(q.device, readback=False) if meta is None else meta.decode
-                base, cache = q.data_ptr(), k_cache.data_ptr()
-                done = spec.launch(decode, (base, base + spec.kr_offset, cache, cache + spec.kr_offset), block_table,
-                                   cache_seqlens, cache_seqlens, scale, token_major=True)
-                if done is not None:
-                    if meta is not None:
-                        meta.have_initialized, meta.config = True, config
-                    return done
+    plain = num_splits is None and not is_fp8_kvcache and all(x is None for x in (
+        indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length))
+    entry, done = _fast_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax_scale, causal, plain)
+    if done is not None:
+        return done
     check_inference(q, k_cache)
     unsupported = {
         "is_fp8_kvcache=True": bool(is_fp8_kvcache), "indices (sparse attention)": indices is not None,
@@ -171,6 +155,52 @@ def flash_mla_with_kvcache(
     if not (isinstance(causal, bool) or (isinstance(causal, int) and causal in (0, 1))):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     causal = bool(causal)
+    config, dv = _checked_config(q, k_cache, head_dim_v, causal)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_scale(softmax_scale, name="softmax_scale")
+    if meta is None:
+        decode = AbsorbedDecode(q.device, readback=False)
+    else:
+        if meta.have_initialized and meta.config != config:
+            raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
+                             f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
+        meta.have_initialized, meta.config, decode = True, config, meta.decode
+    # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies): rows token * h_q + head; the
+    # sm_90 kernel writes its output in the same order, so the transposed result is [b, s_q, h_q, dv]
+    qt = q.transpose(1, 2)
+    o, lse = decode.run_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
+                              causal=causal, names=_NAMES, entry=entry)
+    return o.transpose(1, 2).contiguous(), lse
+
+
+def _fast_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax_scale, causal, plain: bool):
+    """``(entry, result)``: the call's signature for the checked path to keep (see
+    :func:`mla_var3.kernel.decode.entry_signature`; None where it cannot take the fast path),
+    and the call's ``(out, lse)`` when an earlier call with that signature checked and compiled
+    everything (else None: take the checked path)."""
+    scale = softmax_scale
+    if scale is None and isinstance(q, torch.Tensor):
+        scale = q.shape[-1] ** -0.5
+    if not (plain and (type(meta) is MLASchedMeta or meta is None) and type(head_dim_v) is int and fast_scale(scale)):
+        return None, None
+    entry = entry_signature("compat", "auto", causal, (q, k_cache, block_table), cache_seqlens, head_dim_v)
+    spec = entry_spec(entry)
+    if spec is None:
+        return entry, None
+    config = (*q.shape[:3], k_cache.shape[1], 1, causal)
+    if meta is not None and meta.have_initialized and meta.config != config:
+        return entry, None                            # the checked path raises
+    decode = AbsorbedDecode(q.device, readback=False) if meta is None else meta.decode
+    base, cache = q.data_ptr(), k_cache.data_ptr()
+    done = spec.launch(decode, (base, base + spec.kr_offset, cache, cache + spec.kr_offset), block_table,
+                       cache_seqlens, cache_seqlens, scale, token_major=True)
+    if done is not None and meta is not None:
+        meta.have_initialized, meta.config = True, config
+    return entry, done
+
+
+def _checked_config(q, k_cache, head_dim_v, causal: bool) -> tuple[tuple, int]:
+    """``((b, s_q, h_q, page_block_size, h_k, causal), head_dim_v)`` of a call, its shapes and
+    widths checked (ValueError naming FlashMLA's arguments)."""
     sizes: dict[str, int] = {}
     bind_shape("q", q, "b s_q h_q D", sizes)
     bind_shape("k_cache", k_cache, "num_blocks page_block_size h_k D", sizes)
@@ -186,21 +216,7 @@ def flash_mla_with_kvcache(
         if width < 16 or width & (width - 1):
             raise ValueError(f"{what} must be a power of two >= 16 (DeepSeek: head_dim_v = 512 of 576), got {width} "
                              f"with head_dim_v={dv} and q.shape[-1]={sizes['D']}")
-    scale = sizes["D"] ** -0.5 if softmax_scale is None else check_scale(softmax_scale, name="softmax_scale")
-    config = (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], causal)
-    if meta is None:
-        decode = AbsorbedDecode(q.device, readback=False)
-    else:
-        if meta.have_initialized and meta.config != config:
-            raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
-                             f"{meta.config}, called with {config}; use a new get_mla_metadata() per configuration")
-        meta.have_initialized, meta.config, decode = True, config, meta.decode
-    # [b, s_q, h_q, .] -> the kernel's [b, h_q, s_q, .] as views (no copies): rows token * h_q + head; the
-    # sm_90 kernel writes its output in the same order, so the transposed result is [b, s_q, h_q, dv]
-    qt = q.transpose(1, 2)
-    o, lse = decode.run_paged(qt[..., :dv], qt[..., dv:], k_cache, block_table, cache_seqlens, scale=scale,
-                              causal=causal, names=_NAMES, entry=entry)
-    return o.transpose(1, 2).contiguous(), lse
+    return (sizes["b"], sizes["s_q"], sizes["h_q"], sizes["page_block_size"], sizes["h_k"], causal), dv
 
 
 #: FlashMLA's names of the arguments, for the errors of the checks they reach

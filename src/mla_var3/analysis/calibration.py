@@ -70,7 +70,8 @@ class CalibrationFileError(InputFileError):
 #: longer hold (``stale_kernels``).
 _SHARED_FILES = ("kernel/_common.py", "kernel/_jit.py", "kernel/_launch.py", "kernel/backends.py", "kernel/combine.py",
                  "kernel/hopper/__init__.py", "kernel/hopper/_gluon.py")
-_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode.py", "kernel/decode_plan.py", "analysis/item_cut.py",
+_ABSORBED_FILES = ("kernel/absorbed.py", "kernel/decode.py", "kernel/decode_plan.py", "kernel/plan_types.py",
+                   "kernel/plan_kernels.py", "kernel/plan_reference.py", "analysis/item_cut.py",
                    "kernel/hopper/absorbed_gluon.py", "kernel/hopper/absorbed_seesaw.py",
                    "kernel/hopper/seesaw_host.py")
 _EXPANDED_FILES = ("kernel/expanded.py", "kernel/hopper/expanded_gluon.py")

@@ -54,7 +54,7 @@ from mla_var3.designs import CACHE_KINDS, DESIGNS as _TABLE, KERNELS, design as 
 from mla_var3.dispatch import measured as M
 from mla_var3.shapes import MLADims, Problem, check_window
 
-DESIGNS = tuple(d.name for d in _TABLE)
+DESIGN_NAMES = tuple(d.name for d in _TABLE)
 #: the kernel (and cost-model name) of each design.
 KERNEL = MappingProxyType({d.name: d.kernel for d in _TABLE})
 #: other accepted names when forcing a design.
@@ -65,12 +65,12 @@ FA_COST_MODEL = KERNELS[_EXPANDED.kernel].cost_model
 
 
 def canonical_design(name: str) -> str:
-    """``"auto"``, a design of :data:`DESIGNS`, or an alias; ValueError naming the accepted ones."""
-    if name == "auto" or name in DESIGNS:
+    """``"auto"``, a design of :data:`DESIGN_NAMES`, or an alias; ValueError naming the accepted ones."""
+    if name == "auto" or name in DESIGN_NAMES:
         return name
     if name in ALIASES:
         return ALIASES[name]
-    raise ValueError(f"unknown design {name!r}; expected 'auto', one of {', '.join(DESIGNS)} "
+    raise ValueError(f"unknown design {name!r}; expected 'auto', one of {', '.join(DESIGN_NAMES)} "
                      f"or an alias ({', '.join(ALIASES)})")
 
 
@@ -212,8 +212,8 @@ def design_cost(design: str, dims: MLADims, problem: Problem, cache: CacheInfo |
     (the window's K, V are read as they are).
     """
     cache = CacheInfo(cache) if isinstance(cache, str) else cache
-    if design not in DESIGNS:
-        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    if design not in DESIGN_NAMES:
+        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGN_NAMES)}")
     d = _design(design)
     if d.latent:
         return design_pipeline(d.kernel, dims, problem)
@@ -390,39 +390,19 @@ class Dispatcher:
     def _decide(self, dims, problem, cache, design, n_forced) -> Decision:
         ceil = self.ceilings_for(dims)
         s, t = problem.s, problem.t
-        # ---- hybrid split allowed by the cache, and the model's best one
-        rng = self._hybrid_range(cache, t)
-        hybrid_why = rng if isinstance(rng, str) else ""
-        if n_forced is not None and not hybrid_why:
-            lo, hi = rng
-            if not isinstance(n_forced, int) or not lo <= n_forced <= hi:
-                raise ValueError(f"hybrid n={n_forced!r} is not possible here: the cache runs n in [{lo}, {hi}] "
-                                 f"(window {cache.window}, t={t}"
-                                 + (", no latent copies of the window)" if not cache.latent_window else ")"))
         dev, cal = self.resolve_device(), self.resolve_calibration()
         kernels = {d: calibrated_predict(cal, KERNEL[d], dims, problem, n=0 if _design(d).split else None, device=dev,
-                                         ceilings=self.ceilings) for d in DESIGNS}
+                                         ceilings=self.ceilings) for d in DESIGN_NAMES}
         calibrated = all(k.source == "calibrated" for k in kernels.values())
-        if hybrid_why:
-            n_h = 0
-        elif n_forced is not None:
-            n_h = n_forced
-        else:
-            lo, hi = rng
-            if calibrated:
-                if self.window_budget_bytes is not None:
-                    hi = max(lo, min(hi, max_window_n(dims, self.window_budget_bytes)))
-                n_h = calibrated_split(cal, dims, problem, dev, self.ceilings, lo, hi)[0]
-            else:
-                n_h = min(max(choose_n(dims, problem, dev, ceilings=self.ceilings,
-                                       window_budget_bytes=self.window_budget_bytes).n, lo), hi)
+        rng, n_h = self._split(dims, problem, cache, n_forced, calibrated)
+        hybrid_why = rng if isinstance(rng, str) else ""
         no_latent_window = cache.kind == "hybrid" and not cache.latent_window
         why_not = {d: hybrid_why if d == "hybrid" else
                    "no latent copy of the window (keep_latent_window=False)" if d == "absorbed" and no_latent_window
-                   else "" for d in DESIGNS}
+                   else "" for d in DESIGN_NAMES}
         # ---- model estimates: the calibrated kernel plus the stages' roofline, else the roofline
         estimates: dict[str, Estimate] = {}
-        for d in DESIGNS:
+        for d in DESIGN_NAMES:
             pr = problem.with_n(n_h) if d == "hybrid" else problem
             c = design_cost(d, dims, pr, cache)
             time_s, bound = roofline_time(c, ceil)
@@ -447,7 +427,7 @@ class Dispatcher:
         possible = [e for e in estimates.values() if e.possible]
         predicted = MappingProxyType({e.design: e.predicted_s for e in possible})
         measured = MappingProxyType({e.design: e.measured_s for e in possible if e.measured_s is not None})
-        ests = tuple(estimates[d] for d in DESIGNS)
+        ests = tuple(estimates[d] for d in DESIGN_NAMES)
         context = self._context(dims, problem, ceil)
         prediction = "calibrated" if calibrated else "roofline"
         cal_note = (kernels["absorbed"].calibration or "") if calibrated else kernels["absorbed"].note
@@ -455,16 +435,7 @@ class Dispatcher:
                    else f"Predicted: the ideal roofline ({cal_note}). ") + context
 
         if design != "auto":
-            e = estimates[design]
-            if not e.possible:
-                hint = (" (use a HybridCache with a window n > 0, or design 'absorbed' or 'expanded')"
-                        if design == "hybrid" else " (use a HybridCache with keep_latent_window=True)")
-                raise ValueError(f"design {design!r} is not possible over this cache: {e.why_not}{hint}")
-            src = "measured" if e.measured_s is not None else "model"
-            n_out = e.n if design == "hybrid" else None
-            reason = f"forced: {design}" + (f" n={n_out}" if n_out is not None else "") + \
-                f", predicted {_us(e.predicted_s)} ({e.bound}-bound). " + context
-            return Decision(design, n_out, predicted, measured, reason, src, True, ests, prediction, cal_note)
+            return self._forced(design, estimates[design], predicted, measured, ests, prediction, cal_note, context)
 
         # ---- the model's choice
         singles = [e for e in possible if e.design != "hybrid"]
@@ -494,6 +465,41 @@ class Dispatcher:
             n_out = choice.measured_n if source == "measured" and choice.measured_n is not None else choice.n
             n_out = min(n_out, t)
         return Decision(choice.design, n_out, predicted, measured, reason, source, False, ests, prediction, cal_note)
+
+    def _split(self, dims, problem, cache, n_forced, calibrated: bool) -> tuple:
+        """``(the n the cache allows: (lo, hi), or why the hybrid is impossible; the hybrid's n)``:
+        ``n_forced`` (ValueError where the cache cannot run it), else the model's best split."""
+        t = problem.t
+        rng = self._hybrid_range(cache, t)
+        if isinstance(rng, str):
+            return rng, 0
+        lo, hi = rng
+        if n_forced is not None:
+            if not isinstance(n_forced, int) or not lo <= n_forced <= hi:
+                raise ValueError(f"hybrid n={n_forced!r} is not possible here: the cache runs n in [{lo}, {hi}] "
+                                 f"(window {cache.window}, t={t}"
+                                 + (", no latent copies of the window)" if not cache.latent_window else ")"))
+            return rng, n_forced
+        dev = self.resolve_device()
+        if calibrated:
+            if self.window_budget_bytes is not None:
+                hi = max(lo, min(hi, max_window_n(dims, self.window_budget_bytes)))
+            return rng, calibrated_split(self.resolve_calibration(), dims, problem, dev, self.ceilings, lo, hi)[0]
+        return rng, min(max(choose_n(dims, problem, dev, ceilings=self.ceilings,
+                                     window_budget_bytes=self.window_budget_bytes).n, lo), hi)
+
+    @staticmethod
+    def _forced(design: str, e: Estimate, predicted, measured, ests, prediction, cal_note, context) -> Decision:
+        """The decision of a forced design (ValueError where it cannot run over the cache)."""
+        if not e.possible:
+            hint = (" (use a HybridCache with a window n > 0, or design 'absorbed' or 'expanded')"
+                    if design == "hybrid" else " (use a HybridCache with keep_latent_window=True)")
+            raise ValueError(f"design {design!r} is not possible over this cache: {e.why_not}{hint}")
+        src = "measured" if e.measured_s is not None else "model"
+        n_out = e.n if design == "hybrid" else None
+        reason = f"forced: {design}" + (f" n={n_out}" if n_out is not None else "") + \
+            f", predicted {_us(e.predicted_s)} ({e.bound}-bound). " + context
+        return Decision(design, n_out, predicted, measured, reason, src, True, ests, prediction, cal_note)
 
     def _measured_by_design(self, dims, problem, cache, rng, n_forced) -> dict[str, M.Measurement]:
         """The measurement that stands for each design (the hybrid: its fastest allowed split)."""
@@ -560,7 +566,7 @@ def decide(dims: MLADims, problem: Problem, cache: CacheInfo | None = None, desi
     return Dispatcher(device, **options).decide(dims, problem, cache, design, n)
 
 
-__all__ = ["DESIGNS", "KERNEL", "ALIASES", "CacheInfo", "Estimate", "Decision", "Dispatcher", "decide",
+__all__ = ["DESIGN_NAMES", "KERNEL", "ALIASES", "CacheInfo", "Estimate", "Decision", "Dispatcher", "decide",
            "design_cost", "expansion_cost", "regime_of", "canonical_design", "dims_for_dtype", "grid_check"]
 
 

@@ -9,9 +9,12 @@ split-KV combine.
 ===============  ====================================================================================
 design / stage   modules
 ===============  ====================================================================================
-absorbed         ``absorbed`` (``flash_mla``, ``flash_mla_paged``; portable), ``decode_plan`` (which
-                 program runs which key blocks, planned on the GPU), ``combine`` (the split-KV LSE
-                 merge), ``hopper.absorbed_gluon`` and ``hopper.absorbed_seesaw`` (sm_90)
+absorbed         ``absorbed`` (``flash_mla``, ``flash_mla_paged``; portable), ``decode``
+                 (``AbsorbedDecode``: the caller's plan/run object, the entry points' checks),
+                 ``decode_plan`` (which program runs which key blocks, planned on the GPU; its
+                 types in ``plan_types``, kernels in ``plan_kernels``, host reference in
+                 ``plan_reference``), ``combine`` (the split-KV LSE merge), ``hopper.absorbed_gluon``,
+                 ``hopper.absorbed_seesaw`` (the kernel) and ``hopper.seesaw_host`` (its launches) (sm_90)
 expanded         ``expanded`` (``flash_attention``), ``hopper.expanded_gluon`` (sm_90)
 hybrid           ``hybrid`` (``mla_var6_plus``), ``hopper.hybrid_hopper`` and ``hopper.window_gluon``
                  (sm_90)

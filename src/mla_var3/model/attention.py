@@ -65,6 +65,11 @@ class AttentionState:
         self._dispatcher = dispatcher
         self._decode = None
 
+    @property
+    def given_dispatcher(self) -> Dispatcher | None:
+        """The dispatcher if one was given or made already, else None."""
+        return self._dispatcher
+
     def dispatcher(self, device: torch.device | str) -> Dispatcher:
         """The dispatcher (made for ``device`` on first use unless one was given)."""
         if self._dispatcher is None:

@@ -170,10 +170,10 @@ class MLALayer(nn.Module):
 
     @property
     def dispatcher(self):
-        """The :class:`~mla_var3.dispatch.Dispatcher` of mode "auto" (``attention_state``'s);
-        setting one gives the layer a new :class:`AttentionState` around it (several layers may
-        share one dispatcher)."""
-        return self.attention_state.dispatcher(self.kv_b_proj.weight.device)
+        """The :class:`~mla_var3.dispatch.Dispatcher` of mode "auto" (``attention_state``'s; None
+        until the first call makes the device's default one); setting one gives the layer a new
+        :class:`AttentionState` around it (several layers may share one dispatcher)."""
+        return self.attention_state.given_dispatcher
 
     @dispatcher.setter
     def dispatcher(self, dispatcher) -> None:

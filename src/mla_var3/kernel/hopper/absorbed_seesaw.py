@@ -80,13 +80,15 @@ Design
 * **Key views.** The packed kernel builds its key buffers' views per pair from an opaque zero,
   so the wgmma descriptors are not hoisted out of the pair loop into spilled registers; the item
   kernel does so for WG0's own buffer only and hoists the other three, which measured fastest
-  there (``_ITEM_VIEWS``, ``docs/kernels/flash-mla.md`` §8).
+  there (``_ITEM_VIEWS``; ``docs/kernels/flash-mla/packed-plan.md``, "The packed kernel's views per pair", and
+  ``docs/kernels/flash-mla/stalls.md``, "The two held-back changes, timed").
 
 Shared memory: Q 64 x 576 + X, Y 2 x 64 x 576 (bf16) = 216 KiB + 4 x 256 B + the page list
 (4 KiB when paged) + barriers; one program per SM. Limits: ``P == 64`` (``p`` lives in a
 buffer's RoPE piece), ``K`` a multiple of 128 with ``K / 2 <= 256`` (wgmma N), 64-token pages.
 Checked on an H200 at ``K = 512`` only, so the default path
-(:func:`mla_var3.kernel.hopper.seesaw_host.seesaw_applies`) takes it only there. Measured against official FlashMLA: ``docs/kernels/flash-mla.md`` §6 and §8.
+(:func:`mla_var3.kernel.hopper.seesaw_host.seesaw_applies`) takes it only there. Measured against official
+FlashMLA: ``docs/kernels/flash-mla/seesaw.md`` and ``docs/kernels/flash-mla/serving.md``.
 
 Example
 -------
@@ -118,7 +120,8 @@ NUM_WARPS = 8         # two warpgroups of 4 warps (the default partition and one
 #: decode plan cuts longer sequences): 1,024 x 64 = 65,536 keys, 4 KiB
 MAX_ITEM_PAGES = gl.constexpr(MAX_ITEM_BLOCKS) if GLUON_AVAILABLE else MAX_ITEM_BLOCKS
 #: registers for the worker warpgroup (setmaxnreg; WG0 takes 256 whatever this is, and 256 + 240 fit
-#: the 8-warp program): measured on an H200 against 232 and 248 (``docs/kernels/flash-mla.md`` §8):
+#: the 8-warp program): measured on an H200 against 232 and 248
+#: (``docs/kernels/flash-mla/combine.md``, "The combine's early exit and WG1's register budget"):
 #: 240 1.2-1.9 % faster on paged item-plan and dense s = 1 rows, 248 up to 3.5 % slower at s >= 2
 _WORKER_REGS = gl.constexpr(240) if GLUON_AVAILABLE else 240
 #: a packed plan's kernel adds a loader warp: the program is padded to 12 warps, and 256 (WG0) +
@@ -127,7 +130,7 @@ _PACKED_WORKER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 #: which key-buffer views a kernel builds per pair from an opaque zero instead of hoisting them out
 #: of the pair loop (bit 2 * ROLE: the warpgroup's own buffer, bit 2 * ROLE + 1: the other's).
-#: Measured on an H200 (``docs/kernels/flash-mla.md`` §8): the item kernel's WG0 own views only
+#: Measured on an H200 (``docs/kernels/flash-mla/stalls.md``, "The two held-back changes, timed"): the item kernel's WG0 own views only
 #: (1; its reloads per pair 20 -> 4) 0.7-2.7 % faster than none on every item-plan row, where all
 #: four lost 0.5-4.6 %; the packed kernel all four (15), 1.5-4 % faster on packed rows than 1, 3 or 5
 _PACKED_VIEWS = gl.constexpr(15) if GLUON_AVAILABLE else 15
@@ -327,7 +330,8 @@ if GLUON_AVAILABLE:
                 # does; measured on an H200 6.5 % faster on a packed plan (b = 16, s = 2, t = 32768).
                 # The item kernel builds only WG0's own views so (``_ITEM_VIEWS``): all four there
                 # cut its reloads 20 -> 1 but added ~45 instructions and measured 0.5-4.6 % slower;
-                # WG0's own alone, 20 -> 4, measured faster (``docs/kernels/flash-mla.md`` §8)
+                # WG0's own alone, 20 -> 4, measured faster
+                # (``docs/kernels/flash-mla/stalls.md``, "The two held-back changes, timed")
                 z0 = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
                 if (VIEWS >> (2 * ROLE)) & 1:
                     own_z = z_smem.index(OWN + z0).reshape([BN, K])

@@ -1,9 +1,10 @@
-"""The hybrid MLAvar6+ on Hopper (sm_90): the latent part on the Gluon absorbed kernel, the
+"""The hybrid (``mla_var6_plus``) on Hopper (sm_90): the latent part on the Gluon absorbed kernel, the
 expanded part on the device's best expanded kernel or, on an SM partition, the Gluon window
 kernel; the parts on two streams, merged by :mod:`mla_var3.kernel.hybrid`'s merge kernel.
 
 The ``"gluon"`` backend of ``mla_var6_plus`` (opt-in: measured on an H200 no split beat the
-absorbed kernel alone; docs/kernels/mla-var6-plus.md §5–8).
+absorbed kernel alone; docs/kernels/mla-var6-plus/design.md, "Changes, predictions, outcomes", and
+docs/kernels/mla-var6-plus/partition.md).
 
 Example
 -------
@@ -26,8 +27,8 @@ __all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_va
 #: (K, P) of the calls the Hopper path takes: the widths its kernels were checked at end to end on
 #: an H200 (DeepSeek's; the seesaw latent kernel takes no other). Other widths run the portable path.
 CHECKED_WIDTHS = frozenset({(512, 64)})
-#: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_partition.py, docs/kernels/mla-var6-plus.md
-#: section 9): the window kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (38 at s = 16, 52 at s = 32;
+#: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_check.py --suite partition,
+#: docs/kernels/mla-var6-plus/partition.md, "Outcome (a147d5b"): the window kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (38 at s = 16, 52 at s = 32;
 #: bandwidth and its swap-AB MMAs), the seesaw latent kernel ~ LATENT_US_PER_TOKEN * s (31 and 69)
 WINDOW_US = (24.0, 0.875)
 LATENT_US_PER_TOKEN = 2.0
@@ -153,63 +154,78 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
         return absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
 
     def expanded():
-        if expanded_programs:
-            kpe_new = kpe[:, o_len:]
-            if window_block is None:                 # the first ring shape that applies, or None
-                block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
-            elif wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=window_block[0],
-                                   stages=window_block[1]):
-                block = window_block
-            else:
-                block = None
-            if window_kernel == "gluon" and block is not None:
-                return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
-                                                programs=expanded_programs, block_n=block[0], stages=block[1])
-            return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
-                                       programs=expanded_programs)
-        if n_len >= s:      # the public launcher: whichever expanded backend is best on this device
-            return _fa.flash_attention(q, qpe, k_new, v_new, kpe[:, o_len:], scale=scale, causal=causal)
-        # N < S (not causal): L = N < S, which the public launcher refuses; the portable kernel takes it
-        o_e = torch.empty((b, h, s, d), dtype=torch.float32, device=dev)
-        lse_e = torch.empty((b, h, s), dtype=torch.float32, device=dev)
-        _fa._launch(q, qpe, k_new, v_new, kpe[:, o_len:], o_e, lse_e, None, scale, causal,
-                    _fa._default_config(b, h, s, n_len, d, p, _fa._sms(dev)))
-        return o_e, lse_e
+        return _expanded_part(q, qpe, k_new, v_new, kpe[:, o_len:], scale, causal, expanded_programs, window_block,
+                              window_kernel)
 
-    if not overlap:
-        o_l, lse_l = latent()
-        o_e, lse_e = expanded()
-    else:
-        main = torch.cuda.current_stream(dev)
-        lat_stream, exp_stream = streams if streams is not None else (_side_stream(dev), main)
-        forked = [st for st in (lat_stream, exp_stream) if st != main]
-        for st in forked:                            # inputs written on main are ready
-            st.wait_stream(main)
-        if expanded_programs:                        # the persistent expanded part first: an SM partition
-            with torch.cuda.stream(exp_stream):
-                o_e, lse_e = expanded()
-            with torch.cuda.stream(lat_stream):
-                o_l, lse_l = latent()
-        else:
-            with torch.cuda.stream(lat_stream):      # compute-bound: issued first, fills the SMs
-                o_l, lse_l = latent()
-            with torch.cuda.stream(exp_stream):      # memory-bound: takes SMs as they come free
-                o_e, lse_e = expanded()
-        for st in forked:                            # join before the merge
-            main.wait_stream(st)
-        if not torch.cuda.is_current_stream_capturing():
-            for st, outs in ((lat_stream, (o_l, lse_l)), (exp_stream, (o_e, lse_e))):
-                if st != main:                       # allocated on a forked stream, read on main
-                    for x in outs:
-                        x.record_stream(main)
+    (o_l, lse_l), (o_e, lse_e) = _run_parts(latent, expanded, dev, overlap, streams, bool(expanded_programs))
     merge_parts(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
     return out, out_latent, lse
+
+
+def _expanded_part(q, qpe, k_new, v_new, kpe_new, scale: float, causal: bool, programs, window_block, window_kernel):
+    """The hybrid's expanded part over the N newest keys: ``(o [B, H, S, D], lse)``. With
+    ``programs``, a persistent kernel on that many SMs (the Gluon window kernel where it applies
+    and is asked for, in ``window_block`` = (keys per block, ring depth) or its first shape that
+    applies; else the portable persistent one); without, the device's best expanded kernel."""
+    b, h, s, d = q.shape
+    n_len, dev = k_new.shape[1], q.device
+    if programs:
+        if window_block is None:                     # the first ring shape that applies, or None
+            block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
+        elif wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=window_block[0], stages=window_block[1]):
+            block = window_block
+        else:
+            block = None
+        if window_kernel == "gluon" and block is not None:
+            return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
+                                            programs=programs, block_n=block[0], stages=block[1])
+        return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal, programs=programs)
+    if n_len >= s:          # the public launcher: whichever expanded backend is best on this device
+        return _fa.flash_attention(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal)
+    # N < S (not causal): L = N < S, which the public launcher refuses; the portable kernel takes it
+    o_e = torch.empty((b, h, s, d), dtype=torch.float32, device=dev)
+    lse_e = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+    _fa._launch(q, qpe, k_new, v_new, kpe_new, o_e, lse_e, None, scale, causal,
+                _fa._default_config(b, h, s, n_len, d, qpe.shape[-1], _fa._sms(dev)))
+    return o_e, lse_e
+
+
+def _run_parts(latent, expanded, dev, overlap: bool, streams, expanded_first: bool):
+    """``(latent(), expanded())``, the two parts issued one after the other, or with ``overlap``
+    on two streams (the latent one on a side stream, or ``streams = (latent_stream,
+    expanded_stream)``) forked from and joined to the current one; ``expanded_first``: a
+    persistent expanded part holding an SM partition is issued first."""
+    if not overlap:
+        return latent(), expanded()
+    main = torch.cuda.current_stream(dev)
+    lat_stream, exp_stream = streams if streams is not None else (_side_stream(dev), main)
+    forked = [st for st in (lat_stream, exp_stream) if st != main]
+    for st in forked:                                # inputs written on main are ready
+        st.wait_stream(main)
+    if expanded_first:                               # the persistent expanded part first: an SM partition
+        with torch.cuda.stream(exp_stream):
+            exp = expanded()
+        with torch.cuda.stream(lat_stream):
+            lat = latent()
+    else:
+        with torch.cuda.stream(lat_stream):          # compute-bound: issued first, fills the SMs
+            lat = latent()
+        with torch.cuda.stream(exp_stream):          # memory-bound: takes SMs as they come free
+            exp = expanded()
+    for st in forked:                                # join before the merge
+        main.wait_stream(st)
+    if not torch.cuda.is_current_stream_capturing():
+        for st, outs in ((lat_stream, lat), (exp_stream, exp)):
+            if st != main:                           # allocated on a forked stream, read on main
+                for x in outs:
+                    x.record_stream(main)
+    return lat, exp
 
 
 # The sm_90 default: at DeepSeek's widths (CHECKED_WIDTHS) it runs the seesaw latent kernel and
 # the window kernel on an SM partition (or the expanded kernel alone at O = 0), 2-3x faster than
 # the portable path it replaced as the default (measured on an H200: b = 32, t = 4,096, s = 32,
-# N = 2,560: 2,155 us against the portable 4-7 ms; docs/kernels/mla-var6-plus.md section 9).
+# N = 2,560: 2,155 us against the portable 4-7 ms; docs/kernels/mla-var6-plus/partition.md, "Outcome (a147d5b").
 # Other widths run the portable path (at small widths the Gluon latent path failed 2 GPU tests
 # when it was the default: a TMA stride assertion on NaN-padded views, an lse 2.1e-4 over 1e-4).
 backends.register("mla_var6_plus", "gluon", mla_var6_plus_hopper, supports=backends.gluon_hopper, priority=10)
