@@ -34,8 +34,14 @@ and puts the outputs back at their places. RoPE positions are transformers' ``po
 same positions as in the stock model. A padded position's output is the attention of nothing,
 ``o_proj(0)``: what PyTorch's SDPA gives a row with no visible key (transformers' eager
 attention gives such a row the mean of the masked values instead; only the padded positions'
-outputs differ then). Without padding the layer runs directly on the batch (no mask read, no
-copy). An ``MLACache`` made by the caller keeps its own ``paged`` choice.
+outputs differ then). That holds for left padding, where a pad query sees no key. With *right*
+padding a pad query at the end of a prompt sees the real keys before it in the stock model and
+gets their attention; here it gets ``o_proj(0)``: the real tokens' outputs, the cache and every
+generated token are the same, the pad positions' hidden states (and logits) differ
+(transformers advises left padding for generation). Without padding the layer runs directly on
+the batch (no mask read, no copy); over a paged cache the mask is read on the device, never on
+the host, so a decode step can be captured in a CUDA graph. An ``MLACache`` made by the caller
+keeps its own ``paged`` choice.
 
 Not supported while enabled: ``StaticCache`` / ``cache_implementation="static"`` (its masks are
 built for its fixed length; use the default cache), flex attention's block masks (use
@@ -58,7 +64,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
                       "pip install 'mla_var3[hf]'") from exc
 
 from mla_var3.integrations.hf_cache import MLACache, keep_first, with_room
-from mla_var3.model import MODES, LatentCache, MLAConfig, MLALayer, PagedLatentCache
+from mla_var3.model import MODES, MLAConfig, MLALayer, PagedLatentCache
 from mla_var3.model import AttentionState
 
 #: the MLA projections and norms (HF DeepSeek names) an MLA attention module has.
@@ -287,13 +293,16 @@ class MLAAttention(nn.Module):
         if s == 0:                                                 # only padding in this step
             return self._nothing(x), state
         before = state.seqlens.long() if state is not None else torch.zeros(b, dtype=torch.long, device=x.device)
-        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :s]   # real tokens first, in order
-        packed = x.gather(1, order[..., None].expand(b, s, x.shape[2]))
-        out, state = self.mla(packed, positions.gather(1, order), cache=self._start(state, b, s, x, paged),
-                              mode=self.mode)
+        if q == 1:                                                 # one token: packing is the identity
+            packed, packed_positions = x, positions
+        else:
+            order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :s]   # real tokens first, in order
+            packed, packed_positions = x.gather(1, order[..., None].expand(b, s, x.shape[2])), positions.gather(1, order)
+        out, state = self.mla(packed, packed_positions, cache=self._start(state, b, s, x, paged), mode=self.mode)
         state = keep_first(state, before.to(state.seqlens.device) + counts.to(state.seqlens.device), self.mla)
-        rank = (valid.long().cumsum(1) - 1).clamp(min=0)                               # token -> packed slot
-        out = out.gather(1, rank[..., None].expand(b, q, out.shape[2]))
+        if q > 1:
+            rank = (valid.long().cumsum(1) - 1).clamp(min=0)                           # token -> packed slot
+            out = out.gather(1, rank[..., None].expand(b, q, out.shape[2]))
         return torch.where(valid[..., None], out, self._nothing(x)), state
 
     def _nothing(self, x: torch.Tensor) -> torch.Tensor:
