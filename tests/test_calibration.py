@@ -3,6 +3,7 @@ moves the prediction the way its meaning says, the fit is deterministic and re-f
 alone, and devices without a calibration get the roofline (and say so)."""
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from mla_var3.analysis import kernel_laws as KL
 from mla_var3.analysis.calibration import (
     KERNEL_FILES, Calibration, CalibrationFileError, kernel_hashes, load_calibration, parse_calibration, predict,
-    save_calibration, stale_kernels,
+    save_calibration, stale_kernels, unmeasured_changes,
 )
 from mla_var3.analysis.calibration_fit import Point, compare, fit, point_gpu_s, points_from_records
 from mla_var3.analysis.devices import load_devices
@@ -59,9 +60,12 @@ def test_shipped_h200_is_keyed_and_complete():
 def test_the_shipped_calibration_describes_todays_kernels():
     """The shipped H200 calibration names the commit and the kernel files it describes; when one of
     them changes (kernel work), its numbers may no longer hold and this fails until the GPU
-    re-measures them."""
+    re-measures them, or the file records the change as not re-measured (what it affects, why),
+    which every prediction's label then prints."""
     kernels = H200.kernels
-    assert kernels["commit"] and set(kernels["files"]) == {f for fs in KERNEL_FILES.values() for f in fs}
+    covered = set(kernels["files"]) | {f for c in unmeasured_changes(H200) for f in c["files"]}
+    assert kernels["commit"] and covered == {f for fs in KERNEL_FILES.values() for f in fs}
+    assert all(f"not re-measured since {c['commit']}" in H200.label for c in unmeasured_changes(H200))
     stale = stale_kernels(H200)
     assert not stale, (f"{', '.join(stale)} changed since the shipped H200 calibration (its kernel files as of "
                        f"{kernels['commit']}): re-run mla-var3 calibrate on the GPU and ship its file")
@@ -81,7 +85,35 @@ def test_a_changed_kernel_file_makes_the_calibration_stale(tmp_path):
     (tmp_path / "kernel/hopper/window_gluon.py").unlink()
     assert stale_kernels(cal, root=tmp_path) == ["kernel/absorbed.py", "kernel/hopper/window_gluon.py"]
     assert stale_kernels(dataclasses.replace(cal, kernels={})) == sorted(cal.kernels["files"])   # names none: stale
+    # a change recorded as not re-measured covers exactly the bytes it names
+    digest = hashlib.sha256((tmp_path / "kernel/absorbed.py").read_bytes()).hexdigest()
+    waived = dataclasses.replace(cal, kernels={**cal.kernels, "unmeasured": [
+        {"commit": "def5678", "files": {"kernel/absorbed.py": digest}, "affects": "host time", "why": "a test"}]})
+    assert stale_kernels(waived, root=tmp_path) == ["kernel/hopper/window_gluon.py"]
+    assert "not re-measured since def5678 (host time: a test)" in waived.label
+    with open(tmp_path / "kernel/absorbed.py", "a") as f:
+        f.write("# another change\n")
+    assert stale_kernels(waived, root=tmp_path) == ["kernel/absorbed.py", "kernel/hopper/window_gluon.py"]
     shutil.rmtree(tmp_path / "kernel")
+
+
+@pytest.mark.parametrize("bad", [{"x": 1}, [{"commit": "a"}], [{"commit": "a", "files": {"f": "zz"}, "why": "w",
+                                                                  "affects": "host time"}],
+                                 [{"commit": "a", "files": {}, "why": "", "affects": "host time"}]])
+def test_a_malformed_unmeasured_change_is_refused(bad):
+    raw = json.loads(save_calibration_text(H200))
+    raw["kernels"]["unmeasured"] = bad
+    with pytest.raises(CalibrationFileError, match="unmeasured"):
+        parse_calibration(json.dumps(raw), "cal.json")
+
+
+def save_calibration_text(cal) -> str:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "c.json"
+        save_calibration(cal, path)
+        return path.read_text()
 
 
 def test_shipped_points_are_the_committed_measurements(tmp_path):
