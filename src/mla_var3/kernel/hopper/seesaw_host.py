@@ -194,13 +194,14 @@ class SeesawSpec:
         return (b, s, h, k)
 
     def issue(self, decode, plan: DecodePlan, kinds: tuple, addresses: tuple, o_addr: int, lse_addr: int, table,
-              seqlens, scale: float) -> None:
+              seqlens, scale: float, partials: torch.Tensor | None = None) -> None:
         """The launches ``kinds`` of ``plan`` (compiled: :meth:`compile`) and the combine, writing
-        the output at ``o_addr`` (laid out as :attr:`o_view`) and the LSE at ``lse_addr``."""
+        the output at ``o_addr`` (laid out as :attr:`o_view`) and the LSE at ``lse_addr``;
+        ``partials``: the caller's view of the owner's workspace (default: the owner's)."""
         stream = current_stream(self.index)
         rows, k = self.rows, self.geometry[3]
-        ws = decode.workspace(plan.max_slots, rows, k, self.device, stream)
-        op_addr, lp_addr = ws.data_ptr(), ws.data_ptr() + plan.max_slots * rows * k * 4
+        ws = partials if partials is not None else decode.workspace(plan.max_slots, rows, k, self.device, stream)
+        op_addr, lp_addr = ws.data_ptr(), ws.data_ptr() + plan.max_slots * rows * k * 4   # partials, then their LSE
         items = plan.items.data_ptr()
         ptrs = (lse_addr, lp_addr, op_addr, seqlens.data_ptr() if seqlens is not None else items,
                 table.data_ptr() if table is not None else items, items,
@@ -331,7 +332,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, scale:
         spec = _build_spec(qc, qpe, keys, block_table, seqlens, causal, head_major, signature)
         _keep_spec(signature, spec)
     stream = current_stream(dev.index)
-    op, lp = decode.partials(plan.max_slots, rows, k, dev, stream)
+    op, lp = decode.partials(plan.max_slots, rows, k, dev, stream)     # views of one workspace: issue() needs op
     seq = seqlens if seqlens is not None else plan.items
     table = block_table if paged else plan.items
     starts = plan.starts if plan.starts is not None else plan.items
@@ -354,7 +355,7 @@ def seesaw_attention(qc: torch.Tensor, qpe: torch.Tensor, keys: tuple, *, scale:
     kinds = spec.launches_for(plan)
     if all(kind in spec.flats for kind in kinds) and (spec.combine is not None or not plan.may_split):
         spec.issue(decode, plan, kinds, (qc.data_ptr(), qpe.data_ptr(), cache.data_ptr(), kr_addr), o_run.data_ptr(),
-                   lse.data_ptr(), block_table, seqlens, scale)
+                   lse.data_ptr(), block_table, seqlens, scale, op)
     else:   # the first split call (the combine compiles), or a launch hook: Triton's own launch path
         for kind in kinds:
             (LAUNCH_AFTER if kind[2] else LAUNCH)((spec.key, kind), spec.grid(plan, kind), real_args(kind),
