@@ -105,8 +105,9 @@ def test_tma_arg_encodes_an_address_with_the_kernels_metadata(monkeypatch):
     spec = TmaSpec.of(meta, (4, 128, 512), (65536, 512, 1))
     assert _launch.tma_arg(spec, 0x1000) == ("tensormap", 4, 128, 512, 65536, 512, 1)
     address, swizzle, elem, dtype, box, shape, strides, padding = seen[0]
-    assert (address, swizzle, elem, box, shape, strides, padding) == (0x1000, 128, 2, [1, 64, 256], [4, 128, 512],
-                                                                       [65536, 512, 1], 0)
+    # the driver's element-type code of the kernel's (10 -> 9), the sequences passed as the spec's tuples
+    assert (address, swizzle, elem, dtype, box, shape, strides, padding) == (0x1000, 128, 2, 9, (1, 64, 256),
+                                                                              (4, 128, 512), (65536, 512, 1), 0)
     assert spec == spec and spec != TmaSpec.of(meta, [4, 128, 512], [65536, 512, 1])    # identity: kept by its owner
     with pytest.raises(ValueError, match="metadata"):
         TmaSpec.of(None, (1,), (1,))

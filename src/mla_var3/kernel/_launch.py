@@ -28,7 +28,7 @@ shape, :meth:`CachedLaunch.flat` returns None and callers take the ordinary path
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from triton import knobs
 from triton.runtime import driver
@@ -150,7 +150,10 @@ class TmaSpec:
     """Everything a TMA descriptor argument's encoding depends on but its address: the compiled
     kernel's descriptor metadata (swizzle, element type, box) and the global shape and strides
     (elements). Hashed by identity (a launch spec keeps its own, and an owner keeps encodings
-    per (spec, address): hashing the fields on every call would cost more than the lookup)."""
+    per (spec, address): hashing the fields on every call would cost more than the lookup).
+
+    ``host_type`` (the driver's element-type code) and ``sizes`` (the launcher's shape and
+    strides arguments) are derived once here, so :func:`tma_arg` does no conversion per call."""
 
     swizzle: int
     elem_size: int
@@ -158,6 +161,14 @@ class TmaSpec:
     block: tuple[int, ...]
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    host_type: int = field(init=False)
+    sizes: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        object.__setattr__(self, "host_type", TMA_DTYPE_DEVICE_TO_HOST[self.elem_type])
+        object.__setattr__(self, "sizes", (*self.shape, *self.strides))
 
     @classmethod
     def of(cls, meta: dict, shape, strides) -> "TmaSpec":
@@ -170,12 +181,9 @@ class TmaSpec:
 def tma_arg(spec: TmaSpec, address: int) -> tuple:
     """The launcher's arguments for a TMA descriptor of ``spec`` at ``address``: the encoded
     ``CUtensorMap``, then the shape and strides (as Triton's launcher passes them)."""
-    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-
-    tensor_map = driver.active.utils.fill_tma_descriptor(
-        address, spec.swizzle, spec.elem_size, TMA_DTYPE_DEVICE_TO_HOST[spec.elem_type], list(spec.block),
-        list(spec.shape), list(spec.strides), 0)
-    return (tensor_map, *spec.shape, *spec.strides)
+    tensor_map = driver.active.utils.fill_tma_descriptor(address, spec.swizzle, spec.elem_size, spec.host_type,
+                                                         spec.block, spec.shape, spec.strides, 0)
+    return (tensor_map, *spec.sizes)
 
 
 def current_stream(device_index: int) -> int:
