@@ -48,6 +48,8 @@ GRID = tuple((_ABSORBED, b, s, 4096, None, None) for b in (32, 64) for s in (1, 
 ) + tuple((_HYBRID, 32, 16, 4096, n, None) for n in (0, 1024, 2048, 3072, 4096)) + (
     (_HYBRID, 32, 4, 4096, 256, None), (_HYBRID, 32, 4, 4096, 1024, None), (_HYBRID, 64, 16, 4096, 2048, None),
     (_HYBRID, 32, 64, 4096, 2048, None),
+) + tuple((_HYBRID, 32, 32, 4096, n, None) for n in (1024, 2048, 3072)) + (   # where the model alone put the
+    (_HYBRID, 64, 32, 4096, 2048, None),                                      # hybrid's win (s = 32)
 ) + tuple((_ABSORBED, b, s, t, None, h) for h in TP_HEADS for b, s, t in ((32, 1, 4096), (64, 2, 8192), (96, 4, 2048))
           ) + tuple((_EXPANDED, 32, s, 4096, None, 16) for s in (16, 128)) + (
     (_HYBRID, 32, 16, 4096, 1024, 16), (_HYBRID, 32, 32, 4096, 2048, 16),
