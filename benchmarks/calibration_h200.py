@@ -4,7 +4,7 @@
                                                      # and calibration-rtx-5090-seed.json, prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
     python benchmarks/calibration_h200.py --stamp-kernels   # also record today's kernel files (sha256)
-    python benchmarks/calibration_h200.py --points-json PATH   # only the points it fits, as JSON
+    python benchmarks/calibration_h200.py --points-json PATH   # only the points it ships, as JSON
 
 H200: every committed timing of a *default* call's kernel at the current code becomes a
 :class:`~mla_var3.analysis.calibration_fit.Point` with its file as source. The absorbed kernel
@@ -450,14 +450,15 @@ def main(argv=None) -> int:
                     help="record today's kernel files (sha256) in the H200 file instead of keeping the shipped ones")
     ap.add_argument("--tables", help="write the Markdown tables to this file")
     ap.add_argument("--points-json", metavar="PATH",
-                    help="write the points the H200 fit reads from the committed results (each Point.to_dict(), "
-                         "sorted) to PATH and stop: what the shipped file's points must equal")
+                    help="write the points the shipped H200 file holds (the committed calibrate run's, else "
+                         "those the fit reads from the committed results; sorted) to PATH and stop: what the "
+                         "shipped file's points must equal")
     args = ap.parse_args(argv)
 
     pts, old = h200_points()
     anchors = anchor_points()
     if args.points_json:
-        rows = sorted((p.to_dict() for p in pts + fitted_anchors(anchors)), key=lambda d: json.dumps(d, sort_keys=True))
+        rows = sorted(shipped_points(), key=lambda d: json.dumps(d, sort_keys=True))
         Path(args.points_json).write_text(json.dumps(rows, indent=1) + "\n")
         return 0
     cal = fit_h200(pts, anchors, anchors)
