@@ -296,3 +296,22 @@ def test_planned_combine_is_a_dependent_launch_that_waits_first(tmp_path):
     # the two int32 of seqs[b] (one load each, or one pair), nothing wider and nothing else
     assert 1 <= len(loads) <= 2 and all(".b32" in x or ".v2.b32" in x for x in loads), loads
     assert r["ptx"].count("griddepcontrol.wait") == 1
+
+
+def test_tma_operand_copies_views_whose_strides_tma_cannot_take():
+    """TMA needs 16-byte multiples for every stride but the last. torch calls a [1, 1, 16] view
+    with strides (34, 17, 1) contiguous (size-1 dims), so the operand helper checks the strides
+    themselves: such a view (NaN-padded test inputs at t = 1) is copied row-major, values kept;
+    an aligned contiguous tensor is passed through, a transposed one copied."""
+    from mla_var3.kernel.hopper._gluon import tma_operand
+    from mla_var3.testing import nan_padded
+
+    x = torch.randn(1, 1, 16).to(torch.bfloat16)
+    view = nan_padded(x)
+    assert view.is_contiguous() and view.stride() == (34, 17, 1)
+    got = tma_operand(view)
+    assert got.stride() == (16, 16, 1) and torch.equal(got, x) and got.data_ptr() % 16 == 0
+    aligned = torch.randn(2, 8, 64).to(torch.bfloat16)
+    assert tma_operand(aligned).data_ptr() == aligned.data_ptr()
+    transposed = torch.randn(2, 64, 8).to(torch.bfloat16).transpose(1, 2)
+    assert tma_operand(transposed).stride() == (512, 64, 1) and torch.equal(tma_operand(transposed), transposed)

@@ -45,9 +45,14 @@ def layout(block: tuple[int, ...], dtype: torch.dtype):
 
 
 def tma_operand(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as TMA needs it: contiguous with a 16-byte aligned base (copied otherwise)."""
-    x = x.contiguous()
-    return x if x.data_ptr() % 16 == 0 else x.clone()
+    """``x`` as TMA needs it: contiguous, with a 16-byte aligned base and 16-byte multiples for
+    every stride but the last (copied to a fresh row-major tensor otherwise). torch calls a
+    tensor contiguous whatever the strides of its size-1 dims, so a view such as ``[1, 1, 16]``
+    with strides ``(34, 17, 1)`` needs the copy too."""
+    e = x.element_size()
+    if x.is_contiguous() and x.data_ptr() % 16 == 0 and all((st * e) % 16 == 0 for st in x.stride()[:-1]):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def descriptor(x: torch.Tensor, block: list[int]):
