@@ -123,6 +123,47 @@ def test_a_dense_uniform_plan_is_kept_per_length():
     assert_close(out, ro, torch.bfloat16)
 
 
+def test_uniform_plans_are_kept_for_the_process_and_never_evicted(monkeypatch):
+    """The host plans of uniform batches live as long as the process once made (a captured graph
+    reads them with no reference of its own); when the memo is full, new shapes are planned at
+    every call and never kept, and what is kept stays."""
+    from mla_var3.kernel import plan_reference as pr
+
+    monkeypatch.setattr(pr, "_UNIFORM", {})
+    monkeypatch.setattr(pr, "MAX_UNIFORM_PLANS", 2)
+    assert pr.kept_uniform_plan(2, 16, 640, sms=8) is None
+    first = pr.uniform_plan(2, 16, 640, sms=8)
+    assert pr.kept_uniform_plan(2, 16, 600, sms=8) is first          # the same 64-key block count
+    assert pr.uniform_plan(2, 16, 641, sms=8) is pr.kept_uniform_plan(2, 16, 641, sms=8) is not first
+    third = pr.uniform_plan(3, 16, 640, sms=8)                       # the memo is full: not kept
+    assert pr.kept_uniform_plan(3, 16, 640, sms=8) is None and pr.uniform_plan(3, 16, 640, sms=8) is not third
+    assert pr.kept_uniform_plan(2, 16, 640, sms=8) is first
+    assert pr.uniform_plan(2, 16, 640, sms=8, num_splits=2) is not first       # forced splits: another key
+    assert pr.kept_uniform_plan(2, 16, 640, sms=8) is first
+
+
+def test_a_capture_takes_the_kept_uniform_plan_and_plans_on_the_device_without_one(monkeypatch):
+    """Inside a CUDA-graph capture a dense call without lengths cannot copy a host plan to the
+    device: it takes the plan an eager call kept for its shape (no planner kernel in the graph),
+    and builds one on the device only when none was kept."""
+    from mla_var3.kernel import decode as decode_mod
+    from mla_var3.kernel import plan_reference as pr
+
+    monkeypatch.setattr(pr, "_UNIFORM", {})
+    monkeypatch.setattr(decode_mod, "_capturing", lambda device: True)
+    built = []
+    real_build = decode_mod.build_plan
+    monkeypatch.setattr(decode_mod, "build_plan", lambda *a, **kw: built.append((a, kw)) or real_build(*a, **kw))
+    device = torch.device("cpu")
+    plan = AbsorbedDecode(device).plan_for(None, None, 2, 16, 640, k=64, device=device)
+    assert len(built) == 1 and built[0][0][0] is None and built[0][1]["packed"] is False
+    assert pr.kept_uniform_plan(2, 16, 640, k=64, device=device) is None      # nothing kept by the capture
+    eager = pr.uniform_plan(2, 16, 640, k=64, device=device)
+    got = AbsorbedDecode(device).plan_for(None, None, 2, 16, 640, k=64, device=device)
+    assert got is eager and len(built) == 1
+    assert plan.batch == got.batch == 2 and plan.max_blocks == got.max_blocks == 10
+
+
 @pytest.mark.parametrize("bad", [True, "0.1", float("nan"), float("inf"), -1.0, 0])
 def test_compat_scale_must_be_a_positive_number(bad):
     """Issue J: ``flash_mla_with_kvcache(q, k, tb, sl, 512, meta, None, True)`` put ``causal``
@@ -203,6 +244,8 @@ ALLOWED = {
     ("kernel/backends.py", "_REGISTRY"): "the backend registry (which implementation runs on which device)",
     ("kernel/hopper/seesaw_host.py", "_SPECS"): "compiled code per call signature (shapes, strides, dtypes, "
                                                 "flags), never keyed by an address",
+    ("kernel/plan_reference.py", "_UNIFORM"): "the immutable host plans of uniform batches per shape, never "
+                                              "evicted (a captured graph reads them), never keyed by an address",
 }
 DECODE_PATH = ["kernel", "model", "integrations", "dispatch", "compat.py"]
 MUTABLE_CALLS = {"dict", "list", "set", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary"}

@@ -51,7 +51,8 @@ from mla_var3.kernel._common import (
     CHECK_ENV, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale,
     check_seqlens, values_checked,
 )
-from mla_var3.kernel.decode_plan import PLAN_BLOCK, DecodePlan, build_plan, lengths_stamp, plan_decode, uniform_plan
+from mla_var3.kernel.decode_plan import (PLAN_BLOCK, DecodePlan, build_plan, kept_uniform_plan, lengths_stamp,
+                                         plan_decode, uniform_plan)
 
 __all__ = ["AbsorbedDecode", "entry_signature", "entry_spec", "fast_scale", "validate_dense", "validate_paged"]
 
@@ -141,9 +142,13 @@ class AbsorbedDecode:
                     and (source is not None or kept.max_blocks == max_blocks) and num_splits is None):
                 return kept
         if seqlens is None:
-            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            if capturing and num_splits is None:      # no host copy inside a capture: plan on the device
-                plan = build_plan(None, batch, rows, max_blocks * PLAN_BLOCK, k=k, device=device, packed=False)
+            if num_splits is None and _capturing(device):
+                # no host copy inside a capture: the host plan an eager call made for this shape (kept
+                # for the process's life, so the graph may read it), else a plan built on the device
+                # (its kernels then run at every replay)
+                plan = kept_uniform_plan(batch, rows, capacity, k=k, device=device)
+                if plan is None:
+                    plan = build_plan(None, batch, rows, max_blocks * PLAN_BLOCK, k=k, device=device, packed=False)
             else:
                 plan = uniform_plan(batch, rows, capacity, k=k, device=device, num_splits=num_splits)
         else:
@@ -248,6 +253,11 @@ def fast_scale(scale) -> bool:
     """A scale the fast path takes as it is: a positive finite Python float (others go through
     :func:`check_scale`)."""
     return type(scale) is float and 0.0 < scale < float("inf")
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def entry_signature(kind: str, backend: str, causal, tensors: tuple, seqlens, extra) -> tuple | None:

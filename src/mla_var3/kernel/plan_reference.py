@@ -5,8 +5,6 @@ rebuild the plans earlier records measured). What a plan is: :mod:`mla_var3.kern
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from mla_var3.analysis import item_cut
@@ -371,7 +369,14 @@ def _split_reference(batch: int, t: int, num_splits: int) -> dict:
     return {"items": items, "seqs": seqs, "item_blocks": per, "max_slots": batch * ns if ns > 1 else 1}
 
 
-@functools.lru_cache(maxsize=256)
+#: the host plans of uniform batches, per (batch, rows, blocks, k, sms, num_splits, device):
+#: immutable device tensors, kept for the process's life once made (a CUDA graph captured over a
+#: dense call reads them; evicting one would free memory a graph still reads), at most
+#: :data:`MAX_UNIFORM_PLANS` shapes; later shapes are planned at every call, never kept
+_UNIFORM: dict[tuple, DecodePlan] = {}
+MAX_UNIFORM_PLANS = 256
+
+
 def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, num_splits: int | None,
                      device: torch.device) -> DecodePlan:
     if num_splits is None:
@@ -392,16 +397,33 @@ def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str
                       max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]))
 
 
-def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
-                 sms: int | None = None, num_splits: int | None = None) -> DecodePlan:
-    """The plan for ``batch`` sequences of ``t`` keys each, built on the host once per shape and
-    cached (a dense call without ``seqlens`` costs no planning launch). ``num_splits`` forces
-    that many items per sequence instead of the planner's choice."""
+def _uniform_key(batch: int, rows: int, t: int, k: int, device, sms: int | None, num_splits: int | None) -> tuple:
     device = torch.device(device)
     sms = sms if sms is not None else device_sms(device)
-    ns = None if num_splits is None else int(num_splits)
     # the plan depends on t only through its blocks: a decode step's growing cache (t, t + 1, ...)
     # reuses one plan per 64 keys instead of planning on the host at every step
     t_blocks = cdiv(max(int(t), 0), PLAN_BLOCK) * PLAN_BLOCK
-    return _uniform_tensors(int(batch), int(rows), t_blocks, int(k), int(sms), ns, device)
+    return (int(batch), int(rows), t_blocks, int(k), int(sms), None if num_splits is None else int(num_splits), device)
+
+
+def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
+                 sms: int | None = None, num_splits: int | None = None) -> DecodePlan:
+    """The plan for ``batch`` sequences of ``t`` keys each, built on the host once per shape and
+    kept (a dense call without ``seqlens`` costs no planning launch). ``num_splits`` forces
+    that many items per sequence instead of the planner's choice."""
+    key = _uniform_key(batch, rows, t, k, device, sms, num_splits)
+    plan = _UNIFORM.get(key)
+    if plan is None:
+        plan = _uniform_tensors(*key)
+        if len(_UNIFORM) < MAX_UNIFORM_PLANS:
+            _UNIFORM[key] = plan
+    return plan
+
+
+def kept_uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
+                      sms: int | None = None) -> DecodePlan | None:
+    """The plan :func:`uniform_plan` made and kept for this shape, or None; builds nothing (no
+    host-to-device copy), so a CUDA-graph capture can take it: the graph then reads tensors that
+    live as long as the process."""
+    return _UNIFORM.get(_uniform_key(batch, rows, t, k, device, sms, None))
 
