@@ -272,3 +272,32 @@ def test_the_regime_guide_document_is_up_to_date():
     assert len(rows) == 44          # TP 1 and TP 8, b = 32 and 64, 11 s each
     for line in rows:
         assert line.rstrip(" |").rsplit("| ", 1)[-1].startswith(("measurements", "calibrated model", "measured ")), line
+
+
+@pytest.mark.parametrize("name", list(PREDICTING))
+def test_a_calibration_calibrate_made_here_on_the_gpu_is_used(capsys, tmp_path, monkeypatch, name):
+    """``mla-var3 calibrate`` writes ./calibration-<device>.json by default; the predicting
+    commands run in that folder use it (a calibration of this machine beats the shipped one),
+    below --calibration and $MLA_VAR3_CALIBRATION; a file of that name made under the CPU
+    interpreter or for another device is skipped with a one-line warning."""
+    import dataclasses
+
+    monkeypatch.chdir(tmp_path)
+    local = dataclasses.replace(H200, commits={"measurements": ["here001"]}, path=None)
+    save_calibration(local, tmp_path / "calibration-h200.json")
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200"))
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert code == 0 and "here001" in text, err
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200", "--calibration", "none"))
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert code == 0 and "here001" not in text
+    monkeypatch.setenv("MLA_VAR3_CALIBRATION", str(save_calibration(H200, tmp_path / "env.json")))
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200"))
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert code == 0 and "here001" not in text and "env.json" in text
+    monkeypatch.delenv("MLA_VAR3_CALIBRATION")
+    save_calibration(dataclasses.replace(local, gpu=False), tmp_path / "calibration-h200.json")
+    code, out, err = run(capsys, _argv(name, tmp_path, "--device", "h200"))
+    text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
+    assert code == 0 and "here001" not in text
+    assert "calibration-h200.json: not used (CPU interpreter timings)" in err and len(err.strip().splitlines()) == 1

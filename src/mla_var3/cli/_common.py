@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 # the model options live with the argument types (``python -m mla_var3.kernel`` takes them too)
@@ -50,17 +51,37 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
 def add_calibration_arg(p: argparse.ArgumentParser) -> None:
     """--calibration PATH|none."""
     p.add_argument("--calibration", type=path_arg, metavar="PATH|none",
-                   help="calibrated model: a calibration file (default: $MLA_VAR3_CALIBRATION, else the one the "
-                        "package ships for the device, else the roofline); 'none': the ideal roofline alone")
+                   help="calibrated model: a calibration file (default: $MLA_VAR3_CALIBRATION, else "
+                        "./calibration-<device>.json when `mla-var3 calibrate` wrote it on a GPU of the device, else "
+                        "the one the package ships for the device, else the roofline); 'none': the ideal roofline "
+                        "alone")
+
+
+def local_calibration_path(device) -> Path:
+    """Where ``mla-var3 calibrate`` writes by default: ``./calibration-<device>.json``."""
+    return Path(f"calibration-{device.key if hasattr(device, 'key') else str(device).lower()}.json")
 
 
 def calibration_from_args(args, device):
-    """The Calibration for --calibration (None for 'none' or a device without one)."""
-    from mla_var3.analysis.calibration import load_calibration
+    """The Calibration for --calibration (None for 'none' or a device without one). Without the
+    flag or ``$MLA_VAR3_CALIBRATION``: the file ``mla-var3 calibrate`` wrote by default in the
+    working folder when it was made on a GPU of ``device`` (a calibration of this machine beats
+    the shipped one), else the shipped one. A file of that name made otherwise (under the CPU
+    interpreter, for another device) is skipped with a warning."""
+    from mla_var3.analysis.calibration import CALIBRATION_ENV, load_calibration
 
     value = getattr(args, "calibration", None)
     if value is not None and value.strip().lower() == "none":
         return None
+    if value is None and not os.environ.get(CALIBRATION_ENV) and device is not None:
+        local = local_calibration_path(device)
+        if local.is_file():
+            cal = load_calibration(local, device=None)
+            key = device.key if hasattr(device, "key") else str(device).lower()
+            if cal.gpu and cal.device == key:
+                return cal
+            why = "CPU interpreter timings" if not cal.gpu else f"made for {cal.device!r}"
+            warnings.warn(f"{local}: not used ({why}); the shipped calibration for {key!r} applies")
     return load_calibration(value, device=device)
 
 

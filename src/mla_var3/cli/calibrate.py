@@ -230,7 +230,7 @@ def run(args) -> int:
         C.check_output_folder("--out (default ./calibration-<device>.json)", ".")
     result = run_calibration(quick=args.quick, max_seconds=args.max_seconds, devices_file=args.devices_file, log=print)
     cal = result.calibration
-    path = save_calibration(cal, args.out or f"calibration-{cal.device}.json")
+    path = save_calibration(cal, args.out or C.local_calibration_path(cal.device))
     rows = [[r["design"], r["backend"], r["h"], r["b"], r["s"], r["t"], "-" if r["n"] is None else r["n"], r["kind"],
              f"{r['measured_us']:,.1f}", f"{r['predicted_us']:,.1f}", f"{r['ratio']:.2f}"]
             for r in compare(cal, [Point.from_dict(p) for p in cal.points])]
@@ -240,7 +240,8 @@ def run(args) -> int:
                       right_from=2))
     for line in result.skipped:
         print(f"skipped: {line}")
-    print(f"wrote {path} ({cal.label}); use it with --calibration {path} or $MLA_VAR3_CALIBRATION")
+    here = "" if args.out or not cal.gpu else "; the commands run in this folder use it by default"
+    print(f"wrote {path} ({cal.label}); use it with --calibration {path} or $MLA_VAR3_CALIBRATION{here}")
     return 0
 
 
