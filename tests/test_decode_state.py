@@ -138,7 +138,8 @@ def test_uniform_plans_are_kept_for_the_process_and_never_evicted(monkeypatch):
     third = pr.uniform_plan(3, 16, 640, sms=8)                       # the memo is full: not kept
     assert pr.kept_uniform_plan(3, 16, 640, sms=8) is None and pr.uniform_plan(3, 16, 640, sms=8) is not third
     assert pr.kept_uniform_plan(2, 16, 640, sms=8) is first
-    assert pr.uniform_plan(2, 16, 640, sms=8, num_splits=2) is not first       # forced splits: another key
+    split = pr.uniform_plan(2, 16, 640, sms=8, num_splits=2)                # forced splits (autotuning): an
+    assert split is not first and all(p is not split for p in pr._UNIFORM.values())   # evictable cache, not the memo
     assert pr.kept_uniform_plan(2, 16, 640, sms=8) is first
 
 

@@ -5,6 +5,8 @@ rebuild the plans earlier records measured). What a plan is: :mod:`mla_var3.kern
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mla_var3.analysis import item_cut
@@ -369,21 +371,23 @@ def _split_reference(batch: int, t: int, num_splits: int) -> dict:
     return {"items": items, "seqs": seqs, "item_blocks": per, "max_slots": batch * ns if ns > 1 else 1}
 
 
-#: the host plans of uniform batches, per (batch, rows, blocks, k, sms, num_splits, device):
-#: immutable device tensors, kept for the process's life once made (a CUDA graph captured over a
-#: dense call reads them; evicting one would free memory a graph still reads), at most
-#: :data:`MAX_UNIFORM_PLANS` shapes; later shapes are planned at every call, never kept
+#: the host plans of uniform batches, per (batch, rows, blocks, k, sms, device): immutable device
+#: tensors, kept for the process's life once made (a CUDA graph captured over a dense call reads
+#: them; evicting one would free memory a graph still reads), at most :data:`MAX_UNIFORM_PLANS`
+#: shapes; later shapes are planned at every call, never kept
 _UNIFORM: dict[tuple, DecodePlan] = {}
 MAX_UNIFORM_PLANS = 256
 
 
-def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, num_splits: int | None,
-                     device: torch.device) -> DecodePlan:
-    if num_splits is None:
-        ref = plan_reference([t] * batch, rows, capacity=t, k=k, sms=sms)
-    else:
-        ref = _split_reference(batch, t, num_splits)
-    return plan_tensors(ref, rows, t, device)
+def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, device: torch.device) -> DecodePlan:
+    return plan_tensors(plan_reference([t] * batch, rows, capacity=t, k=k, sms=sms), rows, t, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_tensors(batch: int, rows: int, t: int, k: int, sms: int, device: torch.device,
+                   num_splits: int) -> DecodePlan:
+    """A forced split's plan (autotuning): evictable, as no capture reads it."""
+    return plan_tensors(_split_reference(batch, t, num_splits), rows, t, device)
 
 
 def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str) -> DecodePlan:
@@ -397,13 +401,13 @@ def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str
                       max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]))
 
 
-def _uniform_key(batch: int, rows: int, t: int, k: int, device, sms: int | None, num_splits: int | None) -> tuple:
+def _uniform_key(batch: int, rows: int, t: int, k: int, device, sms: int | None) -> tuple:
     device = torch.device(device)
     sms = sms if sms is not None else device_sms(device)
     # the plan depends on t only through its blocks: a decode step's growing cache (t, t + 1, ...)
     # reuses one plan per 64 keys instead of planning on the host at every step
     t_blocks = cdiv(max(int(t), 0), PLAN_BLOCK) * PLAN_BLOCK
-    return (int(batch), int(rows), t_blocks, int(k), int(sms), None if num_splits is None else int(num_splits), device)
+    return (int(batch), int(rows), t_blocks, int(k), int(sms), device)
 
 
 def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.device | str = "cpu",
@@ -411,7 +415,9 @@ def uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: torch.d
     """The plan for ``batch`` sequences of ``t`` keys each, built on the host once per shape and
     kept (a dense call without ``seqlens`` costs no planning launch). ``num_splits`` forces
     that many items per sequence instead of the planner's choice."""
-    key = _uniform_key(batch, rows, t, k, device, sms, num_splits)
+    key = _uniform_key(batch, rows, t, k, device, sms)
+    if num_splits is not None:
+        return _split_tensors(*key, int(num_splits))
     plan = _UNIFORM.get(key)
     if plan is None:
         plan = _uniform_tensors(*key)
@@ -425,5 +431,5 @@ def kept_uniform_plan(batch: int, rows: int, t: int, *, k: int = 512, device: to
     """The plan :func:`uniform_plan` made and kept for this shape, or None; builds nothing (no
     host-to-device copy), so a CUDA-graph capture can take it: the graph then reads tensors that
     live as long as the process."""
-    return _UNIFORM.get(_uniform_key(batch, rows, t, k, device, sms, None))
+    return _UNIFORM.get(_uniform_key(batch, rows, t, k, device, sms))
 
