@@ -256,8 +256,15 @@ class Calibration:
 # files
 # ----------------------------------------------------------------------------------------------
 
-def _shipped_name(device: str) -> str:
-    return f"calibration-{device}.json"
+def device_key(device: "str | Device") -> str:
+    """A device's key in the devices table (a name is lower-cased)."""
+    return device.key if isinstance(device, Device) else str(device).lower()
+
+
+def calibration_file_name(device: "str | Device") -> str:
+    """``calibration-<device key>.json``: the shipped file's name in ``conf/``, and the file
+    ``mla-var3 calibrate`` writes by default."""
+    return f"calibration-{device_key(device)}.json"
 
 
 def parse_calibration(text: str | bytes, where: str = "calibration file") -> Calibration:
@@ -421,12 +428,11 @@ def load_calibration(path: str | os.PathLike | None = None, device: str | Device
         return dataclasses.replace(parse_calibration(data, f"{what} {show_path(path)}"), path=os.fspath(path))
     if device is None:
         return None
-    key = device.key if isinstance(device, Device) else str(device).lower()
-    res = resources.files("mla_var3.conf").joinpath(_shipped_name(key))
+    name = calibration_file_name(device)
+    res = resources.files("mla_var3.conf").joinpath(name)
     if not res.is_file():
         return None
-    return dataclasses.replace(parse_calibration(res.read_text(), f"conf/{_shipped_name(key)}"),
-                               path=f"conf/{_shipped_name(key)}")
+    return dataclasses.replace(parse_calibration(res.read_text(), f"conf/{name}"), path=f"conf/{name}")
 
 
 def save_calibration(cal: Calibration, path: str | os.PathLike) -> Path:

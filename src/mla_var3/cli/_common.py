@@ -57,9 +57,6 @@ def add_calibration_arg(p: argparse.ArgumentParser) -> None:
                         "alone")
 
 
-def local_calibration_path(device) -> Path:
-    """Where ``mla-var3 calibrate`` writes by default: ``./calibration-<device>.json``."""
-    return Path(f"calibration-{device.key if hasattr(device, 'key') else str(device).lower()}.json")
 
 
 def calibration_from_args(args, device):
@@ -68,16 +65,15 @@ def calibration_from_args(args, device):
     working folder when it was made on a GPU of ``device`` (a calibration of this machine beats
     the shipped one), else the shipped one. A file of that name made otherwise (under the CPU
     interpreter, for another device) is skipped with a warning."""
-    from mla_var3.analysis.calibration import CALIBRATION_ENV, load_calibration
+    from mla_var3.analysis.calibration import CALIBRATION_ENV, calibration_file_name, device_key, load_calibration
 
     value = getattr(args, "calibration", None)
     if value is not None and value.strip().lower() == "none":
         return None
     if value is None and not os.environ.get(CALIBRATION_ENV) and device is not None:
-        local = local_calibration_path(device)
+        local, key = Path(calibration_file_name(device)), device_key(device)
         if local.is_file():
             cal = load_calibration(local, device=None)
-            key = device.key if hasattr(device, "key") else str(device).lower()
             if cal.gpu and cal.device == key:
                 return cal
             why = "CPU interpreter timings" if not cal.gpu else f"made for {cal.device!r}"

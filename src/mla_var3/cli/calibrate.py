@@ -215,7 +215,7 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
 
 
 def run(args) -> int:
-    from mla_var3.analysis.calibration import save_calibration
+    from mla_var3.analysis.calibration import calibration_file_name, save_calibration
     from mla_var3.analysis.calibration_fit import compare, Point
     from mla_var3.analysis.devices import load_devices
 
@@ -230,7 +230,7 @@ def run(args) -> int:
         C.check_output_folder("--out (default ./calibration-<device>.json)", ".")
     result = run_calibration(quick=args.quick, max_seconds=args.max_seconds, devices_file=args.devices_file, log=print)
     cal = result.calibration
-    path = save_calibration(cal, args.out or C.local_calibration_path(cal.device))
+    path = save_calibration(cal, args.out or calibration_file_name(cal.device))
     rows = [[r["design"], r["backend"], r["h"], r["b"], r["s"], r["t"], "-" if r["n"] is None else r["n"], r["kind"],
              f"{r['measured_us']:,.1f}", f"{r['predicted_us']:,.1f}", f"{r['ratio']:.2f}"]
             for r in compare(cal, [Point.from_dict(p) for p in cal.points])]
