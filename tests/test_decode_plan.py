@@ -67,6 +67,19 @@ def test_device_plan_matches_reference_and_contract(lengths, rows, extra):
     _check_longest_first(ref["items"])
 
 
+def test_a_sequence_whose_items_cross_a_block_of_the_planner_keeps_them():
+    """The item planner writes its items a block of 128 (interpreter) or 256 (GPU) at a time and
+    overwrote the start mark of a sequence whose items crossed into the next block: its items
+    there were taken for another sequence's (here the empty sequence 2 three times, sequence 5's
+    last two items lost). Found by hypothesis; items 113..129 are sequence 5's."""
+    lengths = [4096, 4096, 0, 2156, 4096, 2156]
+    plan = plan_decode(torch.tensor(lengths, dtype=torch.int32, device=DEVICE), 16, capacity=4096, packed=False)
+    ref = plan_reference(lengths, 16, capacity=4096)
+    assert [x[0] for x in ref["items"][113:130]] == [5] * 17
+    assert plan.items.tolist() == [list(x) for x in ref["items"]]
+    _check_contract(ref["items"], ref["seqs"], lengths, 4096, plan.max_slots)
+
+
 @pytest.mark.parametrize("packed", [False, None])
 def test_a_batch_over_several_passes_plans_as_in_one(monkeypatch, packed):
     """The planners read a batch longer than their pass (``seq_block``) in several passes, and

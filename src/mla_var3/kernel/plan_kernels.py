@@ -243,15 +243,20 @@ def _plan_kernel(seqlens_ptr, cest_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOT
     if WRITE_EST:
         tl.store(est_ptr, next_item.to(tl.int64))
     tl.debug_barrier()
-    # ---- pass 4: every item finds its sequence (the last start at or before it) and its range
+    # ---- pass 4: every item finds its sequence (the last start at or before it) and its range.
+    # A start in an earlier block was overwritten by that block's items: its mark is carried
     carry = 0
+    carry_part = -2
     for i0 in range(0, MAX_ITEMS, BLOCK_I):
         idx = i0 + ii
         in_plan = idx < next_item
         mark = tl.load(items_ptr + idx * 4, mask=idx < MAX_ITEMS, other=-1)
         start = tl.maximum(tl.associative_scan(tl.where(mark >= 0, idx, -1), 0, _max_combine), carry)
+        here = start >= i0
+        part = tl.where(here, tl.load(items_ptr + start * 4, mask=in_plan & here, other=-2), carry_part)
+        part = tl.where(in_plan, part, -2)
         carry = tl.max(start, 0)
-        part = tl.load(items_ptr + start * 4, mask=in_plan, other=-2)
+        carry_part = tl.max(tl.where(start == carry, part, -2), 0)
         b = tl.where(part >= 0, part // 2, -1)
         bb = tl.maximum(b, 0)
         if HAS_SEQLENS:
@@ -272,6 +277,7 @@ def _plan_kernel(seqlens_ptr, cest_ptr, items_ptr, seqs_ptr, est_ptr, B, T, SLOT
         hi = tl.where(eq, j * base + tl.minimum(j, rem) + base + (j < rem).to(tl.int32), hi)
         slot = tl.where(c > 1, s0 + tl.where(rest, full, j), -1)
         live = idx < MAX_ITEMS
+        tl.debug_barrier()              # every thread has read its marks before any overwrites them
         tl.store(items_ptr + idx * 4, tl.where(in_plan, b, -1), mask=live)
         tl.store(items_ptr + idx * 4 + 1, tl.where(in_plan, lo, -1), mask=live)
         tl.store(items_ptr + idx * 4 + 2, tl.where(in_plan, hi, -1), mask=live)
