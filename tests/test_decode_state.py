@@ -155,7 +155,7 @@ def test_a_capture_takes_the_kept_uniform_plan_and_plans_on_the_device_without_o
     built = []
     real_build = decode_mod.build_plan
     monkeypatch.setattr(decode_mod, "build_plan", lambda *a, **kw: built.append((a, kw)) or real_build(*a, **kw))
-    device = torch.device("cpu")
+    device = torch.device(DEVICE)
     plan = AbsorbedDecode(device).plan_for(None, None, 2, 16, 640, k=64, device=device)
     assert len(built) == 1 and built[0][0][0] is None and built[0][1]["packed"] is False
     assert pr.kept_uniform_plan(2, 16, 640, k=64, device=device) is None      # nothing kept by the capture
