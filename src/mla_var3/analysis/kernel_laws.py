@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mla_var3.analysis import item_cut
+from mla_var3.analysis.item_cut import ITEM_PRICE, PACKED_PRICE
 from mla_var3.analysis.cost import ACC_BYTES, flash_attention, flash_attention_shared_kpe, flash_mla
 from mla_var3.shapes import MLADims, Problem
 
@@ -131,13 +132,16 @@ class ItemSchedule:
     ``loads``: the distinct (key blocks, items) the SMs run: an SM's time is ``blocks x one
     block-step + items x the per-item cost``. ``items``: all items; ``split_seqs`` /
     ``split_items``: the sequences cut into more than one item and their items (partials for the
-    combine); ``max_pieces``: the most items of one sequence."""
+    combine); ``max_pieces``: the most items of one sequence. ``packed``: a packed plan (its
+    ``loads`` the programs', its items the programs' pieces; :func:`packed_schedule`)."""
 
     loads: tuple[tuple[int, int], ...]
     items: int
     split_seqs: int
     split_items: int
     max_pieces: int
+    packed: bool = False
+    programs: int = 0
 
 
 #: :func:`item_schedule` places programs one by one up to this many; beyond, whole waves of the
@@ -190,6 +194,20 @@ def item_schedule(blocks: tuple[int, ...], rows: int, sms: int, k: int = 512) ->
     return ItemSchedule(tuple(sorted({(a, b) for a, b in load})), *tail)
 
 
+def packed_schedule(blocks: tuple[int, ...], slots: int) -> ItemSchedule:
+    """A packed plan's programs (:func:`mla_var3.analysis.item_cut.packed_layout`), each run by one
+    SM per row tile: ``loads`` the distinct (key blocks, pieces) per program, times the waves when
+    the programs outnumber the slots."""
+    pieces, seqs, first, _, _, split_items = item_cut.packed_layout(list(blocks), slots)
+    programs = max(slots, cdiv(sum(blocks) + item_cut.PACK_OVERHEAD * len(blocks), item_cut.MAX_ITEM_BLOCKS))
+    starts = item_cut.packed_starts(seqs, first, programs)
+    loads = [(sum(pieces[i][2] - pieces[i][1] for i in range(a, z)), z - a) for a, z in zip(starts, starts[1:]) if z > a]
+    waves = max(1, cdiv(len(loads), slots))
+    split = [c for _, c in seqs if c > 1]
+    return ItemSchedule(tuple(sorted({(x * waves, y * waves) for x, y in loads})), len(pieces), len(split),
+                        split_items, max((c for _, c in seqs), default=1), packed=True, programs=len(loads))
+
+
 def _waves(programs: int, longest: int, sms: int, tail: tuple) -> ItemSchedule:
     """Whole waves of the longest item: the schedule of very many programs."""
     per_sm = cdiv(programs, sms)
@@ -198,8 +216,10 @@ def _waves(programs: int, longest: int, sms: int, tail: tuple) -> ItemSchedule:
 
 @functools.lru_cache(maxsize=4096)
 def uniform_schedule(b: int, n: int, rows: int, sms: int, k: int = 512) -> ItemSchedule:
-    """:func:`item_schedule` of ``b`` sequences of ``n`` key blocks each, without listing them when
-    the batch alone takes more than ``UNSPLIT_WAVES`` waves (any b: the cut is then the item limit,
+    """The schedule of ``b`` sequences of ``n`` key blocks each: the packed plan's
+    (:func:`packed_schedule`) where the host plan packs them (:func:`mla_var3.analysis.item_cut.uniform_packs`),
+    else :func:`item_schedule`'s, without listing them when the batch alone takes more than
+    ``UNSPLIT_WAVES`` waves (any b: the cut is then the item limit,
     the programs whole waves when they are more than :data:`SIMULATED_PROGRAMS`)."""
     tiles = max(1, cdiv(rows, GLUON_LATENT_BLOCK_M))
     slots = max(1, sms // tiles)
@@ -207,6 +227,8 @@ def uniform_schedule(b: int, n: int, rows: int, sms: int, k: int = 512) -> ItemS
     if n > 0 and b * pieces > UNSPLIT_WAVES * slots and b * pieces * tiles > SIMULATED_PROGRAMS:
         tail = (b * pieces, b if pieces > 1 else 0, b * pieces if pieces > 1 else 0, pieces)
         return _waves(b * pieces * tiles, min(n, item_cut.MAX_ITEM_BLOCKS), sms, tail)
+    if item_cut.uniform_packs(b, n, tiles, sms, item_cut.combine_units(rows, k)):
+        return packed_schedule((n,) * b, slots)
     return item_schedule((n,) * b, rows, sms, k)
 
 
@@ -317,7 +339,11 @@ def latent_items(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
         batch, keys = len(lengths), sum(int(x) for x in lengths)
     t_step = 2 * GLUON_LATENT_BLOCK_M * GLUON_LATENT_BLOCK_N * (2 * k + pp) / (
         p["compute_efficiency"] * m.flops_per_s / m.sms)
-    compute = max(blocks * t_step + items * p["program_us"] * US for blocks, items in sched.loads)
+    if sched.packed:        # a piece costs its blocks at the packed kernel's rate, plus what it costs more than an item
+        per_piece = p["program_us"] * US + (PACKED_PRICE.per_item - ITEM_PRICE.per_item) / item_cut.UNIT * t_step
+        compute = max(blocks * t_step * PACKED_PRICE.block_pct / 100 + items * per_piece for blocks, items in sched.loads)
+    else:
+        compute = max(blocks * t_step + items * p["program_us"] * US for blocks, items in sched.loads)
     partials = ACC_BYTES * sched.split_items * rows * (k + 1)
     nbytes = w * (batch * rows * (2 * k + pp) + keys * (k + pp)) + partials
     memory = nbytes / m.bytes_per_s
@@ -329,7 +355,8 @@ def latent_items(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
     fixed = p["fixed_us"] * US
     terms = {"compute_s": compute, "memory_s": memory, "kernel_s": kernel, "combine_s": combine, "fixed_s": fixed}
     busiest = max(sched.loads, key=lambda x: x[0] * t_step + x[1] * p["program_us"] * US)
-    info = {"programs": sched.items * tiles, "waves": cdiv(sched.items * tiles, m.sms), "splits": sched.max_pieces,
+    programs = (sched.programs if sched.packed else sched.items) * tiles
+    info = {"packed": int(sched.packed), "programs": programs, "waves": cdiv(programs, m.sms), "splits": sched.max_pieces,
             "items": sched.items, "busiest_sm_blocks": busiest[0], "busiest_sm_items": busiest[1],
             "tile_fill": rows / (tiles * GLUON_LATENT_BLOCK_M), "t_step_s": t_step}
     return Breakdown(fixed + kernel + combine, terms, info)

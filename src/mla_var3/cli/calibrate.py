@@ -43,6 +43,7 @@ TP_HEADS = (16, 32, 64)
 GRID = tuple((_ABSORBED, b, s, 4096, None, None) for b in (32, 64) for s in (1, 2, 4, 8, 16, 32)) + (
     (_ABSORBED, 8, 1, 4096, None, None), (_ABSORBED, 1, 1, 32768, None, None), (_ABSORBED, 8, 4, 16384, None, None),
     (_ABSORBED, 4, 16, 1024, None, None), (_ABSORBED, 32, 16, 16384, None, None),
+    (_ABSORBED, 20, 4, 10240, None, None), (_ABSORBED, 48, 2, 8192, None, None),    # uniform batches the plan packs
 ) + tuple((_EXPANDED, 32, s, 4096, None, None) for s in (1, 8, 16, 32, 64, 128, 512, 1024)) + (
     (_EXPANDED, 64, 16, 4096, None, None), (_EXPANDED, 64, 64, 4096, None, None), (_EXPANDED, 8, 16, 1024, None, None),
 ) + tuple((_HYBRID, 32, 16, 4096, n, None) for n in (0, 1024, 2048, 3072, 4096)) + (

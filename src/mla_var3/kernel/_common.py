@@ -43,9 +43,14 @@ def num_sms(device_index: int | None = None) -> int:
     """Streaming multiprocessors of the CUDA device (132 on an H200); 132 when there is none,
     so split heuristics behave like on the benchmark GPU under the interpreter."""
     if torch.cuda.is_available():
-        idx = torch.cuda.current_device() if device_index is None else device_index
-        return torch.cuda.get_device_properties(idx).multi_processor_count
+        return _sms_of(torch.cuda.current_device() if device_index is None else device_index)
     return 132
+
+
+@functools.lru_cache(maxsize=None)
+def _sms_of(device_index: int) -> int:
+    """A device's SM count (a fixed property: read once per device, off every call's host path)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _fmt_shape(shape: Iterable) -> str:

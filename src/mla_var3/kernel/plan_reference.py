@@ -12,10 +12,11 @@ import torch
 from mla_var3.analysis import item_cut
 from mla_var3.analysis.item_cut import COMBINE_FIXED, ITEM_OVERHEAD, MAX_ITEM_BLOCKS, MIN_ITEM_BLOCKS
 from mla_var3.analysis.item_cut import UNIT as _UNIT
+from mla_var3.analysis.item_cut import item_makespan, kind_estimate, packed_makespan  # noqa: F401  (re-exported)
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel.plan_types import (
     BIG, ITEM_OVERHEAD_BEFORE, NUM_CANDIDATES, SIZE_CLASSES, TAIL_LATE_WAVE, CUTS, ITEM_PRICE, PACK_OVERHEAD,
-    PACKED_PRICE, PACKING_PAIRS_PER_SM, PLAN_BLOCK, RANKINGS, ROW_TILE, DecodePlan, KindPrice, combine_units,
+    PACKED_PRICE, PLAN_BLOCK, RANKINGS, ROW_TILE, DecodePlan, KindPrice, combine_units,
     device_sms, packed_capacity, plan_capacity, row_slots,
 )
 
@@ -221,70 +222,11 @@ def packed_reference(lengths: list[int], rows: int, *, capacity: int, k: int = 5
     ov = PACK_OVERHEAD if overhead is None else overhead
     slots, programs, max_items, max_slots = packed_capacity(batch, rows, sms, cdiv(capacity, PLAN_BLOCK), ov)
     blocks = seq_blocks(lengths, capacity)
-    width = min(max(cdiv(sum(blocks) + ov * batch, slots), ov + 1), MAX_ITEM_BLOCKS)
-    items: list[tuple[int, int, int, int]] = []
-    seqs: list[tuple[int, int]] = []
-    first_program: list[int] = []
-    pos, next_slot = 0, 0
-    for b, n in enumerate(blocks):
-        end = pos + n + ov
-        q = pos // width
-        # a boundary inside the sequence's overhead units (at most one: width > ov) moves to its start
-        p0 = q + ((q + 1) * width <= pos + (ov if n else ov - 1))
-        p1 = (end - 1) // width
-        count = p1 - p0 + 1
-        first = next_slot if count > 1 else -1
-        next_slot += count if count > 1 else 0
-        seqs.append((first, count))
-        first_program.append(p0)
-        for j in range(count):
-            p = p0 + j
-            lo = 0 if j == 0 else p * width - pos - ov
-            hi = n if p == p1 else (p + 1) * width - pos - ov
-            items.append((b, lo, hi, first + j if count > 1 else -1))
-        pos = end
-    starts = [sum(min(max(p - p0, 0), c) for p0, (_, c) in zip(first_program, seqs)) for p in range(programs + 1)]
+    items, seqs, first_program, width, pos, next_slot = item_cut.packed_layout(blocks, slots, ov)
+    starts = item_cut.packed_starts(seqs, first_program, programs)
     items += [(-1, -1, -1, -1)] * (max_items - len(items))
     return {"items": items, "seqs": seqs, "starts": starts, "width": width, "max_slots": max_slots,
             "estimate": _packed_estimate(width, cdiv(cdiv(pos, width), slots), next_slot, combine_units(rows, k))}
-
-
-def _item_cost(item: tuple, price: KindPrice) -> int:
-    """One item's (or packed piece's) price in units: its blocks, ``per_item``, ``per_split`` if split."""
-    return (item[2] - item[1]) * _UNIT + price.per_item + (price.per_split if item[3] >= 0 else 0)
-
-
-def item_makespan(items: list, slots: int, price: KindPrice = ITEM_PRICE) -> int:
-    """The busiest SM's work (units) when the live ``items`` (plan order) run one per program on
-    ``slots`` SMs, each started on the SM that frees first: in closed form, as the device planner
-    computes it. One wave: the longest item. Two: each of the second wave's items (longest first)
-    joins a first-wave item (shortest first), the sum bounded by the mean load plus the second
-    wave's longest item (short items stack on one SM); more: that bound."""
-    c = [_item_cost(it, price) for it in items if it[0] >= 0]
-    if not c:
-        return 0
-    top = max(c)
-    if len(c) <= slots:
-        return top
-    first, second = sorted(c[:slots]), sorted(c[slots:], reverse=True)
-    bound = sum(c) // slots + second[0]
-    if len(c) > 2 * slots:
-        return max(top, bound)
-    pairs = max(f + (second[i] if i < len(second) else 0) for i, f in enumerate(first))
-    return max(top, min(pairs, bound))
-
-
-def packed_makespan(items: list, starts: list, slots: int, price: KindPrice = PACKED_PRICE) -> int:
-    """A packed plan's widest program (units), times its waves when it has more programs with
-    work than ``slots``."""
-    widths = [sum(_item_cost(items[i], price) for i in range(starts[p], starts[p + 1])) for p in range(len(starts) - 1)]
-    used = sum(1 for p in range(len(starts) - 1) if starts[p + 1] > starts[p])
-    return max(widths, default=0) * max(1, cdiv(used, slots))
-
-
-def kind_estimate(makespan: int, price: KindPrice) -> int:
-    """A plan kind's time in units: ``price.fixed + price.block_pct / 100 * makespan``."""
-    return price.fixed + price.block_pct * makespan // 100
 
 
 def packs(ref_i: dict, ref_p: dict, slots: int) -> bool:
@@ -310,7 +252,7 @@ def packing_may_pay(batch: int, rows: int, sms: int) -> bool:
     where one item per program leaves a tail (measured on an H200: 6-13 % at b = 32, 64, s = 1
     and b = 16, s = 2); with more pairs the item plan is cut finely enough, and the packed kernel,
     which costs 1.5-4.7 % when it runs an item plan (its loader warp), would only lose."""
-    return batch * max(1, cdiv(rows, ROW_TILE)) <= PACKING_PAIRS_PER_SM * sms
+    return item_cut.may_pack(batch, max(1, cdiv(rows, ROW_TILE)), sms)
 
 
 def plan_buffers(batch: int, rows: int, sms: int, max_blocks: int, packed: bool | None):
@@ -379,8 +321,20 @@ _UNIFORM: dict[tuple, DecodePlan] = {}
 MAX_UNIFORM_PLANS = 256
 
 
+def uniform_reference(batch: int, rows: int, t: int, *, k: int = 512, sms: int = 132) -> dict:
+    """The host plan of ``batch`` sequences of ``t`` keys, its kind fixed on the host (its call
+    launches that kernel alone): the packed plan where
+    :func:`mla_var3.analysis.item_cut.uniform_packs` (the kinds' prices, as the device planner
+    chooses; the cost model reads the same choice), else the item plan (``starts`` None)."""
+    lengths = [t] * batch
+    tiles = max(1, cdiv(rows, ROW_TILE))
+    if item_cut.uniform_packs(batch, cdiv(max(0, t), PLAN_BLOCK), tiles, sms, combine_units(rows, k)):
+        return packed_reference(lengths, rows, capacity=t, k=k, sms=sms)
+    return {**plan_reference(lengths, rows, capacity=t, k=k, sms=sms), "starts": None}
+
+
 def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, device: torch.device) -> DecodePlan:
-    return plan_tensors(plan_reference([t] * batch, rows, capacity=t, k=k, sms=sms), rows, t, device)
+    return plan_tensors(uniform_reference(batch, rows, t, k=k, sms=sms), rows, t, device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -391,14 +345,19 @@ def _split_tensors(batch: int, rows: int, t: int, k: int, sms: int, device: torc
 
 
 def plan_tensors(ref: dict, rows: int, capacity: int, device: torch.device | str) -> DecodePlan:
-    """A host plan (the ``items`` / ``seqs`` of :func:`plan_reference`, or of a uniform split) as
-    a one-program-per-item :class:`DecodePlan` on ``device``, its partial slots those the plan
-    uses (a forced item length may use more than the buffers' ``max_slots``)."""
+    """A host plan (the ``items`` / ``seqs`` of :func:`plan_reference`, or of a uniform split;
+    with ``starts``, of :func:`packed_reference`) as a :class:`DecodePlan` on ``device`` whose kind
+    the host fixed (one program per item, or the packed programs), its partial slots those the
+    plan uses (a forced item length may use more than the buffers' ``max_slots``)."""
     batch = len(ref["seqs"])
     items = torch.tensor(ref["items"], dtype=torch.int32, device="cpu").reshape(-1, 4).to(device)
     seqs = torch.tensor(ref["seqs"], dtype=torch.int32, device="cpu").reshape(batch, 2).to(device)
+    starts = ref.get("starts")
+    if starts is not None:
+        starts = torch.tensor(starts, dtype=torch.int32, device="cpu").to(device)
     return DecodePlan(items, seqs, batch, rows, cdiv(capacity, PLAN_BLOCK),
-                      max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]))
+                      max(ref["max_slots"], ref.get("slots_used", 0)), any(n > 1 for _, n in ref["seqs"]),
+                      starts=starts, packed_programs=0 if starts is None else len(ref["starts"]) - 1)
 
 
 def _uniform_key(batch: int, rows: int, t: int, k: int, device, sms: int | None) -> tuple:

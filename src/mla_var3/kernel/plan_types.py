@@ -11,7 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from mla_var3.analysis import item_cut
-from mla_var3.analysis.item_cut import MAX_ITEM_BLOCKS
+# the kinds' prices and the packed layout's overhead live with the item cut (the cost model reads
+# them too); re-exported here with the plan's other types
+from mla_var3.analysis.item_cut import (  # noqa: F401
+    ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PACKING_PAIRS_PER_SM, KindPrice,
+)
 from mla_var3.kernel._common import cdiv, num_sms
 
 #: keys per plan block: the absorbed kernels' key block, and FlashMLA's page size
@@ -50,48 +54,6 @@ RANKINGS = ("sim", "tail", "pairs", "spread")
 #: 7 % slower on ragged b8 s1 t32768 (67 items on 66 slots against 66);
 #: ``seesaw/seesaw-chunk-serving-698e143.json``
 CUTS = ("chunk", "equal")
-#: a packed plan's cost of a sequence's prologue (its query tile and first key blocks), in blocks, in
-#: its layout: measured on an H200, 4 ran 2.5-5.1 % faster than 2 on ragged batches of short pieces and
-#: 0.5-3.1 % on the serving rows that pack; 6 slower than 4 (``seesaw/seesaw-pack-overhead-*-944f3cd.json``)
-PACK_OVERHEAD = 4
-
-
-@dataclass(frozen=True)
-class KindPrice:
-    """A plan kind's time on the GPU, in units (1/256 of a block-time), as the planner prices it
-    to choose between the kinds: ``fixed + block_pct / 100 * makespan``, where the makespan is
-    the busiest SM's work when each item (a piece, in a packed program) costs its blocks plus
-    ``per_item``, plus ``per_split`` when it writes a partial for the combine. The item plan's
-    makespan is its items run in plan order on the next free SM (:func:`item_makespan`); a packed
-    plan's is its widest program (:func:`packed_makespan`)."""
-
-    fixed: int
-    per_item: int
-    per_split: int
-    block_pct: int = 100
-
-
-#: the prices of the two kinds (the choice of a gated plan): fitted on 28 gated batches measured on an
-#: H200 with both kinds forced (``seesaw/seesaw-threshold-4447964.json``, ``seesaw-plans-faa1761.json``,
-#: ``seesaw-cap-4447964.json``; packed plans laid out with 2 overhead blocks): 1.80 us per block-time,
-#: mean error 4.0 % for the item plan and 3.5 % for the packed one. A packed block costs 1 % more (the
-#: loader warp's registers), a piece 2.5 blocks, a split item 5.5 blocks in the item kernel; the fixed
-#: parts hold each kind's gate (the other kernel's exiting programs: 2.1 us before the packed kernel,
-#: 0.3 after the item kernel). Each batch left out of the fit in turn, the choice loses 0.3 % over the
-#: 28 against the faster kind (three batches, up to 4.6 %), where the estimate ratio with a threshold
-#: at 0.86 lost up to 8.5 % on five; on 19 fresh batches, 0.14 % (18 within 2 %, the worst 2.7 %;
-#: ``seesaw-threshold-seed8-36c56ba.json``; ``docs/kernels/flash-mla/plan-kind.md``, "The plan kind priced by
-#: measured time models"). ``benchmarks/fit_kind_prices.py`` (retired at 1ac28a2;
-#: docs/kernels/flash-mla/scripts.md) computed them from those records. Calibrated only where the GPU chooses (:func:`packing_may_pay`; item
-#: plans of at most two waves): a three-wave item plan (ragged b32 s4 t16384) is priced 34 % over its time.
-ITEM_PRICE = KindPrice(fixed=1688, per_item=128, per_split=1408)
-PACKED_PRICE = KindPrice(fixed=2424, per_item=640, per_split=768, block_pct=101)
-#: :func:`packing_may_pay`'s limit, (sequence, row tile) pairs per SM. Measured on an H200 beyond
-#: it: ragged b = 32, s = 4, t <= 16,384 (256 pairs) ran 2.5 % faster packed, where the estimate
-#: (0.860 of the item plan's) would pick packing; uniform s >= 8 tied
-#: (``docs/kernels/flash-mla/serving.md``, "The serving check at e78fab6"); a wider limit, measured at 50a8897,
-#: was not taken (``docs/kernels/flash-mla/packed-plan.md``, "The packed kernel's register split, wide packing")
-PACKING_PAIRS_PER_SM = 1.5
 
 
 @dataclass(frozen=True)
