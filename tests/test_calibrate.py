@@ -127,3 +127,17 @@ def test_default_backend_rules_follow_the_records():
                                                   for s in (1, 2)]
     assert default_backends(recs) == {"flash_attention": [{"backend": "gluon", "s_gt": 64}, {"backend": "triton"}],
                                       "flash_mla": [{"backend": "gluon"}]}
+
+
+def test_records_name_the_kernel_that_ran(monkeypatch):
+    """The expanded design's sm_90 backend hands s <= 64 to the portable kernel: calibrate and
+    bench labelled those records "gluon", so the Gluon law was fitted to the portable kernel's
+    times and the shipped rules sent s <= 64 to it (at a6efe19: [{"backend": "gluon"}])."""
+    from mla_var3.kernel import launchers
+
+    monkeypatch.setattr(launchers.backends, "available", lambda name, device: ["gluon", "triton"])
+    assert [launchers.backend_name("flash_attention", "cuda", s=s) for s in (1, 64, 65, 1024)] == [
+        "triton", "triton", "gluon", "gluon"]
+    assert launchers.backend_name("flash_attention", "cuda") == "gluon"          # the registered default
+    assert launchers.backend_name("flash_attention", "cuda", s=128, tuned=True) == "triton"
+    assert launchers.backend_name("flash_mla", "cuda", s=1) == "gluon"

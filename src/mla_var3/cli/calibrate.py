@@ -111,7 +111,7 @@ def _time_point(name: str, dims, problem: Problem, dtype: str, device: str, budg
     eager = time_fn(call, warmup=1, reps=100 if gpu else 3, min_reps=5 if gpu else 1, max_seconds=budget_s,
                     use_graph=False) if gpu else graph
     host = host_time_us(call, calls=100 if gpu else 2, warmup=3 if gpu else 0)
-    return graph, eager, host, D.backend_name(name, device)
+    return graph, eager, host, D.backend_name(name, device, s=problem.s)
 
 
 def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_seconds: float = 0.25,

@@ -236,7 +236,7 @@ class Runner:
 
             rec.config = config_to_dict(cfg) if cfg is not None else None
             rec.extra["config_source"] = how
-            rec.backend = D.backend_name(point.name, self.device, tuned=cfg is not None)
+            rec.backend = D.backend_name(point.name, self.device, tuned=cfg is not None, s=point.problem.s)
             inputs = design_inputs(point.name, self.spec.dims, point.problem, dtype=self.spec.dtype,
                                      device=self.device)
             return lambda: D.run(point.name, inputs, cfg)

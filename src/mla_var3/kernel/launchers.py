@@ -74,15 +74,22 @@ def output_names(name: str) -> tuple[str, ...]:
     return ("o", "o_latent", "lse") if d.split else ("o_latent", "lse") if d.latent else ("o", "lse")
 
 
-def backend_name(name: str, device, *, tuned: bool = False) -> str | None:
+def backend_name(name: str, device, *, tuned: bool = False, s: int | None = None) -> str | None:
     """The backend a default call of launcher ``name`` selects on ``device`` ("gluon" on sm_90
-    for the absorbed and expanded designs — which itself runs the portable kernel on calls its
-    Gluon kernel does not take, e.g. the expanded design at s <= 64 — else "triton"); "triton"
-    when a tuned portable config is passed."""
+    for the absorbed and expanded designs, else "triton"); "triton" when a tuned portable config
+    is passed. With ``s`` (the call's query length), the kernel that runs: the expanded design's
+    sm_90 backend hands calls of ``s <= GLUON_MIN_S`` to the portable kernel ("triton"), so a
+    record of such a call is the portable kernel's time."""
     names = backends.available(name, device) if backends.backends(name) else []
     if not names:
         return None
-    return "triton" if tuned else names[0]
+    if tuned:
+        return "triton"
+    if name == "flash_attention" and names[0] == "gluon" and s is not None:
+        from mla_var3.kernel.hopper.expanded_gluon import GLUON_MIN_S
+
+        return "gluon" if s > GLUON_MIN_S else "triton"
+    return names[0]
 
 
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
