@@ -20,7 +20,7 @@ FlashMLA-compatible call beside official FlashMLA (lengths uniform in [t/8, t], 
 here as ``serving_check.py`` drew them: torch's CPU generator, seed 5; the recorded mean length
 checks the draw). The paged call reads its keys through a block table, and a ragged batch the
 GPU packs runs the packed kernel (not modelled): both within a few per cent of the item kernel.
-Plus three points measured side by side on an H200 at 1ac28a2 (issue 42's held-out shapes).
+Plus issue 42's three held-out shapes, measured on an H200 at a6efe19 (b = 20 runs the packed plan).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ RUNS = ("serving-3cfbf71.json", "serving-7cfd9ab.json")
 #: serving_check.py's ragged rows (b, s, t_max), in the order it draws their lengths
 RAGGED = [(32, 1, 4096), (64, 1, 8192), (128, 1, 4096), (64, 2, 8192), (32, 4, 16384), (8, 1, 32768), (1, 1, 4096),
           (16, 2, 32768), (256, 1, 2048)]
-#: measured on an H200 at 1ac28a2, the dense call's kernel time (issue 42): (b, s, t, µs)
-HELD_OUT = [(20, 1, 10240, 114.7), (20, 4, 10240, 544.0), (96, 2, 2048, 216.0)]
+#: issue 42's held-out shapes, the dense call's CUDA-graph time measured on an H200 at a6efe19, where
+#: its uniform plan packs b = 20 (``decode-state/packed-uniform-a6efe19.json``): (b, s, t, µs)
+HELD_OUT = [(20, 1, 10240, 119.8), (20, 4, 10240, 384.7), (96, 2, 2048, 194.1)]
 V3 = get_preset("deepseek-v3")
 
 
@@ -94,7 +95,7 @@ def rows(cal=None) -> list[dict]:
     for b, s, t, us in HELD_OUT:
         out.append({"call": "dense", "b": b, "s": s, "t": t, "mean": t, "measured_us": us, "flashmla_us": None,
                     "waves_us": waves_law(cal, b, s, t), "items_us": items_law(cal, b, s, t),
-                    "source": "measured side by side at 1ac28a2 (issue 42)"})
+                    "source": "measured side by side at a6efe19 (issue 42)"})
     return out
 
 
