@@ -130,7 +130,7 @@ def test_regime_table_has_roofline_calibrated_and_measured(capsys, tmp_path):
         assert word in out, word
     code, out, err = run(capsys, ["regime", "--s", "1,16", "--results", str(path), "--json"])
     d = json.loads(out)
-    assert d["prediction"] == "calibrated" and d["calibrated_crossover_s"] == 38
+    assert d["prediction"] == "calibrated" and d["calibrated_crossover_s"] == 40
     assert d["measured"] == [{"s": 16, "times_s": {"flash_mla": pytest.approx(1003e-6),
                                                    "mla_var6_plus": pytest.approx(1930e-6)}, "n": {"mla_var6_plus": 4096}}]
     row = d["rows"][1]
@@ -149,7 +149,7 @@ def test_report_and_plots_with_calibration_and_results(capsys, tmp_path):
     assert code == 0, err
     md = (out_dir / "report.md").read_text()
     assert "FlashAttention measured" in md and "16,800.0" in md and "Regime table (calibrated)" in md
-    assert "by the calibrated model at **s = 38**" in md
+    assert "by the calibrated model at **s = 40**" in md
     data = json.loads((out_dir / "report.json").read_text())
     assert data["measured"] == [{"s": 1024, "times_s": {"flash_attention": pytest.approx(0.0168)}, "n": {}}]
     for png in ("roofline.png", "time_vs_s.png"):

@@ -195,9 +195,18 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
         notes = (f"Fitted by `mla-var3 calibrate{' --quick' if quick else ''}` on {env['device']} at "
                  f"{env['timestamp']}: {len(records)} default calls timed (CUDA-graph, eager and host time)"
                  + ("; kernels it did not time keep the shipped calibration's values and sources" if shipped else ""))
-        cal = fit(records, device=dev.key, base=dataclasses.replace(shipped, points=(), fit={}) if shipped else None,
-                  default_backends={**(shipped.default_backends if shipped else {}), **backends},
-                  versions=versions, commits=commits, notes=notes)
+        base = dataclasses.replace(shipped, points=(), fit={}) if shipped else None
+        args = dict(device=dev.key, base=base, default_backends={**(shipped.default_backends if shipped else {}),
+                                                                 **backends},
+                    versions=versions, commits=commits, notes=notes)
+        cal, held = fit(records, **args), []
+        while base is not None:     # the points do not bound these (the calls never spend that resource):
+            pinned = _at_bounds(cal, base)       # keep the base's values, one round per parameter freed
+            if not pinned:
+                break
+            held += pinned
+            cal = fit(records, hold=held, **{**args, "notes": notes + "; held at the shipped values (the run's fit "
+                                                                  f"ran them to a bound): {', '.join(held)}"})
         return dataclasses.replace(cal, kernels=kernels)
     ceil = dev.ceilings("measured", 2)
     base = Calibration("cpu", env["platform"], int(dev.sms or 1),
@@ -209,6 +218,22 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
     cal = fit(records, base=base, default_backends=backends, versions=versions, commits=commits, notes=notes,
               allow_cpu=True)
     return dataclasses.replace(cal, kernels=kernels)
+
+
+def _at_bounds(cal, base) -> list[str]:
+    """The GPU parameters this fit moved to a bound of their range (``kernel_laws.SPECS``) away
+    from ``base``'s value."""
+    from mla_var3.analysis.kernel_laws import SPECS
+
+    out = []
+    for (design, backend), specs in SPECS.items():
+        for spec in specs:
+            name = f"{design}.{backend}.{spec.name}"
+            p, before = cal.parameters.get(name), base.parameters.get(name)
+            if (p is not None and before is not None and p.group == "gpu" and p.value != before.value
+                    and min(abs(p.value - spec.lo), abs(p.value - spec.hi)) <= 1e-6 * (1 + abs(p.value))):
+                out.append(name)
+    return sorted(out)
 
 
 # --------------------------------------------------------------------------------------------
