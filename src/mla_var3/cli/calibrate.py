@@ -44,6 +44,8 @@ GRID = tuple((_ABSORBED, b, s, 4096, None, None) for b in (32, 64) for s in (1, 
     (_ABSORBED, 8, 1, 4096, None, None), (_ABSORBED, 1, 1, 32768, None, None), (_ABSORBED, 8, 4, 16384, None, None),
     (_ABSORBED, 4, 16, 1024, None, None), (_ABSORBED, 32, 16, 16384, None, None),
     (_ABSORBED, 20, 4, 10240, None, None), (_ABSORBED, 48, 2, 8192, None, None),    # uniform batches the plan packs
+    # past the crossover: the a6efe19 fit, up to s = 32, predicted s = 96 at 0.83-0.89 of its time
+    (_ABSORBED, 32, 64, 4096, None, None), (_ABSORBED, 8, 128, 4096, None, None),
 ) + tuple((_EXPANDED, 32, s, 4096, None, None) for s in (1, 8, 16, 32, 64, 128, 512, 1024)) + (
     (_EXPANDED, 64, 16, 4096, None, None), (_EXPANDED, 64, 64, 4096, None, None), (_EXPANDED, 8, 16, 1024, None, None),
 ) + tuple((_HYBRID, 32, 16, 4096, n, None) for n in (0, 1024, 2048, 3072, 4096)) + (
