@@ -3,6 +3,7 @@ plain one-cut-at-a-time list schedule written out here, and the choice's rules (
 
 import heapq
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,3 +83,20 @@ def test_the_leftover_sms_take_work_only_where_it_ends_sooner():
     assert ic.cut_estimates([10] * 5, 2, 8, 20, 0, 10, 10, 10, 10)[0] == 2 * d + ic.LATE_WAVE
     # on 16 SMs (none left over) the fifth waits for slot 0
     assert ic.cut_estimates([10] * 5, 2, 8, 16, 0, 10, 10, 10, 10)[0] == 3 * d + ic.LATE_WAVE
+
+
+@pytest.mark.parametrize("b", [1, 3, 8, 20, 32, 64])
+@pytest.mark.parametrize("rows", [16, 128, 512, 2048])
+def test_a_uniform_batch_takes_the_kind_the_device_planner_would(b, rows):
+    """A dense call without lengths runs the host plan of ``uniform_packs``; the same batch given
+    as lengths (the compat call) runs the kind the device planner prices lower (``auto_reference``,
+    its oracle): the two entry points run the same kernel kind on the same batch (b = 20, s = 4,
+    t = 10,240 ran the item plan at 0.65x FlashMLA from the dense call, packed at 0.91x from the
+    compat call)."""
+    from mla_var3.kernel.plan_reference import auto_reference, uniform_reference
+
+    for t in (64, 1000, 4096, 10240, 32768):
+        if b * max(1, -(-rows // 64)) > 198:
+            continue
+        assert (uniform_reference(b, rows, t)["starts"] is not None) == auto_reference([t] * b, rows, capacity=t)["packed"]
+    assert ic.uniform_packs(20, 160, 8, 132, ic.combine_units(512, 512))
