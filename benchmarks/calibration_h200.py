@@ -423,11 +423,11 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
     every s to it. Same measurements, same fit (``cli.calibrate.calibration_from_records``)."""
     from mla_var3.cli.calibrate import calibration_from_records
     from mla_var3.kernel.hopper.expanded_gluon import GLUON_MIN_S
+    from mla_var3.kernel.launchers import backend_that_ran
     from mla_var3.runtime.records import Record
 
     def ran(p: dict) -> str:
-        return "triton" if p["design"] == "flash_attention" and p["backend"] == "gluon" and p["s"] <= GLUON_MIN_S \
-            else p["backend"]
+        return backend_that_ran(p["design"], p["backend"], p["s"])
     if all(ran(p) == p["backend"] for p in run.points):
         return run
     records = [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),

@@ -85,11 +85,18 @@ def backend_name(name: str, device, *, tuned: bool = False, s: int | None = None
         return None
     if tuned:
         return "triton"
-    if name == "flash_attention" and names[0] == "gluon" and s is not None:
+    return names[0] if s is None else backend_that_ran(name, names[0], s)
+
+
+def backend_that_ran(name: str, backend: str, s: int) -> str:
+    """The backend whose kernel a default call of ``name`` on ``backend`` runs at query length
+    ``s``: the expanded design's sm_90 backend ("gluon") hands ``s <= GLUON_MIN_S`` to the
+    portable kernel ("triton"); every other backend runs its own."""
+    if name == "flash_attention" and backend == "gluon":
         from mla_var3.kernel.hopper.expanded_gluon import GLUON_MIN_S
 
         return "gluon" if s > GLUON_MIN_S else "triton"
-    return names[0]
+    return backend
 
 
 def run(name: str, inputs: dict, config=None) -> dict[str, torch.Tensor]:
