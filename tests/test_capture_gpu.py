@@ -133,14 +133,18 @@ def test_compat_capture_matrix(b, s, h, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "uniform"])
-@pytest.mark.parametrize("b,s,h", [(8, 2, 128), (32, 1, 16), (1, 4, 64)], ids=["b8-s2-h128", "b32-s1-h16",
-                                                                                  "b1-s4-h64"])
-def test_dense_and_paged_decode_objects_capture_matrix(b, s, h, ragged, mode):
+@pytest.mark.parametrize("b,s,h,t", [(8, 2, 128, 1024), (32, 1, 16, 1024), (1, 4, 64, 1024), (24, 4, 128, 4096)],
+                         ids=["b8-s2-h128", "b32-s1-h16", "b1-s4-h64", "b24-s4-h128-t4096"])
+def test_dense_and_paged_decode_objects_capture_matrix(b, s, h, t, ragged, mode):
     """``flash_mla`` (dense; ragged through ``seqlens``) and ``flash_mla_paged`` with a caller's
-    :class:`AbsorbedDecode` (the plan/run object), captured three ways."""
+    :class:`AbsorbedDecode` (the plan/run object), captured three ways. b = 24, s = 4, t = 4,096
+    uniform: the dense call's host plan is the packed kind (a6efe19)."""
+    from mla_var3.kernel.plan_reference import uniform_reference
+
+    assert (uniform_reference(b, h * s, t)["starts"] is not None) == (t == 4096)
     rnd = random.Random(b + s + h)
-    lengths = _lengths(b, s, 1024, rnd) if ragged else [1024] * b
-    x, q, cache, table, seqlens = _layer(b, s, h, 1024, lengths, seed=4)
+    lengths = _lengths(b, s, t, rnd) if ragged else [t] * b
+    x, q, cache, table, seqlens = _layer(b, s, h, t, lengths, seed=4)
     qt = q.transpose(1, 2)
     z, kpe = x.z.clone(), x.kpe.clone()
     dense_lengths = seqlens if ragged else None
