@@ -124,3 +124,21 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
     assert T.time_fn(lambda: None, use_graph=False).method == "cuda-events"
     assert T.time_fn(lambda: None, setup=lambda: None).method == "cuda-events"
     assert seen == [True, False, False]
+
+
+def test_host_time_is_timed_in_bursts_with_a_synchronisation_before_each(monkeypatch):
+    """``host_time_us`` times bursts of calls, synchronising before each burst outside the timed
+    window (so that queued GPU work never blocks the timed host), and reports a burst's median
+    time per call: here every call sleeps 2 ms and a synchronisation 20 ms, which must not count."""
+    import time
+
+    from mla_var3.runtime import timing
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: (events.append("sync"), time.sleep(0.02)))
+    us = timing.host_time_us(lambda: (events.append("call"), time.sleep(0.002)), calls=12, warmup=1, burst=4)
+    assert events == ["call"] + (["sync"] + ["call"] * 4) * 3 + ["sync"]
+    assert 2000 <= us < 15000
+    with pytest.raises(ValueError):
+        timing.host_time_us(lambda: None, burst=0)
