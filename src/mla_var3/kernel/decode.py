@@ -42,6 +42,7 @@ Example
 from __future__ import annotations
 
 import os
+import sys
 from types import MappingProxyType
 
 import torch
@@ -240,13 +241,16 @@ class AbsorbedDecode:
 
 
 def entry_spec(entry: tuple | None):
-    """The seesaw launch spec ``entry`` reached before, or None (imported here: the Hopper
-    package builds on this module)."""
-    if entry is None:
+    """The seesaw launch spec ``entry`` reached before, or None. Read from the seesaw host
+    module where it is loaded (only it makes specs; it builds on this module, so it is not
+    imported here: an import statement per call cost a decode call several microseconds)."""
+    host = sys.modules.get(_SEESAW_HOST)
+    if entry is None or host is None:
         return None
-    from mla_var3.kernel.hopper.seesaw_host import entry_spec
+    return host.entry_spec(entry)
 
-    return entry_spec(entry)
+
+_SEESAW_HOST = "mla_var3.kernel.hopper.seesaw_host"
 
 
 def fast_scale(scale) -> bool:

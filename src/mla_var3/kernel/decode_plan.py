@@ -75,6 +75,9 @@ Example
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from mla_var3.kernel._common import cdiv, interpreting
@@ -153,48 +156,104 @@ def build_plan(seqlens: torch.Tensor | None, batch: int, rows: int, capacity: in
                source: torch.Tensor | None = None) -> DecodePlan:
     """:func:`plan_decode` without its checks: ``seqlens`` a [batch] int32 tensor or None;
     ``source``: the caller's lengths tensor ``seqlens`` was converted from (its stamp is the
-    plan's :attr:`DecodePlan.lengths`; default ``seqlens``)."""
+    plan's :attr:`DecodePlan.lengths`; default ``seqlens``).
+
+    The plan's buffers are views of one allocation, each at a 16-byte boundary as a tensor of its
+    own would be (the kernels are specialised on their pointers' alignment), and what the shape
+    fixes (sizes, integer arguments, constexprs) is :func:`plan_layout`'s: a call with lengths
+    costs one allocation and its launches."""
     sms = sms if sms is not None else device_sms(device)
-    max_blocks = cdiv(capacity, PLAN_BLOCK)
-    packed, size, programs, slots_all = plan_buffers(batch, rows, sms, max_blocks, packed)
-    slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks, gated=packed is None)
-    slots_p, programs_p = packed_capacity(batch, rows, sms, max_blocks)[:2]
-    items = torch.empty((size, 4), dtype=torch.int32, device=device)
-    seqs = torch.empty((batch, 2), dtype=torch.int32, device=device)
-    starts = None if programs is None else torch.empty((programs + 1,), dtype=torch.int32, device=device)
+    has = seqlens is not None
+    lay = plan_layout(batch, rows, capacity, k, sms, packed, has, seqlens.data_ptr() % 16 if has else 0,
+                      interpreting())
+    buf = torch.empty((lay.words,), dtype=torch.int32, device=device)
+    items = buf.as_strided((lay.size, 4), (4, 1), lay.items)
+    seqs = buf.as_strided((batch, 2), (2, 1), lay.seqs)
+    starts = None if lay.programs is None else buf.as_strided((lay.programs + 1,), (1,), lay.starts)
     stamp = lengths_stamp(source if source is not None else seqlens)
     if not batch:
         items.fill_(-1)
         if starts is not None:
             starts.zero_()
-        return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts, lengths=stamp)
-    dummy = seqlens if seqlens is not None else seqs
-    align = dummy.data_ptr() % 16
-    block = 128 if interpreting() else 256
-    block_b = seq_block(batch, block)
-    comb = combine_units(rows, k)
-    est = torch.empty((2,), dtype=torch.int64, device=device) if packed is None else items
-    if not packed:
-        ncand = cut_count(max_blocks)
-        cest = torch.empty((ncand,), dtype=torch.int64, device=device)
-        tiles = cdiv(rows, ROW_TILE)
-        ints = (batch, capacity, slots, tiles, max(0, sms - slots * tiles), max_items, max_slots, comb)
-        CUT_SIM_LAUNCH((seqlens is not None, ints, align), (ncand, 1, 1), (dummy, cest, *ints),
-                        cut_sim_constexprs(seqlens is not None, slots), num_warps=1)
-        ints = (batch, capacity, slots, max_items, ncand)
-        PLAN_LAUNCH((seqlens is not None, ints, align, packed is None, block_b), (1, 1, 1),
-                     (dummy, cest, items, seqs, est, *ints),
-                     plan_constexprs(seqlens is not None, block, packed is None, block_b), num_warps=4)
-    if packed is None or packed:
-        ints = (batch, capacity, slots_p, programs, size)
-        PACKED_LAUNCH((seqlens is not None, ints, align, packed is None, block_b), (1, 1, 1),
-                       (dummy, items, seqs, starts, est, *ints),
-                       packed_constexprs(seqlens is not None, block, packed is None, slots_p, block_b),
-                       num_warps=4)
+        return DecodePlan(items, seqs, batch, rows, lay.max_blocks, lay.max_slots, starts=starts, lengths=stamp)
+    wide = buf.view(torch.int64)                   # the int64 estimates (at even int32 offsets)
+    est = items if lay.est is None else wide.as_strided((2,), (1,), lay.est // 2)
+    cest = None if lay.cest is None else wide.as_strided((lay.ncand,), (1,), lay.cest // 2)
+    tensors = {"seqlens": seqlens if has else seqs, "cest": cest, "items": items, "seqs": seqs, "starts": starts,
+               "est": est}
+    for launch, key, grid, ints, names, consts, warps in lay.launches:
+        launch(key, grid, (*(tensors[n] for n in names), *ints), consts, num_warps=warps)
     kind_readback = None
-    if packed is None and readback and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+    if lay.packed is None and readback and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         kind_readback = KindReadback.start(est[1:])
-    return DecodePlan(items, seqs, batch, rows, max_blocks, slots_all, starts=starts,
-                      packed=est[1:] if packed is None else None, packed_programs=programs_p,
+    return DecodePlan(items, seqs, batch, rows, lay.max_blocks, lay.max_slots, starts=starts,
+                      packed=est[1:] if lay.packed is None else None, packed_programs=lay.programs_p,
                       kind_readback=kind_readback, lengths=stamp)
 
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """What a plan's shape fixes (:func:`plan_layout`): its kind (``packed``: None where the GPU
+    chooses), sizes, the int32 offsets of its buffers in one allocation of ``words`` (``est``,
+    ``cest``: the int64 estimates', None where not written) and its launches, each ``(launcher,
+    key, grid, integer arguments, names of the tensor arguments, constexprs, warps)``."""
+
+    packed: bool | None
+    size: int
+    programs: int | None
+    programs_p: int
+    max_blocks: int
+    max_slots: int
+    ncand: int
+    words: int
+    items: int
+    seqs: int
+    starts: int | None
+    est: int | None
+    cest: int | None
+    launches: tuple
+
+
+@functools.lru_cache(maxsize=256)
+def plan_layout(batch: int, rows: int, capacity: int, k: int, sms: int, packed: bool | None, has_seqlens: bool,
+                align: int, interpret: bool) -> PlanLayout:
+    """The :class:`PlanLayout` of a plan of ``batch`` sequences of ``rows`` query rows and up to
+    ``capacity`` keys on ``sms`` SMs (``packed`` as :func:`plan_decode` takes it; ``align``: the
+    lengths' address modulo 16; ``interpret``: under Triton's interpreter). A pure function of
+    its arguments, kept per shape like a compile cache."""
+    max_blocks = cdiv(capacity, PLAN_BLOCK)
+    packed, size, programs, slots_all = plan_buffers(batch, rows, sms, max_blocks, packed)
+    slots, max_items, max_slots = plan_capacity(batch, rows, sms, max_blocks, gated=packed is None)
+    slots_p, programs_p = packed_capacity(batch, rows, sms, max_blocks)[:2]
+    ncand = cut_count(max_blocks)
+    words = 0
+
+    def part(n: int | None) -> int | None:       # n int32 words at the next 16-byte boundary
+        nonlocal words
+        if n is None:
+            return None
+        at, words = words, words + cdiv(n, 4) * 4
+        return at
+
+    offsets = dict(items=part(4 * size), seqs=part(2 * batch), starts=part(None if programs is None else programs + 1),
+                   est=part(4 if packed is None else None), cest=part(None if packed else 2 * ncand))
+    block = 128 if interpret else 256
+    block_b = seq_block(batch, block)
+    launches = []
+    if not packed:
+        tiles = cdiv(rows, ROW_TILE)
+        ints = (batch, capacity, slots, tiles, max(0, sms - slots * tiles), max_items, max_slots,
+                combine_units(rows, k))
+        launches.append((CUT_SIM_LAUNCH, (has_seqlens, ints, align), (ncand, 1, 1), ints, ("seqlens", "cest"),
+                         cut_sim_constexprs(has_seqlens, slots), 1))
+        ints = (batch, capacity, slots, max_items, ncand)
+        launches.append((PLAN_LAUNCH, (has_seqlens, ints, align, packed is None, block_b), (1, 1, 1), ints,
+                         ("seqlens", "cest", "items", "seqs", "est"),
+                         plan_constexprs(has_seqlens, block, packed is None, block_b), 4))
+    if packed is None or packed:
+        ints = (batch, capacity, slots_p, programs, size)
+        launches.append((PACKED_LAUNCH, (has_seqlens, ints, align, packed is None, block_b), (1, 1, 1), ints,
+                         ("seqlens", "items", "seqs", "starts", "est"),
+                         packed_constexprs(has_seqlens, block, packed is None, slots_p, block_b), 4))
+    return PlanLayout(packed, size, programs, programs_p, max_blocks, slots_all, ncand, max(words, 4), **offsets,
+                      launches=tuple(launches))

@@ -13,8 +13,9 @@ What depends on the data — the plan, the workspace of partial outputs and the 
 the addresses seen — belongs to the caller's :class:`mla_var3.kernel.decode.AbsorbedDecode`.
 
 A launch then costs: the signature (a tuple of sizes), the plan's check, two output
-allocations, six descriptor encodings (kept by the owner per address) and one or two C launcher
-calls with the arguments flattened, plus the combine's launch when the plan splits.
+allocations, six descriptor encodings (kept by the owner per address, and shared by the two
+launches of a gated plan) and one or two C launcher calls with the arguments flattened, plus the
+combine's launch when the plan splits.
 
 Plan kinds (:class:`~mla_var3.kernel.decode_plan.DecodePlan`): a plan whose kind the host
 fixed runs one kernel (one item per program, or ``PERSISTENT`` for a packed plan); a plan whose
@@ -118,6 +119,7 @@ class SeesawSpec:
         self.kr_offset = k * dtype.itemsize
         self.op_tmas: dict = {}      # partial slots -> the partials' TMA spec (shape-determined)
         self.flats: dict = {}        # launch -> (FlatLaunch, input TMA specs, output and partial metadata)
+        self._tma_specs: dict = {}   # a TMA spec's fields -> the one spec object the launches share
         self.combine = None          # (FlatLaunch, grid, integer arguments) of the split-KV combine
         self.o_tma = self.op_tma = None
 
@@ -160,10 +162,18 @@ class SeesawSpec:
             flat = launcher.flat(key)
             if flat is not None:
                 meta = [flat.desc_meta[i] for i in range(6)]
-                ins = tuple(TmaSpec.of(m, shape, strides) for m, (shape, strides) in zip(meta[:4], self.in_tma))
-                self.o_tma = TmaSpec.of(meta[4], *self.o_view)
+                ins = tuple(self._one_spec(TmaSpec.of(m, shape, strides))
+                            for m, (shape, strides) in zip(meta[:4], self.in_tma))
+                self.o_tma = self._one_spec(TmaSpec.of(meta[4], *self.o_view))
                 self.op_tma = meta[5]
                 self.flats[kind] = (flat, ins)
+
+    def _one_spec(self, spec: TmaSpec) -> TmaSpec:
+        """The spec object already held with ``spec``'s fields, else ``spec``: the kinds of a
+        gated plan read their inputs through equal descriptors, so an owner keeping encodings
+        per (spec, address) encodes each address once for both launches."""
+        return self._tma_specs.setdefault((spec.swizzle, spec.elem_size, spec.elem_type, spec.block, spec.shape,
+                                           spec.strides), spec)
 
     def launch(self, decode, addresses: tuple, table, seqlens, source, scale: float, *, token_major: bool = False,
                num_splits: int | None = None):
