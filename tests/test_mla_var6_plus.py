@@ -211,21 +211,21 @@ def test_backend_signature():
 ])
 def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
     """The sm_90 path's decomposition (which absorbed call covers the old keys, with which
-    causal rule, merged with the expanded part) against the reference, with the Gluon kernel
-    replaced by the fp32 reference absorbed attention (rounded to the input dtype as the Gluon
+    causal rule, merged with the expanded part) against the reference, with the absorbed entry
+    it calls replaced by the fp32 reference absorbed attention (rounded to the input dtype as the
     kernel returns it). Runs anywhere: the parts are issued one after the other."""
-    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
+    from mla_var3.kernel.hopper import hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
     calls = []
 
-    def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, seqlens=None, num_splits=None):
+    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True):
         calls.append((z.shape[1], causal))
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
 
     monkeypatch.setattr(hybrid_hopper, "CHECKED_WIDTHS", {(DIMS.k, DIMS.p)})   # the Hopper path at the tests' widths
-    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
+    monkeypatch.setattr(hybrid_hopper, "flash_mla", fake_absorbed)
     dtype = torch.bfloat16
     x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
     ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
@@ -270,15 +270,15 @@ def test_expanded_persistent(b, h, s, n, causal, programs):
 @pytest.mark.parametrize("b,h,s,t,n,causal", [(2, 5, 4, 65, 20, True), (2, 5, 4, 65, 2, False)])
 def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
     """The sm_90 path with the persistent expanded part (one after the other: runs anywhere)."""
-    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
+    from mla_var3.kernel.hopper import hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
-    def fake_gluon(qc, qpe, z, kpe, *, scale, causal=True, **_):
+    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True):
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
 
     monkeypatch.setattr(hybrid_hopper, "CHECKED_WIDTHS", {(DIMS.k, DIMS.p)})   # the Hopper path at the tests' widths
-    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", fake_gluon)
+    monkeypatch.setattr(hybrid_hopper, "flash_mla", fake_absorbed)
     dtype = torch.bfloat16
     x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
     ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
@@ -317,10 +317,10 @@ def test_default_programs_balance_the_measured_costs():
 
 
 def test_sm90_default_is_the_hopper_path_at_checked_widths_only(monkeypatch):
-    """Widths outside CHECKED_WIDTHS run the portable path (no Gluon kernel is called)."""
-    from mla_var3.kernel.hopper import absorbed_gluon, hybrid_hopper
+    """Widths outside CHECKED_WIDTHS run the portable path (the Hopper path's latent call is not made)."""
+    from mla_var3.kernel.hopper import hybrid_hopper
 
-    monkeypatch.setattr(absorbed_gluon, "flash_mla_gluon", lambda *a, **k: pytest.fail("Gluon path taken"))
+    monkeypatch.setattr(hybrid_hopper, "flash_mla", lambda *a, **k: pytest.fail("Hopper path taken"))
     dtype = torch.bfloat16
     x = R.make_inputs(DIMS.replace(h=4), Problem(b=1, s=4, t=65, n=20, causal=True), dtype=dtype, device=DEVICE)
     o, o_latent, lse = hybrid_hopper.mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new,

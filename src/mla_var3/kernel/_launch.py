@@ -35,7 +35,7 @@ from triton.runtime import driver
 
 from mla_var3.kernel._common import interpreting
 
-__all__ = ["CachedLaunch", "FlatLaunch", "TmaSpec", "current_stream", "tma_arg"]
+__all__ = ["CachedLaunch", "FlatLaunch", "TmaSpec", "current_stream", "int_classes", "tma_arg"]
 
 
 class CachedLaunch:
@@ -184,6 +184,13 @@ def tma_arg(spec: TmaSpec, address: int) -> tuple:
     tensor_map = driver.active.utils.fill_tma_descriptor(address, spec.swizzle, spec.elem_size, spec.host_type,
                                                          spec.block, spec.shape, spec.strides, 0)
     return (tensor_map, *spec.sizes)
+
+
+def int_classes(ints: tuple) -> tuple:
+    """What Triton specialises integer arguments on — each one's being 1, a multiple of 16, and
+    within 32 bits — for a :class:`CachedLaunch` key that must not grow with the values (a
+    decode window's length changes at every step)."""
+    return tuple((x == 1, x % 16 == 0, -0x80000000 <= x <= 0x7FFFFFFF) for x in ints)
 
 
 def current_stream(device_index: int) -> int:

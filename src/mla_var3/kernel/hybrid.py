@@ -64,6 +64,7 @@ from mla_var3.kernel._common import (
     allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
+from mla_var3.kernel._launch import CachedLaunch, int_classes
 from mla_var3.kernel.combine import combine
 from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
 from mla_var3.shapes import MLADims, Problem
@@ -443,11 +444,19 @@ def _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast: bool) -> tuple
     return (cdiv(s, block_r), b * h), args
 
 
+_MERGE_LAUNCH = CachedLaunch(_merge_kernel)
+
+
 def merge_parts(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
     """Merge the expanded part ``(o_e, lse_e)`` and the latent part ``(o_l, lse_l)`` of a hybrid
     call into ``o``, ``o_latent`` and ``lse`` in place (one launch; see :func:`merge_partials`)."""
-    grid, args = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, interpreting())
-    _merge_kernel[grid](**args, num_warps=4)
+    upcast = interpreting()
+    grid, args = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast)
+    values = tuple(args.values())
+    tensors, ints, consts = values[:7], values[7:-3], dict(BLOCK_R=args["BLOCK_R"], BLOCK_C=args["BLOCK_C"],
+                                                           UPCAST=upcast)
+    key = (tuple((t.dtype, t.data_ptr() % 16) for t in tensors), int_classes(ints), args["BLOCK_R"])
+    _MERGE_LAUNCH(key, (*grid, 1), (*tensors, *ints), consts, num_warps=4)
 
 
 def merge_partials(o_e: torch.Tensor, lse_e: torch.Tensor, o_l: torch.Tensor, lse_l: torch.Tensor, *,

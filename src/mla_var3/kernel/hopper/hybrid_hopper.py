@@ -1,4 +1,4 @@
-"""The hybrid (``mla_var6_plus``) on Hopper (sm_90): the latent part on the Gluon absorbed kernel, the
+"""The hybrid (``mla_var6_plus``) on Hopper (sm_90): the latent part on the absorbed design's kernel, the
 expanded part on the device's best expanded kernel or, on an SM partition, the Gluon window
 kernel; the parts on two streams, merged by :mod:`mla_var3.kernel.hybrid`'s merge kernel.
 
@@ -19,7 +19,8 @@ import torch
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import num_sms
-from mla_var3.kernel.hopper import absorbed_gluon, window_gluon as wg
+from mla_var3.kernel.absorbed import flash_mla
+from mla_var3.kernel.hopper import window_gluon as wg
 from mla_var3.kernel.hybrid import expanded_persistent, merge_parts, mla_var6_plus_portable
 
 __all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_var6_plus_hopper"]
@@ -92,8 +93,9 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
     ``out_latent`` may be None).
 
-    Where :func:`gluon_latent_applies` holds, the latent part runs on the Gluon absorbed kernel
-    (TMA + wgmma; ``flash_mla_gluon`` over the O old keys, non-causal) and the expanded part on
+    Where :func:`gluon_latent_applies` holds, the latent part runs on the public
+    :func:`mla_var3.kernel.absorbed.flash_mla` over the O old keys, non-causal (the seesaw kernel
+    at DeepSeek's widths, through the entry's fast path) and the expanded part on
     the expanded attention over the N newest keys (the public
     :func:`mla_var3.kernel.expanded.flash_attention`, so the device's best expanded backend; its
     output in the input dtype); :func:`merge_partials`' kernel merges them.
@@ -113,9 +115,9 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     portable backend runs. Only :data:`CHECKED_WIDTHS` take this path; with no old key (O = 0,
     N >= S) it is the expanded kernel alone (the device's best), the latent output zero.
 
-    The Gluon kernel returns its latent partial in the input dtype (one extra rounding of
-    ``o_l`` before the merge, within the dtype's tolerance) and copies ``kpe[:, :O]`` (and a
-    non-contiguous ``z_old``) to contiguous TMA operands.
+    The latent kernel returns its partial in the input dtype (one extra rounding of ``o_l``
+    before the merge, within the dtype's tolerance) and reads ``z_old`` and ``kpe[:, :O]`` in
+    place where TMA can address them.
     """
     b, h, s, d = q.shape
     k, p, o_len, n_len = qc.shape[-1], qpe.shape[-1], z_old.shape[1], k_new.shape[1]
@@ -137,7 +139,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
                 and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:], causal) is not None)
         expanded_programs = default_programs(s, o_len, n_len, num_sms(dev.index)) if fits else None
     if n_len == 0:                                   # the absorbed design itself
-        o_l, lse = absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
+        o_l, lse = flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
         if out_latent is None:
             out_latent = o_l
         else:
@@ -150,8 +152,8 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
         out_latent = torch.empty((b, h, s, k), dtype=q.dtype, device=dev)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
 
-    def latent():
-        return absorbed_gluon.flash_mla_gluon(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
+    def latent():     # the public entry's fast path: its checks once per call signature, its launches flat
+        return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
 
     def expanded():
         return _expanded_part(q, qpe, k_new, v_new, kpe[:, o_len:], scale, causal, expanded_programs, window_block,

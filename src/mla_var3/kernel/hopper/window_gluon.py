@@ -37,6 +37,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
+from mla_var3.kernel._launch import CachedLaunch, int_classes
 from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
@@ -282,6 +283,9 @@ if GLUON_AVAILABLE:
         gl.warp_specialize([(_win_consumer0, args), (_win_consumer1, args), (_win_producer, args)], [4, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS])
 
+    #: the window kernel's compiled launches, keyed by what it is specialised on (no per-call binding)
+    _WINDOW_LAUNCH = CachedLaunch(_expanded_window)
+
 
 # ---------------------------------------------------------------------------------------------
 # host side
@@ -353,10 +357,12 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     descs = (_base.descriptor(q3, [1, sp, d]), _base.descriptor(qr3, [1, sp, p]),
              _base.descriptor(k_new, [1, block_n, 1, d]), _base.descriptor(v_new, [1, block_n, 1, d]),
              _base.descriptor(kpe_new, [1, block_n, p]))
-    _expanded_window[(min(programs, b * h),)](
-        *descs, o, lse, h, s, n, b * h, scale * _base.LOG2E, *o.stride(), *lse.stride(),
-        STAGES=stages, CAUSAL=bool(causal), num_warps=4,
-    )
+    ints = (h, s, n, b * h)
+    strides = (*o.stride(), *lse.stride())
+    # the descriptors are specialised on their dtype, box and layout (q's dtype, sp, d, p, block_n)
+    key = (q.dtype, sp, d, p, block_n, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16, int_classes(ints + strides))
+    _WINDOW_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
+                   dict(STAGES=stages, CAUSAL=bool(causal)), num_warps=4)
     return o, lse
 
 
