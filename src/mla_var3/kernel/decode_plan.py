@@ -88,7 +88,7 @@ from mla_var3.kernel.plan_kernels import (
 from mla_var3.kernel.plan_reference import (  # noqa: F401  (the reference planner, re-exported)
     plan_buffers, auto_reference, cut_candidates, item_makespan, kind_estimate, one_wave_cut, packed_makespan,
     kept_uniform_plan, packed_reference, packing_may_pay, packs, plan_reference, plan_tensors, seq_blocks,
-    uniform_plan,
+    uniform_packed, uniform_plan,
 )
 from mla_var3.kernel.plan_types import (  # noqa: F401  (the plan's types, re-exported)
     ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PACKING_PAIRS_PER_SM, PLAN_BLOCK, RANKINGS, ROW_TILE,
@@ -100,7 +100,8 @@ __all__ = ["DecodePlan", "ITEM_PRICE", "KindPrice", "KindReadback", "MAX_ITEM_BL
            "PACKING_PAIRS_PER_SM", "PACK_OVERHEAD", "PLAN_BLOCK", "RANKINGS", "auto_reference", "build_plan",
            "cut_candidates", "item_makespan", "kind_estimate", "lengths_stamp", "one_wave_cut", "packed_capacity",
            "packed_makespan", "packed_reference", "packing_may_pay", "packs", "plan_capacity", "plan_decode",
-           "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_plan", "kept_uniform_plan"]
+           "plan_reference", "plan_tensors", "row_slots", "seq_blocks", "uniform_packed", "uniform_plan",
+           "kept_uniform_plan"]
 
 
 

@@ -327,10 +327,17 @@ def uniform_reference(batch: int, rows: int, t: int, *, k: int = 512, sms: int =
     :func:`mla_var3.analysis.item_cut.uniform_packs` (the kinds' prices, as the device planner
     chooses; the cost model reads the same choice), else the item plan (``starts`` None)."""
     lengths = [t] * batch
-    tiles = max(1, cdiv(rows, ROW_TILE))
-    if item_cut.uniform_packs(batch, cdiv(max(0, t), PLAN_BLOCK), tiles, sms, combine_units(rows, k)):
+    if uniform_packed(batch, rows, t, k=k, sms=sms):
         return packed_reference(lengths, rows, capacity=t, k=k, sms=sms)
     return {**plan_reference(lengths, rows, capacity=t, k=k, sms=sms), "starts": None}
+
+
+def uniform_packed(batch: int, rows: int, t: int, *, k: int = 512, sms: int = 132) -> bool:
+    """The kind of :func:`uniform_reference`'s plan: packed where
+    :func:`mla_var3.analysis.item_cut.uniform_packs` (a plan built on the device for the same
+    uniform batch takes it too, so both run the same items in the same order)."""
+    tiles = max(1, cdiv(rows, ROW_TILE))
+    return item_cut.uniform_packs(batch, cdiv(max(0, t), PLAN_BLOCK), tiles, sms, combine_units(rows, k))
 
 
 def _uniform_tensors(batch: int, rows: int, t: int, k: int, sms: int, device: torch.device) -> DecodePlan:

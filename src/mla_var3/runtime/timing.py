@@ -321,8 +321,9 @@ def host_time_us(fn: Callable[[], object], *, calls: int = 300, warmup: int = 10
     the device is synchronised before each burst, outside the timed window: a call whose GPU
     work outlasts its host work queues launches, and hundreds of calls issued back to back fill
     the driver's launch queue, which then blocks the host until the GPU drains it — the loop
-    would time the GPU, not the host (measured on an H200: 300 back-to-back calls of a hybrid
-    call read 1.1 ms per call, the GPU time). ``calls`` (at least one burst) sets how many are timed.
+    would time the GPU, not the host (measured on an H200: official FlashMLA's b = 32, s = 1
+    call, 82 µs on the GPU, read 40.6 µs per call over 300 back-to-back calls and 28.6 µs in
+    bursts). ``calls`` (at least one burst) sets how many are timed.
     """
     if calls < 1 or burst < 1:
         raise ValueError(f"calls and burst must be >= 1, got calls={calls}, burst={burst}")
