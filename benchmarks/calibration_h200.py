@@ -18,7 +18,8 @@ a17a668, v6 before the decode plan, the absorbed anchors of 8a6fad7) and the pag
 are compared, never fitted.
 
 A run of ``mla-var3 calibrate`` on an H200, committed under ``results/h200/calibrate/`` (named
-``calibrate-<date>-<commit>.json``; the last name wins), is shipped as it is instead: it timed
+``calibrate-<date>-<commit>.json``, the date with its time, ``2026-12-03T1144``, for a second run
+on one day; the last name wins), is shipped as it is instead: it timed
 today's default calls (at 128 heads and at 16-64), fitted them on top of the committed-measurement
 fit that was shipped when it ran, and records the kernel files it timed. The tables below then
 compare it with every committed point too.
