@@ -446,7 +446,7 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
 
 
 #: ``mla-var3 bench`` runs on an H200 at shapes no fit reads (issue 42's bar): compared, never fitted
-HELD_OUT_DIRS = ("heldout-6c01f4b",)
+HELD_OUT_DIRS = ("heldout-6c01f4b", "heldout-a3ebe94")
 
 
 def held_out_bench_points() -> list[Point]:

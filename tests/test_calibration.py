@@ -350,6 +350,16 @@ def test_points_from_records_reads_the_bench_format():
     assert points_from_records([{**recs[0], "backend": None}], backends={"flash_mla": "triton"})[0].backend == "triton"
 
 
+@pytest.mark.parametrize("model", ["deepseek-v3(h=16)", "deepseek-v3 tp=8"])
+def test_points_from_records_read_a_run_with_overridden_heads(model):
+    """``bench --h 16`` names its model ``deepseek-v3(h=16)`` (a tensor-parallel rank ``deepseek-v3
+    tp=8``): the point is the preset's, with the run's heads."""
+    rec = {"name": "flash_mla", "kind": "design", "model": model, "b": 48, "s": 1, "t": 5120, "status": "ok",
+           "time_us": 94.0, "method": "cuda-graph", "backend": "gluon"}
+    (p,) = points_from_records([rec], meta={"dims": {"h": 16}})
+    assert (p.model, p.h, p.dims.h, p.dims.k) == ("deepseek-v3", 16, 16, 512)
+
+
 # ----------------------------------------------------------------------------------------------
 # predictions and fallbacks
 # ----------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,9 @@ def points_from_records(records: Iterable, *, meta: dict | None = None, source: 
             raise ValueError(f"record {_get(r, 'name')} b={_get(r, 'b')} s={_get(r, 's')} has no backend: "
                              "the fit needs the kernel that ran")
         time_us = float(_get(r, "time_us"))
-        model = _get(r, "model") or "deepseek-v3"
+        # a run with overridden dims names its model "deepseek-v3(h=16)" (or "deepseek-v3 tp=8"):
+        # the preset is the name before the override, the heads the run's dims
+        model = re.split(r"[( ]", _get(r, "model") or "deepseek-v3", maxsplit=1)[0]
         heads = extra.get("h", (meta.get("dims") or {}).get("h"))
         if heads is not None and heads == get_preset(model).h:
             heads = None
