@@ -579,3 +579,25 @@ def test_a_uniform_plan_built_on_the_device_runs_the_host_plans_items(b, rows, t
         n = host.starts.numel()
         assert dev.starts[:n].tolist() == host.starts.tolist()
         assert set(dev.starts[n:].tolist()) <= {host.starts[-1].item()}     # programs past the host's: empty
+
+
+@pytest.mark.parametrize("packed", [None, True, False])
+@pytest.mark.parametrize("batch,rows,capacity", [(1, 16, 64), (7, 128, 5000), (32, 128, 4096), (128, 2048, 32768)])
+def test_a_plan_layout_gives_each_buffer_its_own_aligned_words(batch, rows, capacity, packed):
+    """The plan's buffers are views of one int32 allocation: each starts at a 16-byte boundary (the
+    kernels are specialised on their pointers' alignment, as a fresh tensor's), none overlaps
+    another, all fit, and the int64 estimates sit at even words."""
+    from mla_var3.kernel.decode_plan import plan_layout
+
+    lay = plan_layout(batch, rows, capacity, 512, 132, packed, True, 0, True)
+    parts = [(lay.items, 4 * lay.size), (lay.seqs, 2 * batch)]
+    parts += [] if lay.starts is None else [(lay.starts, lay.programs + 1)]
+    parts += [] if lay.est is None else [(lay.est, 4)]
+    parts += [] if lay.cest is None else [(lay.cest, 2 * lay.ncand)]
+    assert (lay.starts is None) == (lay.programs is None) and (lay.est is None) == (lay.packed is not None)
+    spans = sorted((at, at + n) for at, n in parts)
+    assert all(at % 4 == 0 for at, _ in spans) and spans[-1][1] <= lay.words
+    assert all(a_end <= b_at for (_, a_end), (b_at, _) in zip(spans, spans[1:]))
+    assert [launch[0] for launch in lay.launches] == (
+        [decode_plan.PACKED_LAUNCH] if lay.packed else
+        [decode_plan.CUT_SIM_LAUNCH, decode_plan.PLAN_LAUNCH] + ([decode_plan.PACKED_LAUNCH] if lay.packed is None else []))
