@@ -1,0 +1,235 @@
+"""The hybrid's window kernel against the ceilings it could hit, per SM count (sm_90).
+
+Three things, in one process, on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
+kpe ``[B, N, P]``):
+
+1. **The ring probe**: a Gluon kernel that streams exactly the window kernel's TMA boxes (per
+   (sequence, head) item, blocks of ``BN`` keys: k, v and kpe) through a ring of ``slots``
+   shared-memory buffers, with a consumer that only waits for a slot and frees it (``hold``:
+   a dependent FMA chain of that many steps first, standing for the consumers' per-block work).
+   Its GB/s per SM is what the window kernel's loads alone can pull with that ring.
+2. **The plain read** of ``runtime.ceilings`` (a streaming Triton read, one program per SM).
+3. **The window kernel** (``expanded_window_gluon``) alone at s in {16, 32, 64}, checked against
+   an fp32 reference first; GB/s per SM (k and v per head, kpe once per token, q and o) and
+   TFLOP/s.
+
+    python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
+
+About 60-90 s on an H200. Prints a table per part last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+from common import environment, require_cuda, write_json
+
+from mla_var3.kernel.hopper import _gluon as _base
+from mla_var3.runtime.ceilings import measure_read_by_sms
+from mla_var3.runtime.timing import time_fn
+
+if _base.GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    @gluon.jit
+    def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink,
+                        HOLD: gl.constexpr, KPE: gl.constexpr):
+        NSLOT: gl.constexpr = k_smem.shape[0]
+        BN: gl.constexpr = k_smem.shape[2]
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = gl.cdiv(N, BN)
+        c = 0
+        for item in range(pid, n_items, G):
+            b = item // H
+            h = item % H
+            for j in range(nb):
+                slot = c % NSLOT
+                mbarrier.wait(empty.index(slot), ((c // NSLOT) & 1) ^ 1, pred=c >= NSLOT)
+                bar = ready.index(slot)
+                if KPE:
+                    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+                else:
+                    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
+                tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
+                if KPE:
+                    tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+                c += 1
+
+    @gluon.jit
+    def _probe_consumer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink,
+                        HOLD: gl.constexpr, KPE: gl.constexpr):
+        NSLOT: gl.constexpr = k_smem.shape[0]
+        BN: gl.constexpr = k_smem.shape[2]
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = gl.cdiv(N, BN)
+        mine = gl.cdiv(n_items - pid, G) * nb
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        x = gl.full([32 * gl.num_warps()], 1.0, gl.float32, layout)
+        for c in range(mine):
+            slot = c % NSLOT
+            mbarrier.wait(ready.index(slot), (c // NSLOT) & 1)
+            for _ in range(HOLD):
+                x = x * 0.999 + 0.001
+            mbarrier.arrive(empty.index(slot), count=1)
+        offs = gl.arange(0, 32 * gl.num_warps(), layout=layout)
+        gl.store(sink + pid * 32 * gl.num_warps() + offs, x)
+
+    @gluon.jit
+    def _ring_probe(k_desc, v_desc, kr_desc, n_items, H, N, sink,
+                    SLOTS: gl.constexpr, HOLD: gl.constexpr, KPE: gl.constexpr):
+        """Grid ``(programs,)``: stream the (sequence, head) items' k / v / kpe blocks."""
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        D: gl.constexpr = k_desc.block_type.shape[3]
+        P: gl.constexpr = kr_desc.block_type.shape[2]
+        dtype: gl.constexpr = k_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, 1, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, 1, D], v_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, P], kr_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink, HOLD, KPE)
+        gl.warp_specialize([(_probe_consumer, args), (_probe_producer, args)], [1], [24])
+
+
+def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int, hold: int = 0, kpe_too: bool = True):
+    """Stream k, v [B, N, H, D] (and kpe [B, N, P]) once in the window kernel's boxes."""
+    b, n, h, d = k.shape
+    p = kpe.shape[-1]
+    descs = (_base.descriptor(k, [1, block_n, 1, d]), _base.descriptor(v, [1, block_n, 1, d]),
+             _base.descriptor(kpe, [1, block_n, p]))
+    sink = torch.empty(programs * 128, dtype=torch.float32, device=k.device)
+    _ring_probe[(programs,)](*descs, b * h, h, n, sink, SLOTS=slots, HOLD=hold, KPE=kpe_too, num_warps=4)
+    return sink
+
+
+def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
+    """Bytes the window call must move: k and v per head, kpe once per token (or per head, as the
+    kernel reads it), q / qpe and o."""
+    kv = 2 * b * n * h * d * 2
+    kr = b * n * p * 2 * (h if kpe_per_head else 1)
+    return kv + kr + b * h * s * (2 * d + p) * 2
+
+
+def window_flops(b, h, s, n, d, p, causal=True) -> float:
+    """Score and value MMA FLOPs of the window (causal: each of the s rows sees n - s + i + 1 keys)."""
+    keys = sum(n - s + i + 1 for i in range(s)) if causal else s * n
+    return 2.0 * b * h * keys * ((d + p) + d)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--b", type=int, default=32)
+    ap.add_argument("--n", type=int, default=1344, help="window keys")
+    ap.add_argument("--programs", default="8,16,44,66,132")
+    ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
+    args = ap.parse_args(argv)
+    require_cuda()
+    _base.require_gluon()
+    from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    programs = [m for m in map(int, args.programs.split(",")) if m <= sms]
+    b, n, h, d, p = args.b, args.n, 128, 128, 64
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rn(*shape):
+        return (torch.randn(*shape, device=dev, generator=g) * 0.5).to(torch.bfloat16)
+
+    k, v, kpe = rn(b, n, h, d), rn(b, n, h, d), rn(b, n, p)
+    record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "probe": [], "read": [],
+              "window": [], "checks": []}
+
+    def per_sm(nbytes, us, m):
+        return nbytes / (us * 1e-6) / 1e9 / m
+
+    # 1. the ring probe: the window kernel's boxes through rings of several depths
+    probe_cfgs = [(64, 2, 0), (64, 4, 0), (64, 5, 0), (32, 8, 0), (32, 10, 0), (64, 4, 200), (64, 4, 800),
+                  (64, 5, 400)]
+    for bn, slots, hold in probe_cfgs:
+        nbytes = 2 * b * n * h * d * 2 + b * h * n * p * 2
+        for m in programs:
+            try:
+                t = time_fn(lambda: ring_probe(k, v, kpe, m, block_n=bn, slots=slots, hold=hold), warmup=2,
+                            reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+            except Exception as exc:  # a configuration the shared memory cannot hold
+                record["probe"].append(dict(block_n=bn, slots=slots, hold=hold, programs=m,
+                                            error=f"{type(exc).__name__}: {exc}"[:200]))
+                print(f"probe bn={bn} slots={slots} hold={hold} m={m}: {type(exc).__name__}", flush=True)
+                break
+            row = dict(block_n=bn, slots=slots, hold=hold, programs=m, us=t.median_us,
+                       ring_kib=slots * bn * (2 * d + p) * 2 / 1024, gbs_per_sm=per_sm(nbytes, t.median_us, m))
+            record["probe"].append(row)
+            print(f"probe bn={bn} slots={slots} hold={hold} m={m}: {t.median_us:.1f} us "
+                  f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
+
+    # 2. the plain read
+    reads, desc = measure_read_by_sms(sorted(set(programs)), nbytes=4 * 2**30, max_seconds=args.max_seconds)
+    record["read"] = [dict(programs=m, gbs=gbs, gbs_per_sm=gbs / m) for m, gbs in reads]
+    record["read_source"] = desc
+
+    # 3. the window kernel alone, checked first
+    for s in (16, 32, 64):
+        q, qpe = rn(b, h, s, d), rn(b, h, s, p)
+        scale = (d + p) ** -0.5
+        o, lse = expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44)
+        # fp32 reference on the first two sequences
+        errs = []
+        for bi in range(2):
+            qq = torch.cat([q[bi], qpe[bi]], -1).float()                          # [H, S, D + P]
+            kk = torch.cat([k[bi].transpose(0, 1), kpe[bi][None].expand(h, n, p)], -1).float()
+            sc = qq @ kk.transpose(1, 2) * scale
+            mask = torch.arange(n, device=dev)[None, :] > (n - s + torch.arange(s, device=dev))[:, None]
+            sc = sc.masked_fill(mask, float("-inf"))
+            ref = torch.softmax(sc, -1) @ v[bi].transpose(0, 1).float()
+            errs.append((o[bi].float() - ref).abs().max().item())
+            errs.append((lse[bi] - torch.logsumexp(sc, -1)).abs().max().item())
+        ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
+        record["checks"].append(dict(s=s, max_err=max(errs), ok=ok))
+        print(f"window s={s}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
+        if not ok:
+            continue
+        nbytes = window_bytes(b, h, s, n, d, p)
+        flops = window_flops(b, h, s, n, d, p)
+        for m in programs:
+            t = time_fn(lambda: expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m),
+                        warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+            row = dict(s=s, programs=m, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
+                       tflops=flops / (t.median_us * 1e-6) / 1e12)
+            record["window"].append(row)
+            print(f"window s={s} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM "
+                  f"{row['tflops']:.1f} TFLOP/s", flush=True)
+        del q, qpe, o, lse
+    write_json(args.out, record)
+
+    print("\n| probe (BN x slots, hold) | " + " | ".join(f"{m} SMs" for m in programs) + " |")
+    print("|---" * (len(programs) + 1) + "|")
+    for bn, slots, hold in probe_cfgs:
+        cells = {r["programs"]: r for r in record["probe"]
+                 if (r["block_n"], r["slots"], r["hold"]) == (bn, slots, hold) and "gbs_per_sm" in r}
+        print(f"| {bn} x {slots}, {hold} | " + " | ".join(
+            f"{cells[m]['gbs_per_sm']:.0f}" if m in cells else "-" for m in programs) + " |")
+    print("| plain read | " + " | ".join(f"{r['gbs_per_sm']:.0f}" for r in record["read"]) + " |")
+    for s in (16, 32, 64):
+        cells = {r["programs"]: r for r in record["window"] if r["s"] == s}
+        print(f"| window s={s} | " + " | ".join(
+            f"{cells[m]['gbs_per_sm']:.0f} ({cells[m]['tflops']:.0f} TF)" if m in cells else "-"
+            for m in programs) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
