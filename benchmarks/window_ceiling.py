@@ -5,9 +5,8 @@ kpe ``[B, N, P]``):
 
 1. **The ring probe**: a Gluon kernel that streams exactly the window kernel's TMA boxes (per
    (sequence, head) item, blocks of ``BN`` keys: k, v and kpe) through a ring of ``slots``
-   shared-memory buffers, with a consumer that only waits for a slot and frees it (``hold``:
-   a dependent FMA chain of that many steps first, standing for the consumers' per-block work).
-   Its GB/s per SM is what the window kernel's loads alone can pull with that ring.
+   shared-memory buffers, with a consumer that only waits for a slot and frees it. Its GB/s per
+   SM is what the window kernel's loads alone can pull with that ring.
 2. **The plain read** of ``runtime.ceilings`` (a streaming Triton read, one program per SM).
 3. **The window kernel** (``expanded_window_gluon``) alone at s in {16, 32, 64}, checked against
    an fp32 reference first; GB/s per SM (k and v per head, kpe once per token, q and o) and
@@ -38,8 +37,8 @@ if _base.GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     @gluon.jit
-    def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink,
-                        HOLD: gl.constexpr, KPE: gl.constexpr):
+    def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N,
+                        KPE: gl.constexpr):
         NSLOT: gl.constexpr = k_smem.shape[0]
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
@@ -64,28 +63,21 @@ if _base.GLUON_AVAILABLE:
                 c += 1
 
     @gluon.jit
-    def _probe_consumer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink,
-                        HOLD: gl.constexpr, KPE: gl.constexpr):
+    def _probe_consumer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N,
+                        KPE: gl.constexpr):
         NSLOT: gl.constexpr = k_smem.shape[0]
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         nb = gl.cdiv(N, BN)
         mine = gl.cdiv(n_items - pid, G) * nb
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        x = gl.full([32 * gl.num_warps()], 1.0, gl.float32, layout)
         for c in range(mine):
             slot = c % NSLOT
             mbarrier.wait(ready.index(slot), (c // NSLOT) & 1)
-            for _ in range(HOLD):
-                x = x * 0.999 + 0.001
             mbarrier.arrive(empty.index(slot), count=1)
-        offs = gl.arange(0, 32 * gl.num_warps(), layout=layout)
-        gl.store(sink + pid * 32 * gl.num_warps() + offs, x)
 
     @gluon.jit
-    def _ring_probe(k_desc, v_desc, kr_desc, n_items, H, N, sink,
-                    SLOTS: gl.constexpr, HOLD: gl.constexpr, KPE: gl.constexpr):
+    def _ring_probe(k_desc, v_desc, kr_desc, n_items, H, N, SLOTS: gl.constexpr, KPE: gl.constexpr):
         """Grid ``(programs,)``: stream the (sequence, head) items' k / v / kpe blocks."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
         D: gl.constexpr = k_desc.block_type.shape[3]
@@ -99,19 +91,17 @@ if _base.GLUON_AVAILABLE:
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, sink, HOLD, KPE)
+        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, KPE)
         gl.warp_specialize([(_probe_consumer, args), (_probe_producer, args)], [1], [24])
 
 
-def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int, hold: int = 0, kpe_too: bool = True):
+def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int, kpe_too: bool = True) -> None:
     """Stream k, v [B, N, H, D] (and kpe [B, N, P]) once in the window kernel's boxes."""
     b, n, h, d = k.shape
     p = kpe.shape[-1]
     descs = (_base.descriptor(k, [1, block_n, 1, d]), _base.descriptor(v, [1, block_n, 1, d]),
              _base.descriptor(kpe, [1, block_n, p]))
-    sink = torch.empty(programs * 128, dtype=torch.float32, device=k.device)
-    _ring_probe[(programs,)](*descs, b * h, h, n, sink, SLOTS=slots, HOLD=hold, KPE=kpe_too, num_warps=4)
-    return sink
+    _ring_probe[(programs,)](*descs, b * h, h, n, SLOTS=slots, KPE=kpe_too, num_warps=4)
 
 
 def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
@@ -138,7 +128,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     require_cuda()
     _base.require_gluon()
-    from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+    from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -157,35 +147,47 @@ def main(argv=None) -> int:
         return nbytes / (us * 1e-6) / 1e9 / m
 
     # 1. the ring probe: the window kernel's boxes through rings of several depths
-    probe_cfgs = [(64, 2, 0), (64, 4, 0), (64, 5, 0), (32, 8, 0), (32, 10, 0), (64, 4, 200), (64, 4, 800),
-                  (64, 5, 400)]
-    for bn, slots, hold in probe_cfgs:
-        nbytes = 2 * b * n * h * d * 2 + b * h * n * p * 2
+    probe_cfgs = [(64, 2), (64, 3), (64, 4), (64, 5), (32, 4), (32, 8), (32, 10)]
+    for bn, slots in probe_cfgs:
+        # HBM bytes count kpe once (its re-reads per head hit L2), as the window kernel's do;
+        # ``tma_gbs_per_sm`` counts every byte the copies move
+        nbytes = window_bytes(b, h, 0, n, d, p)
+        tma_bytes = window_bytes(b, h, 0, n, d, p, kpe_per_head=True)
         for m in programs:
             try:
-                t = time_fn(lambda: ring_probe(k, v, kpe, m, block_n=bn, slots=slots, hold=hold), warmup=2,
+                t = time_fn(lambda: ring_probe(k, v, kpe, m, block_n=bn, slots=slots), warmup=2,
                             reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
             except Exception as exc:  # a configuration the shared memory cannot hold
-                record["probe"].append(dict(block_n=bn, slots=slots, hold=hold, programs=m,
+                record["probe"].append(dict(block_n=bn, slots=slots, programs=m,
                                             error=f"{type(exc).__name__}: {exc}"[:200]))
-                print(f"probe bn={bn} slots={slots} hold={hold} m={m}: {type(exc).__name__}", flush=True)
+                print(f"probe bn={bn} slots={slots} m={m}: {type(exc).__name__}", flush=True)
                 break
-            row = dict(block_n=bn, slots=slots, hold=hold, programs=m, us=t.median_us,
-                       ring_kib=slots * bn * (2 * d + p) * 2 / 1024, gbs_per_sm=per_sm(nbytes, t.median_us, m))
+            row = dict(block_n=bn, slots=slots, programs=m, us=t.median_us,
+                       ring_kib=slots * bn * (2 * d + p) * 2 / 1024, gbs_per_sm=per_sm(nbytes, t.median_us, m),
+                       tma_gbs_per_sm=per_sm(tma_bytes, t.median_us, m))
             record["probe"].append(row)
-            print(f"probe bn={bn} slots={slots} hold={hold} m={m}: {t.median_us:.1f} us "
+            print(f"probe bn={bn} slots={slots} m={m}: {t.median_us:.1f} us "
                   f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
+    write_json(args.out, record)
 
     # 2. the plain read
     reads, desc = measure_read_by_sms(sorted(set(programs)), nbytes=4 * 2**30, max_seconds=args.max_seconds)
     record["read"] = [dict(programs=m, gbs=gbs, gbs_per_sm=gbs / m) for m, gbs in reads]
     record["read_source"] = desc
+    write_json(args.out, record)
 
     # 3. the window kernel alone, checked first
     for s in (16, 32, 64):
         q, qpe = rn(b, h, s, d), rn(b, h, s, p)
         scale = (d + p) ** -0.5
-        o, lse = expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44)
+        block = choose_block(q, qpe, k, v, kpe, True)
+        if block is None:
+            record["checks"].append(dict(s=s, skipped="the kernel does not take it"))
+            print(f"window s={s}: not taken by the kernel", flush=True)
+            continue
+        bn, stages = block
+        o, lse = expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, block_n=bn,
+                                       stages=stages)
         # fp32 reference on the first two sequences
         errs = []
         for bi in range(2):
@@ -198,16 +200,17 @@ def main(argv=None) -> int:
             errs.append((o[bi].float() - ref).abs().max().item())
             errs.append((lse[bi] - torch.logsumexp(sc, -1)).abs().max().item())
         ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
-        record["checks"].append(dict(s=s, max_err=max(errs), ok=ok))
+        record["checks"].append(dict(s=s, block_n=bn, stages=stages, max_err=max(errs), ok=ok))
         print(f"window s={s}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
         if not ok:
             continue
         nbytes = window_bytes(b, h, s, n, d, p)
         flops = window_flops(b, h, s, n, d, p)
         for m in programs:
-            t = time_fn(lambda: expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m),
+            t = time_fn(lambda: expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
+                                                     block_n=bn, stages=stages),
                         warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-            row = dict(s=s, programs=m, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
+            row = dict(s=s, programs=m, block_n=bn, stages=stages, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
                        tflops=flops / (t.median_us * 1e-6) / 1e12)
             record["window"].append(row)
             print(f"window s={s} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM "
@@ -215,12 +218,12 @@ def main(argv=None) -> int:
         del q, qpe, o, lse
     write_json(args.out, record)
 
-    print("\n| probe (BN x slots, hold) | " + " | ".join(f"{m} SMs" for m in programs) + " |")
+    print("\n| GB/s per SM | " + " | ".join(f"{m} SMs" for m in programs) + " |")
     print("|---" * (len(programs) + 1) + "|")
-    for bn, slots, hold in probe_cfgs:
+    for bn, slots in probe_cfgs:
         cells = {r["programs"]: r for r in record["probe"]
-                 if (r["block_n"], r["slots"], r["hold"]) == (bn, slots, hold) and "gbs_per_sm" in r}
-        print(f"| {bn} x {slots}, {hold} | " + " | ".join(
+                 if (r["block_n"], r["slots"]) == (bn, slots) and "gbs_per_sm" in r}
+        print(f"| probe {bn} keys x {slots} slots | " + " | ".join(
             f"{cells[m]['gbs_per_sm']:.0f}" if m in cells else "-" for m in programs) + " |")
     print("| plain read | " + " | ".join(f"{r['gbs_per_sm']:.0f}" for r in record["read"]) + " |")
     for s in (16, 32, 64):

@@ -15,6 +15,14 @@ is built for bytes in flight per SM rather than for FLOPs:
   ``g, g + programs, ...``. Its two consumer warpgroups take alternate key blocks of an item,
   each with its own running max, sum and ``O^T``; at the end of the item consumer 1 hands its
   state over shared memory and consumer 0 merges the two and writes ``o`` and ``lse``.
+* **One barrier per block.** The keys of a block lie across the warpgroup's four warps, so a
+  column max or sum over them crosses warps through shared memory. A block's probabilities use
+  the running max, which stays put unless a block's max passes it by more than
+  ``_LAZY_LOG2`` (then the block is redone with the new max, and ``O^T`` and the sums are
+  rescaled; always the first block of an item). Each warp writes its partial block max beside
+  ``P^T``, and the one barrier that publishes ``P^T`` publishes them too; the row sums stay per
+  warp until the item ends. The result is exact either way: probabilities are at most ``2^8``
+  before the final division.
 * **Producer warp.** One warp issues every TMA copy: each consumer's Q / Qpe of the item and
   the k, v, kpe tiles of its blocks into that consumer's ring of ``STAGES`` buffers, running
   ahead across item boundaries.
@@ -54,12 +62,16 @@ __all__ = ["BLOCKS", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "choose_block
 
 DEFAULT_BLOCK_N = 64    # keys per block (the M side of the score MMA)
 DEFAULT_STAGES = 2      # ring depth per consumer: 4 blocks of 40 KiB per program
-#: (keys per block, ring depth) tried in order by :func:`choose_block`; measured on an H200 at
-#: b = 32, s = 16, N = 1,344: 64 x 2 pulls 51-57 GB/s per program, 128 x 1 only 43-44
-BLOCKS = ((64, 2), (64, 1), (128, 1))
+#: (keys per block, ring depth) tried in order by :func:`choose_block`. 64 keys are one wgmma's M;
+#: 128-key blocks (measured at 43-44 GB/s per program against 51-57 for 64 x 2 on an H200 at
+#: b = 32, s = 16, N = 1,344, with the per-block reductions of the first version) are not offered
+BLOCKS = ((64, 2), (64, 1))
 MAX_S = 64              # query tokens per (sequence, head)
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
+#: a block's probabilities use the running max as long as no score passes it by more than this
+#: (log2 units: probabilities up to 2^8 before the final division; exact either way)
+_LAZY_LOG2 = gl.constexpr(8.0) if GLUON_AVAILABLE else 8.0
 
 
 def _pad_s(s: int) -> int:
@@ -69,17 +81,18 @@ def _pad_s(s: int) -> int:
 def smem_bytes(s: int, d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                elem_bytes: int = 2) -> int:
     """Shared memory of one program: per consumer its Q / Qpe tile, ``stages`` k, v, kpe
-    buffers and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32)."""
+    buffers and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32) and the
+    per-warp block maxima (fp32, two parities per consumer)."""
     sp = _pad_s(s)
     per_consumer = sp * (d + p) + stages * block_n * (2 * d + p) + block_n * sp
-    return 2 * per_consumer * elem_bytes + (d + 2) * sp * 4
+    return 2 * per_consumer * elem_bytes + (d + 2) * sp * 4 + 16 * sp * 4
 
 
 if GLUON_AVAILABLE:
 
     @gluon.jit
     def _win_producer(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """The TMA warp: for each item, both consumers' Q / Qpe, then block j into consumer
         j % 2's ring."""
@@ -119,7 +132,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _win_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
-                      kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                      kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """Consumer ``W``: blocks ``W, W + 2, ...`` of each item; consumer 0 merges and stores."""
         NS: gl.constexpr = k_smem.shape[0] // 2
@@ -149,6 +162,11 @@ if GLUON_AVAILABLE:
         # keys [0, full_keys) are seen by every token
         full_keys = gl.where(causal != 0, N - S + 1, N)
         s_zero = gl.zeros([BN, SP], gl.float32, s_layout)
+        # the block's column max crosses warps through ``xmax`` (one [4, SP] row of per-warp maxima
+        # per parity), read back replicated in every thread (``rep``), so one barrier per block
+        # serves both the max and the ``P^T`` store
+        rep: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [4, 1], [1, 0])
+        rep_toks: gl.constexpr = gl.SliceLayout(0, rep)
         p_smem = hand.index(W)
         q_t = q_smem.index(W).reshape([SP, D]).permute((1, 0))      # [D, SP]: the B operand of S^T
         qr_t = qr_smem.index(W).reshape([SP, P]).permute((1, 0))
@@ -158,8 +176,12 @@ if GLUON_AVAILABLE:
             b = item // H
             h = item % H
             mbarrier.wait(q_ready.index(W), it & 1)
-            m_i = gl.full([SP], float("-inf"), gl.float32, s_toks)
-            l_i = gl.zeros([SP], gl.float32, s_toks)
+            # m: the reference max of each token (log2 units), the same in every thread; the block's
+            # probabilities use it unless a block's max passes it by more than _LAZY_LOG2 (then the
+            # reference moves and the block is redone); l_w holds each warp's partial row sums
+            m_r = gl.full([SP], float("-inf"), gl.float32, rep_toks)
+            m_s = gl.full([SP], 0.0, gl.float32, s_toks)            # m_r with -inf read as 0, in S's layout
+            l_w = gl.sum(gl.reshape(s_zero, [4, BN // 4, SP]), axis=1)  # [4, SP] zeros, one row per warp
             acc = gl.zeros([D, SP], gl.float32, o_layout)
             for j in range(W, nb, 2):
                 st = cw % NS
@@ -173,21 +195,33 @@ if GLUON_AVAILABLE:
                 if (j + 1) * BN > full_keys:
                     keys = j * BN + keys0
                     sc = gl.where(keys[:, None] <= limit[None, :], sc, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                p = gl.exp2(sc - m_safe[None, :])
-                alpha = gl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + gl.sum(p, axis=0)
-                m_i = m_new
+                p = gl.exp2(sc - m_s[None, :])
                 p_smem.store(p.to(dtype))
+                xmax.index(2 * W + (cw & 1)).store(gl.max(gl.reshape(sc, [4, BN // 4, SP]), axis=1))
                 fence_async_shared()
                 gl.thread_barrier()
-                acc = acc * gl.convert_layout(alpha, o_toks)[None, :]
+                blk = gl.max(xmax.index(2 * W + (cw & 1)).load(rep), axis=0)
+                grow = gl.max(gl.where(blk > m_r + _LAZY_LOG2, 1, 0), axis=0)
+                if grow > 0:
+                    m_new = gl.maximum(m_r, blk)
+                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = gl.exp2(m_r - m_safe)
+                    m_s = gl.convert_layout(m_safe, s_toks)
+                    l_w = l_w * gl.convert_layout(alpha, gl.SliceLayout(0, l_w.type.layout))[None, :]
+                    acc = acc * gl.convert_layout(alpha, o_toks)[None, :]
+                    m_r = m_new
+                    p = gl.exp2(sc - m_s[None, :])
+                    p_smem.store(p.to(dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                l_w = l_w + gl.sum(gl.reshape(p, [4, BN // 4, SP]), axis=1)
                 v_t = v_smem.index(slot).reshape([BN, D]).permute((1, 0))   # [D, BN]
                 tok = warpgroup_mma(v_t, p_smem, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                 mbarrier.arrive(kv_empty.index(slot), count=1)
                 cw += 1
+            m_i = gl.convert_layout(m_r, s_toks)
+            l_i = gl.convert_layout(gl.sum(l_w, axis=0), s_toks)
             mbarrier.arrive(q_empty.index(W), count=1)
             # ---- hand-over (consumer 1) / merge and store (consumer 0)
             if W == 1:
@@ -225,18 +259,18 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _win_consumer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                        o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         _win_consumer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
 
     @gluon.jit
     def _win_consumer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                        o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         _win_consumer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                      q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
 
     @gluon.jit
@@ -263,6 +297,7 @@ if GLUON_AVAILABLE:
         hand = gl.allocate_shared_memory(dtype, [2, BN, SP], hand_layout)
         xrow = gl.allocate_shared_memory(gl.float32, [2, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         xacc = gl.allocate_shared_memory(gl.float32, [D, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        xmax = gl.allocate_shared_memory(gl.float32, [4, 4, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
@@ -278,7 +313,7 @@ if GLUON_AVAILABLE:
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc,
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                 o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
         gl.warp_specialize([(_win_consumer0, args), (_win_consumer1, args), (_win_producer, args)], [4, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS])
@@ -327,7 +362,7 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     scale : float                             softmax scale
     causal : bool                             query i sees window key j <= N - S + i
     programs : int                            persistent programs (at most one per SM runs)
-    block_n, stages : int                     keys per block (64 or 128), ring depth per consumer
+    block_n, stages : int                     keys per block (64: one wgmma's M), ring depth per consumer
     out : [B, H, S, D], optional              output buffer (any strides, any float dtype)
 
     Returns ``(o [B, H, S, D] in q's dtype or ``out``, lse [B, H, S] float32)``; inputs must
@@ -336,8 +371,8 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     _base.require_gluon()
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
-    if block_n not in (64, 128) or stages < 1 or programs < 1:
-        raise ValueError(f"block_n must be 64 or 128, stages and programs >= 1; got {block_n}, {stages}, {programs}")
+    if block_n != 64 or stages < 1 or programs < 1:
+        raise ValueError(f"block_n must be 64, stages and programs >= 1; got {block_n}, {stages}, {programs}")
     b, h, s, d = q.shape
     n, p = k_new.shape[1], kpe_new.shape[-1]
     if qpe.shape != (b, h, s, p) or k_new.shape != (b, n, h, d) or v_new.shape != (b, n, h, d) \
