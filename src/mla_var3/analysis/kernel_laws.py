@@ -569,10 +569,10 @@ _FIX = "GPU time of the launch and drain, beyond the program waves"
 _COMB = "split-KV combine time per split (the combine walks a row's partials one after the other)"
 _HOST = "host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time, host time)"
 _HOST_SPLIT = "extra host time of a split-KV call (split plan, partial buffers, the combine's launch)"
-_WINDOW_WHY = ("measured alone on an H200 (b = 32, window programs 44-88): 51.3-51.9 SM-us per key at s = 32 "
-               "(hybrid/partition-a147d5b.json, -01d2b76.json), 37.8-38.3 at s = 16 (window/run2-3), i.e. "
-               "0.00928 and 0.01267 us per (sequence, head, key); held: the hybrid's times cannot identify it, "
-               "the window's stream at the copy rate being longer on the whole GPU")
+_WINDOW_WHY = ("measured alone on an H200 at 4a26139 (b = 32, n = 2,048 on 44 window programs; "
+               "hybrid/partition-4a26139.json): 33.5 SM-us per key at s = 16, 40.5 at s = 32, i.e. 0.00818 and "
+               "0.00989 us per (sequence, head, key); held: the hybrid's times cannot identify it, the window's "
+               "stream at the copy rate being longer on the whole GPU")
 _NOT_SEEN = "not identifiable: every committed call of this kernel lasts >= 1.9 ms, where it is under 1 %"
 
 
@@ -621,9 +621,9 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
     ),
     ("mla_var6_plus", "gluon"): (
         Spec("window_us_per_head_key", "us", "SM-time of the window kernel per (sequence, head, key), beyond its "
-             "per-query-token part", 0.00589, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
+             "per-query-token part", 0.00647, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
         Spec("window_us_per_head_key_token", "us", "SM-time of the window kernel per (sequence, head, key) and query "
-             "token (its swap-AB MMAs)", 0.000212, 0.0, 10.0, fit=False, why=_WINDOW_WHY),
+             "token (its swap-AB MMAs)", 0.0001074, 0.0, 10.0, fit=False, why=_WINDOW_WHY),
         Spec("merge_us", "us", "merge time beyond its bytes at the copy rate (launch, small programs)", 20.0, 0.0, 1000.0),
         Spec("part_overlap", "1", "fraction of the shorter part (its whole-GPU time) hidden under the longer: the "
              "window's stream under the latent part's MMAs", 0.3, 0.0, 1.0),

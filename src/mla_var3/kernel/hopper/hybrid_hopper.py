@@ -29,9 +29,11 @@ __all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_va
 #: an H200 (DeepSeek's; the seesaw latent kernel takes no other). Other widths run the portable path.
 CHECKED_WIDTHS = frozenset({(512, 64)})
 #: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_check.py --suite partition,
-#: docs/kernels/mla-var6-plus/partition.md, "Outcome (a147d5b"): the window kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (38 at s = 16, 52 at s = 32;
-#: bandwidth and its swap-AB MMAs), the seesaw latent kernel ~ LATENT_US_PER_TOKEN * s (31 and 69)
-WINDOW_US = (24.0, 0.875)
+#: results/h200/hybrid/partition-4a26139.json; docs/kernels/mla-var6-plus/window.md): the window
+#: kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (33.5 at s = 16, 40.5 at s = 32: n = 2,048 on 44
+#: programs; 38 and 52 before its one-barrier blocks), the seesaw latent kernel
+#: ~ LATENT_US_PER_TOKEN * s (31.6 and 65.4 there)
+WINDOW_US = (26.5, 0.44)
 LATENT_US_PER_TOKEN = 2.0
 #: programs the window gets beyond the balance of the parts' costs: an under-sized window is the
 #: long pole (its programs are persistent), while the latent programs take every SM the window
@@ -76,10 +78,11 @@ def default_programs(s: int, o_len: int, n_len: int, sms: int) -> int:
     """The window's programs in an SM partition: those that balance the window part (N keys on
     them) and the latent part (O keys on the other SMs) by their measured SM-time per key
     (:data:`WINDOW_US`, :data:`LATENT_US_PER_TOKEN`; both scale with b alike), plus
-    :data:`PARTITION_MARGIN`. Measured on an H200 at b = 32, t = 4,096 (best of the programs
-    tried, µs with the decompression): s = 16, N = 512 -> 31 (33: 1,123.0); N = 1,024 -> 49
-    (44: 1,186.8, 55: 1,219.4); s = 32, N = 2,048 -> 71 (88: 2,101.7, 66: 2,134.7); N = 2,560
-    -> 88 (88: 2,131.5); N = 3,072 -> 106 (100: 2,102.5, 110: 2,169.7)."""
+    :data:`PARTITION_MARGIN`. Measured on an H200 at b = 32, t = 4,096 with the window kernel of
+    4a26139 (results/h200/hybrid/partition-4a26139.json; µs with the decompression, window programs
+    22-66): s = 16, N = 1,024 -> 46 (44: 1,197.9, the default call 1,209.6); s = 32, N = 2,048 -> 63
+    (66: 2,024.8, 44: 2,224.4, the default 2,044.2); N = 3,072 -> 80 (66: 2,191.9, the default
+    2,042.9)."""
     window = (WINDOW_US[0] + WINDOW_US[1] * s) * n_len
     latent = LATENT_US_PER_TOKEN * s * o_len
     share = window / max(window + latent, 1e-9)

@@ -24,8 +24,7 @@ is built for bytes in flight per SM rather than for FLOPs:
   warp until the item ends. The result is exact either way: probabilities are at most ``2^8``
   before the final division.
 * **Producer warp.** One warp issues every TMA copy: each consumer's Q / Qpe of the item and
-  the k, v, kpe tiles of its blocks into one ring of ``STAGES`` buffers that both consumers
-  share (as deep as shared memory allows: 5 at S <= 16, 4 at S <= 32, 3 at S <= 64), running
+  the k, v, kpe tiles of its blocks into that consumer's ring of ``STAGES`` buffers, running
   ahead across item boundaries.
 
 Causal masking (query i of S sees window key j <= N - S + i) only in blocks that can hold a
@@ -62,12 +61,11 @@ __all__ = ["BLOCKS", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "choose_block
            "compile_for_sm90", "expanded_window_gluon"]
 
 DEFAULT_BLOCK_N = 64    # keys per block (the M side of the score MMA)
-DEFAULT_STAGES = 4      # ring slots shared by the consumers: 4 blocks of 40 KiB per program
-#: (keys per block, ring slots) tried in order by :func:`choose_block`: the deepest ring that fits
-#: beside the Q, ``P^T`` and hand-over tiles of the call's S. 64 keys are one wgmma's M; 128-key
-#: blocks (measured at 43-44 GB/s per program against 51-57 for 64 x 4 on an H200 at b = 32,
-#: s = 16, N = 1,344, with the per-block reductions of the first version) are not offered
-BLOCKS = ((64, 5), (64, 4), (64, 3), (64, 2))
+DEFAULT_STAGES = 2      # ring depth per consumer: 4 blocks of 40 KiB per program
+#: (keys per block, ring depth) tried in order by :func:`choose_block`. 64 keys are one wgmma's M;
+#: 128-key blocks (measured at 43-44 GB/s per program against 51-57 for 64 x 2 on an H200 at
+#: b = 32, s = 16, N = 1,344, with the per-block reductions of the first version) are not offered
+BLOCKS = ((64, 2), (64, 1))
 MAX_S = 64              # query tokens per (sequence, head)
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
@@ -82,12 +80,12 @@ def _pad_s(s: int) -> int:
 
 def smem_bytes(s: int, d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                elem_bytes: int = 2) -> int:
-    """Shared memory of one program: the ring's ``stages`` k, v, kpe buffers, per consumer its
-    Q / Qpe tile and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32) and the
+    """Shared memory of one program: per consumer its Q / Qpe tile, ``stages`` k, v, kpe
+    buffers and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32) and the
     per-warp block maxima (fp32, two parities per consumer)."""
     sp = _pad_s(s)
-    per_consumer = sp * (d + p) + block_n * sp
-    return (2 * per_consumer + stages * block_n * (2 * d + p)) * elem_bytes + (d + 2) * sp * 4 + 16 * sp * 4
+    per_consumer = sp * (d + p) + stages * block_n * (2 * d + p) + block_n * sp
+    return 2 * per_consumer * elem_bytes + (d + 2) * sp * 4 + 16 * sp * 4
 
 
 if GLUON_AVAILABLE:
@@ -96,14 +94,16 @@ if GLUON_AVAILABLE:
     def _win_producer(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
-        """The TMA warp: for each item, both consumers' Q / Qpe, then its blocks into the shared
-        ring (block j of the program's item ``it`` is the ring's use ``it * nb + j``)."""
-        NS: gl.constexpr = k_smem.shape[0]
+        """The TMA warp: for each item, both consumers' Q / Qpe, then block j into consumer
+        j % 2's ring."""
+        NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         nb = gl.cdiv(N, BN)
         it = 0
+        c0 = 0
+        c1 = 0
         for item in range(pid, n_items, G):
             b = item // H
             h = item % H
@@ -115,14 +115,19 @@ if GLUON_AVAILABLE:
                 tma.async_copy_global_to_shared(q_desc, [item, 0, 0], bar, q_smem.index(wq))
                 tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(wq))
             for j in range(nb):
-                c = it * nb + j
-                slot = c % NS
-                mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=c >= NS)
+                w = j % 2
+                cw = gl.where(w == 0, c0, c1)
+                st = cw % NS
+                ph = ((cw // NS) & 1) ^ 1
+                slot = w * NS + st
+                mbarrier.wait(kv_empty.index(slot), ph, pred=cw >= NS)
                 bar = kv_ready.index(slot)
                 mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kr_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
                 tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
                 tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+                c0 += gl.where(w == 0, 1, 0)
+                c1 += gl.where(w == 1, 1, 0)
             it += 1
 
     @gluon.jit
@@ -130,7 +135,7 @@ if GLUON_AVAILABLE:
                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, hand, xbar, xrow, xacc, xmax,
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """Consumer ``W``: blocks ``W, W + 2, ...`` of each item; consumer 0 merges and stores."""
-        NS: gl.constexpr = k_smem.shape[0]
+        NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
         P: gl.constexpr = kr_smem.shape[3]
@@ -179,9 +184,9 @@ if GLUON_AVAILABLE:
             l_w = gl.sum(gl.reshape(s_zero, [4, BN // 4, SP]), axis=1)  # [4, SP] zeros, one row per warp
             acc = gl.zeros([D, SP], gl.float32, o_layout)
             for j in range(W, nb, 2):
-                c = it * nb + j
-                slot = c % NS
-                mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+                st = cw % NS
+                slot = W * NS + st
+                mbarrier.wait(kv_ready.index(slot), (cw // NS) & 1)
                 k_tile = k_smem.index(slot).reshape([BN, D])
                 kr_tile = kr_smem.index(slot).reshape([BN, P])
                 tok = warpgroup_mma(k_tile, q_t, s_zero, use_acc=False, is_async=True)
@@ -285,9 +290,9 @@ if GLUON_AVAILABLE:
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, D], q_desc.layout)
         qr_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, P], qr_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BN, 1, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BN, 1, D], v_desc.layout)
-        kr_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BN, P], kr_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], v_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
         hand_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, SP], dtype)
         hand = gl.allocate_shared_memory(dtype, [2, BN, SP], hand_layout)
         xrow = gl.allocate_shared_memory(gl.float32, [2, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -295,14 +300,14 @@ if GLUON_AVAILABLE:
         xmax = gl.allocate_shared_memory(gl.float32, [4, 4, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
             mbarrier.init(xbar.index(i), count=1)
-        for i in gl.static_range(STAGES):
+        for i in gl.static_range(2 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=1)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
@@ -357,7 +362,7 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     scale : float                             softmax scale
     causal : bool                             query i sees window key j <= N - S + i
     programs : int                            persistent programs (at most one per SM runs)
-    block_n, stages : int                     keys per block (64: one wgmma's M), ring slots (both consumers')
+    block_n, stages : int                     keys per block (64: one wgmma's M), ring depth per consumer
     out : [B, H, S, D], optional              output buffer (any strides, any float dtype)
 
     Returns ``(o [B, H, S, D] in q's dtype or ``out``, lse [B, H, S] float32)``; inputs must
