@@ -23,7 +23,9 @@ is built for bytes in flight per SM rather than for FLOPs:
   ``P^T``, and the one barrier that publishes ``P^T`` publishes them too; the row sums stay per
   warp until the item ends. The result is exact either way: probabilities are at most ``2^8``
   before the final division.
-* **Producer warp.** One warp issues every TMA copy: each consumer's Q / Qpe of the item and
+* **Producer warp.** One warp issues every TMA copy: each consumer's Q / Qpe of the item (two
+  buffers per consumer where shared memory allows, s <= 16, so the next item's queries load
+  under this item's blocks instead of after its last one) and
   the k, v, kpe tiles of its blocks into that consumer's ring of ``STAGES`` buffers, running
   ahead across item boundaries.
 
@@ -79,12 +81,12 @@ def _pad_s(s: int) -> int:
 
 
 def smem_bytes(s: int, d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-               elem_bytes: int = 2) -> int:
-    """Shared memory of one program: per consumer its Q / Qpe tile, ``stages`` k, v, kpe
-    buffers and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32) and the
+               elem_bytes: int = 2, q_bufs: int = 1) -> int:
+    """Shared memory of one program: per consumer its ``q_bufs`` Q / Qpe tiles, ``stages`` k, v,
+    kpe buffers and its ``P^T`` tile, plus the hand-over of consumer 1's ``O^T`` (fp32) and the
     per-warp block maxima (fp32, two parities per consumer)."""
     sp = _pad_s(s)
-    per_consumer = sp * (d + p) + stages * block_n * (2 * d + p) + block_n * sp
+    per_consumer = q_bufs * sp * (d + p) + stages * block_n * (2 * d + p) + block_n * sp
     return 2 * per_consumer * elem_bytes + (d + 2) * sp * 4 + 16 * sp * 4
 
 
@@ -97,6 +99,7 @@ if GLUON_AVAILABLE:
         """The TMA warp: for each item, both consumers' Q / Qpe, then block j into consumer
         j % 2's ring."""
         NS: gl.constexpr = k_smem.shape[0] // 2
+        QB: gl.constexpr = q_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
         G = gl.num_programs(0)
@@ -107,13 +110,14 @@ if GLUON_AVAILABLE:
         for item in range(pid, n_items, G):
             b = item // H
             h = item % H
-            qph = (it & 1) ^ 1
+            qph = ((it // QB) & 1) ^ 1
             for wq in gl.static_range(2):
-                mbarrier.wait(q_empty.index(wq), qph, pred=it > 0)
-                bar = q_ready.index(wq)
+                qs = wq * QB + it % QB
+                mbarrier.wait(q_empty.index(qs), qph, pred=it >= QB)
+                bar = q_ready.index(qs)
                 mbarrier.expect(bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [item, 0, 0], bar, q_smem.index(wq))
-                tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(wq))
+                tma.async_copy_global_to_shared(q_desc, [item, 0, 0], bar, q_smem.index(qs))
+                tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(qs))
             for j in range(nb):
                 w = j % 2
                 cw = gl.where(w == 0, c0, c1)
@@ -136,6 +140,7 @@ if GLUON_AVAILABLE:
                       o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """Consumer ``W``: blocks ``W, W + 2, ...`` of each item; consumer 0 merges and stores."""
         NS: gl.constexpr = k_smem.shape[0] // 2
+        QB: gl.constexpr = q_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
         P: gl.constexpr = kr_smem.shape[3]
@@ -168,14 +173,15 @@ if GLUON_AVAILABLE:
         rep: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [4, 1], [1, 0])
         rep_toks: gl.constexpr = gl.SliceLayout(0, rep)
         p_smem = hand.index(W)
-        q_t = q_smem.index(W).reshape([SP, D]).permute((1, 0))      # [D, SP]: the B operand of S^T
-        qr_t = qr_smem.index(W).reshape([SP, P]).permute((1, 0))
         it = 0
         cw = 0
         for item in range(pid, n_items, G):
             b = item // H
             h = item % H
-            mbarrier.wait(q_ready.index(W), it & 1)
+            qs = W * QB + it % QB
+            mbarrier.wait(q_ready.index(qs), (it // QB) & 1)
+            q_t = q_smem.index(qs).reshape([SP, D]).permute((1, 0))      # [D, SP]: the B operand of S^T
+            qr_t = qr_smem.index(qs).reshape([SP, P]).permute((1, 0))
             # m: the reference max of each token (log2 units), the same in every thread; the block's
             # probabilities use it unless a block's max passes it by more than _LAZY_LOG2 (then the
             # reference moves and the block is redone); l_w holds each warp's partial row sums
@@ -222,7 +228,7 @@ if GLUON_AVAILABLE:
                 cw += 1
             m_i = gl.convert_layout(m_r, s_toks)
             l_i = gl.convert_layout(gl.sum(l_w, axis=0), s_toks)
-            mbarrier.arrive(q_empty.index(W), count=1)
+            mbarrier.arrive(q_empty.index(qs), count=1)
             # ---- hand-over (consumer 1) / merge and store (consumer 0)
             if W == 1:
                 mbarrier.wait(xbar.index(1), (it & 1) ^ 1, pred=it > 0)     # consumer 0 has read the last one
@@ -280,7 +286,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -288,8 +294,8 @@ if GLUON_AVAILABLE:
         P: gl.constexpr = kr_desc.block_type.shape[2]
         SP: gl.constexpr = q_desc.block_type.shape[1]
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, D], q_desc.layout)
-        qr_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, P], qr_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2 * QBUF, 1, SP, D], q_desc.layout)
+        qr_smem = gl.allocate_shared_memory(dtype, [2 * QBUF, 1, SP, P], qr_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], v_desc.layout)
         kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
@@ -298,14 +304,15 @@ if GLUON_AVAILABLE:
         xrow = gl.allocate_shared_memory(gl.float32, [2, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         xacc = gl.allocate_shared_memory(gl.float32, [D, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         xmax = gl.allocate_shared_memory(gl.float32, [4, 4, SP], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        for i in gl.static_range(2 * QBUF):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
+        for i in gl.static_range(2):
             mbarrier.init(xbar.index(i), count=1)
         for i in gl.static_range(2 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
@@ -395,14 +402,18 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     ints = (h, s, n, b * h)
     strides = (*o.stride(), *lse.stride())
     # the descriptors are specialised on their dtype, box and layout (q's dtype, sp, d, p, block_n)
-    key = (q.dtype, sp, d, p, block_n, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16, int_classes(ints + strides))
+    # two Q / Qpe buffers per consumer where they fit: the next item's queries load under this item's blocks
+    q_bufs = 2 if smem_bytes(s, d, p, block_n, stages, q_bufs=2) + 1024 <= _SMEM_LIMIT else 1
+    key = (q.dtype, sp, d, p, block_n, q_bufs, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
+           int_classes(ints + strides))
     _WINDOW_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                   dict(STAGES=stages, CAUSAL=bool(causal)), num_warps=4)
+                   dict(STAGES=stages, QBUF=q_bufs, CAUSAL=bool(causal)), num_warps=4)
     return o, lse
 
 
 def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N,
-                     stages: int = DEFAULT_STAGES, dtype: str = "bf16", causal: bool = True, capability: int = 90):
+                     stages: int = DEFAULT_STAGES, q_bufs: int = 1, dtype: str = "bf16", causal: bool = True,
+                     capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _base.require_gluon()
@@ -421,7 +432,9 @@ def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = D
         "k_desc": desc([1, block_n, 1, d]), "v_desc": desc([1, block_n, 1, d]), "kr_desc": desc([1, block_n, p]),
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32", "stride_od": "i32",
-        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "QBUF": "constexpr",
+        "CAUSAL": "constexpr",
     }
-    src = GluonASTSource(fn=_expanded_window, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal})
+    src = GluonASTSource(fn=_expanded_window, signature=signature, constexprs={"STAGES": stages, "QBUF": q_bufs,
+                                                                                       "CAUSAL": causal})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
