@@ -141,3 +141,23 @@ def test_records_name_the_kernel_that_ran(monkeypatch):
     assert launchers.backend_name("flash_attention", "cuda") == "gluon"          # the registered default
     assert launchers.backend_name("flash_attention", "cuda", s=128, tuned=True) == "triton"
     assert launchers.backend_name("flash_mla", "cuda", s=1) == "gluon"
+
+
+def test_host_times_of_short_calls_are_timed_twice_and_the_lower_kept(monkeypatch):
+    """A call under HOST_RETIME_BELOW_US of GPU time is host-timed again after the grid and keeps
+    the lower reading (both recorded); a longer call keeps its one reading."""
+    import mla_var3.reference.inputs as inputs_mod
+    import mla_var3.runtime.timing as timing_mod
+    from mla_var3.cli import calibrate as C
+
+    readings = iter([40.0, 90.0])
+    monkeypatch.setattr(timing_mod, "host_time_us", lambda fn, **kw: next(readings))
+    monkeypatch.setattr(inputs_mod, "design_inputs", lambda *a, **kw: {})
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    dims = get_preset("deepseek-v3")
+    recs = [Record(name="flash_mla", kind="design", model=dims.name, b=32, s=s, t=4096, time_us=us,
+                   extra={"host_us": host}) for s, us, host in ((1, 77.0, 85.0), (2, 125.0, 60.0), (16, 2000.0, 99.0))]
+    C._retime_host(recs, dims, "cuda", lambda m: None)
+    assert [r.extra["host_us"] for r in recs] == [40.0, 60.0, 99.0]
+    assert recs[0].extra["host_us_passes"] == [85.0, 40.0] and recs[1].extra["host_us_passes"] == [60.0, 90.0]
+    assert "host_us_passes" not in recs[2].extra

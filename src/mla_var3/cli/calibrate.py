@@ -4,8 +4,9 @@ keyed by device, backend, versions and commit.
 
 Per point, with the package's timing primitive (:mod:`mla_var3.runtime.timing`): the CUDA-graph
 time (``time_fn``), the eager time (``time_fn(use_graph=False)``: plain calls between events,
-host work included) and the host time per call (``host_time_us``); the backend a default call
-selects is recorded with it. The grid covers what the laws need to tell their parameters apart
+host work included) and the host time per call (``host_time_us``; for a call under
+:data:`HOST_RETIME_BELOW_US` of GPU time, the lower of that and a second pass after the grid); the
+backend a default call selects is recorded with it. The grid covers what the laws need to tell their parameters apart
 (several t for the per-program cost, small batches for split-KV, each tile family of the
 expanded kernel, the hybrid at several n; each design also at 16 heads, the absorbed one at 16,
 32 and 64: DeepSeek-V3's heads per GPU at TP 8, 4 and 2) and stops at a time budget (150 s by
@@ -116,6 +117,39 @@ def _time_point(name: str, dims, problem: Problem, dtype: str, device: str, budg
     return graph, eager, host, D.backend_name(name, device, s=problem.s)
 
 
+#: calls whose GPU time is below this have their host time timed a second time after the grid
+HOST_RETIME_BELOW_US = 1500.0
+
+
+def _retime_host(records, dims, device: str, log) -> None:
+    """Time again, after the grid, the host time of each call whose GPU time is short enough for
+    the host to matter, and keep the lower of the two: on an H200 the first ~25 s of a run on a
+    freshly started machine read host times up to twice the later ones for the same kind of call
+    (at 2e8bf19: the absorbed b = 32 calls at s = 2-32 at 78-108 µs, then 46-48 µs for the b = 64
+    calls that followed), and host time only ever gains from the host's other work."""
+    import torch
+
+    from mla_var3.kernel import launchers as D
+    from mla_var3.reference.inputs import design_inputs
+    from mla_var3.runtime.timing import host_time_us
+
+    for rec in records:
+        if rec.time_us >= HOST_RETIME_BELOW_US:
+            continue
+        h = rec.extra.get("h")
+        call_dims = dims if h is None else dataclasses.replace(dims, h=h, name=f"{dims.name} h={h}")
+        inputs = design_inputs(rec.name, call_dims, Problem(b=rec.b, s=rec.s, t=rec.t, n=rec.n), dtype="bf16",
+                               device=device)
+        again = host_time_us(lambda: D.run(rec.name, inputs), calls=100, warmup=3)
+        first = rec.extra["host_us"]
+        rec.extra["host_us"] = min(first, again)
+        rec.extra["host_us_passes"] = [first, again]
+        del inputs
+        torch.cuda.empty_cache()
+    log("host times timed again after the grid (calls under "
+        f"{HOST_RETIME_BELOW_US:,.0f} µs of GPU time): the lower of the two passes is kept")
+
+
 def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_seconds: float = 0.25,
                     log: Callable[[str], None] = lambda _m: None, devices_file=None):
     """Time the grid on this machine (the GPU, else tiny shapes under the interpreter) and fit.
@@ -171,6 +205,8 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
                               gpu=graph.gpu, backend=backend, extra=extra))
         log(f"{label} [{backend}]: graph {graph.median_us:,.1f} us, eager {eager.median_us:,.1f} us, "
             f"host {host:,.1f} us")
+    if gpu:
+        _retime_host(records, dims, device, log)
     shipped = load_calibration(None, device=dev) if gpu and not os.environ.get("MLA_VAR3_CALIBRATION") else None
     cal = calibration_from_records(records, env, dev, gpu=gpu, quick=quick, shipped=shipped)
     return CalibrationRun(cal, records, env, skipped)
