@@ -186,17 +186,22 @@ def test_refit_reproduces_the_shipped_parameters():
     again = fit(_points(H200), base=base, hold={k for k, p in given.items() if p.group == "gpu"})
     for pt in _points(H200):
         assert point_gpu_s(again, pt)[0] == pytest.approx(point_gpu_s(H200, pt)[0], rel=1e-4), pt
+    # a parameter no stored point reads (the run's portable expanded calls all use tiles of at
+    # most 64 rows: compute_efficiency_m128) may land anywhere, and parameters along a flat
+    # direction of their kernel's fit may land elsewhere in it on another machine (at 4b90df2 the
+    # Gluon expanded kernel's bandwidth efficiency: 1.015 on the GPU host, 1.070 refitted here; at
+    # 7be1be8 the portable expanded kernel's compute efficiency at 64 rows and memory overlap:
+    # 0.633 / 0.976 there, 0.993 / 0.963 here): moving one kernel's moved parameters together moves
+    # no stored point by more than 0.5 %
+    moved: dict[str, dict] = {}
     for name, p in H200.parameters.items():
-        if again.parameters[name].value == pytest.approx(p.value, rel=1e-2, abs=1e-6):
-            continue
-        # a parameter no stored point reads (the run's portable expanded calls all use tiles of at
-        # most 64 rows: compute_efficiency_m128) may land anywhere, and one along a flat direction
-        # of the fit (the Gluon expanded kernel's bandwidth efficiency at 4b90df2: 1.015 on the GPU
-        # host, 1.070 refitted on another, with the compute efficiency it trades against) may land
-        # elsewhere in it: moving it alone moves no stored point by more than 0.5 %
-        moved = H200.with_parameters({name: dataclasses.replace(p, value=again.parameters[name].value)})
-        assert all(point_gpu_s(moved, pt)[0] == pytest.approx(point_gpu_s(H200, pt)[0], rel=5e-3)
-                   for pt in _points(H200)), name
+        if again.parameters[name].value != pytest.approx(p.value, rel=1e-2, abs=1e-6):
+            moved.setdefault(name.rsplit(".", 1)[0], {})[name] = dataclasses.replace(
+                p, value=again.parameters[name].value)
+    for kernel, params in moved.items():
+        shifted = H200.with_parameters(params)
+        assert all(point_gpu_s(shifted, pt)[0] == pytest.approx(point_gpu_s(H200, pt)[0], rel=5e-3)
+                   for pt in _points(H200)), (kernel, sorted(params))
 
 
 def test_save_and_parse_round_trip(tmp_path):
@@ -294,9 +299,11 @@ def test_host_costs_refit_alone():
     for name, p in H200.parameters.items():
         if p.group == "gpu":
             assert new.parameters[name] == p
-    # b = 16, s = 1 is no longer host-bound: the eager time is the GPU time
+    # b = 16, s = 1 is host-bound at 80 us of host time and no longer at the refit 32 us
+    slow = H200.with_parameters({"flash_mla.gluon.host_us": dataclasses.replace(
+        H200.parameters["flash_mla.gluon.host_us"], value=80.0)})
     pr = predict(new, "flash_mla", V3, Problem(b=16, s=1, t=4096))
-    assert pr.time_s == pr.gpu_s < predict(H200, "flash_mla", V3, Problem(b=16, s=1, t=4096)).time_s
+    assert pr.time_s == pr.gpu_s < predict(slow, "flash_mla", V3, Problem(b=16, s=1, t=4096)).time_s
 
 
 def test_fit_recovers_known_parameters():
