@@ -37,8 +37,7 @@ if _base.GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     @gluon.jit
-    def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N,
-                        KPE: gl.constexpr):
+    def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
         NSLOT: gl.constexpr = k_smem.shape[0]
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
@@ -52,32 +51,25 @@ if _base.GLUON_AVAILABLE:
                 slot = c % NSLOT
                 mbarrier.wait(empty.index(slot), ((c // NSLOT) & 1) ^ 1, pred=c >= NSLOT)
                 bar = ready.index(slot)
-                if KPE:
-                    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-                else:
-                    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
+                mbarrier.expect(bar, 2 * k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
                 tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
-                if KPE:
-                    tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+                tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
                 c += 1
 
     @gluon.jit
-    def _probe_consumer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N,
-                        KPE: gl.constexpr):
+    def _probe_consumer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
         NSLOT: gl.constexpr = k_smem.shape[0]
-        BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
         G = gl.num_programs(0)
-        nb = gl.cdiv(N, BN)
-        mine = gl.cdiv(n_items - pid, G) * nb
+        mine = gl.cdiv(n_items - pid, G) * gl.cdiv(N, k_smem.shape[2])
         for c in range(mine):
             slot = c % NSLOT
             mbarrier.wait(ready.index(slot), (c // NSLOT) & 1)
             mbarrier.arrive(empty.index(slot), count=1)
 
     @gluon.jit
-    def _ring_probe(k_desc, v_desc, kr_desc, n_items, H, N, SLOTS: gl.constexpr, KPE: gl.constexpr):
+    def _ring_probe(k_desc, v_desc, kr_desc, n_items, H, N, SLOTS: gl.constexpr):
         """Grid ``(programs,)``: stream the (sequence, head) items' k / v / kpe blocks."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
         D: gl.constexpr = k_desc.block_type.shape[3]
@@ -91,17 +83,17 @@ if _base.GLUON_AVAILABLE:
         for i in gl.static_range(SLOTS):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N, KPE)
+        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N)
         gl.warp_specialize([(_probe_consumer, args), (_probe_producer, args)], [1], [24])
 
 
-def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int, kpe_too: bool = True) -> None:
+def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
     """Stream k, v [B, N, H, D] (and kpe [B, N, P]) once in the window kernel's boxes."""
     b, n, h, d = k.shape
     p = kpe.shape[-1]
     descs = (_base.descriptor(k, [1, block_n, 1, d]), _base.descriptor(v, [1, block_n, 1, d]),
              _base.descriptor(kpe, [1, block_n, p]))
-    _ring_probe[(programs,)](*descs, b * h, h, n, SLOTS=slots, KPE=kpe_too, num_warps=4)
+    _ring_probe[(programs,)](*descs, b * h, h, n, SLOTS=slots, num_warps=4)
 
 
 def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
