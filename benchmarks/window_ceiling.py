@@ -27,12 +27,13 @@ import torch
 
 from common import environment, require_cuda, write_json
 
-from mla_var3.kernel.hopper import _gluon as _base
+from mla_var3.kernel.hopper import GLUON_AVAILABLE, GLUON_IMPORT_ERROR
 from mla_var3.runtime.ceilings import measure_read_by_sms
 from mla_var3.runtime.timing import time_fn
 
-if _base.GLUON_AVAILABLE:
+if GLUON_AVAILABLE:
     from triton.experimental import gluon
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
@@ -88,11 +89,16 @@ if _base.GLUON_AVAILABLE:
 
 
 def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
-    """Stream k, v [B, N, H, D] (and kpe [B, N, P]) once in the window kernel's boxes."""
+    """Stream k, v [B, N, H, D] and kpe [B, N, P] (bf16) once in the window kernel's boxes."""
+    if not k.dtype == v.dtype == kpe.dtype == torch.bfloat16:
+        raise ValueError(f"the probe streams bf16, got {k.dtype}, {v.dtype}, {kpe.dtype}")
     b, n, h, d = k.shape
     p = kpe.shape[-1]
-    descs = (_base.descriptor(k, [1, block_n, 1, d]), _base.descriptor(v, [1, block_n, 1, d]),
-             _base.descriptor(kpe, [1, block_n, p]))
+    def desc(x, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+    descs = (desc(k, [1, block_n, 1, d]), desc(v, [1, block_n, 1, d]), desc(kpe, [1, block_n, p]))
     _ring_probe[(programs,)](*descs, b * h, h, n, SLOTS=slots, num_warps=4)
 
 
@@ -119,7 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
     args = ap.parse_args(argv)
     require_cuda()
-    _base.require_gluon()
+    if not GLUON_AVAILABLE:
+        print(f"needs triton's Gluon: {GLUON_IMPORT_ERROR}", file=sys.stderr)
+        return 2
     from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
 
     dev = torch.device("cuda")
