@@ -11,6 +11,10 @@ kpe ``[B, N, P]``):
 3. **The window kernel** (``expanded_window_gluon``) alone at s in {16, 32, 64}, checked against
    an fp32 reference first; GB/s per SM (k and v per head, kpe once per token, q and o) and
    TFLOP/s.
+4. **The MMA rate of its tile shapes**: the window's score MMAs (``[64, N] = K . Q^T + Kpe .
+   Qpe^T`` from shared memory, one wait per pair, N = 16, 32, 64 padded query tokens) in a loop
+   on one or two warpgroups per program, TFLOP/s per program (programs at most the SM count;
+   the block scheduler spreads them, nothing pins one per SM).
 
     python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
 
@@ -35,7 +39,9 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+    )
 
     @gluon.jit
     def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
@@ -86,6 +92,47 @@ if GLUON_AVAILABLE:
             mbarrier.init(empty.index(i), count=1)
         args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N)
         gl.warp_specialize([(_probe_consumer, args), (_probe_producer, args)], [1], [24])
+
+
+    @gluon.jit
+    def _mma_probe(out_ptr, iters, BM: gl.constexpr, SP: gl.constexpr, D: gl.constexpr, P: gl.constexpr):
+        """Grid ``(programs,)``: ``iters`` times, the window kernel's score MMAs from shared memory
+        (``[BM, SP] = K[BM, D] . Q^T + Kpe[BM, P] . Qpe^T``, one wait per pair, as its consumers
+        issue them), on ``num_warps // 4`` warpgroups side by side (``BM = 64`` per warpgroup)."""
+        dtype: gl.constexpr = gl.bfloat16
+        wg: gl.constexpr = gl.num_warps() // 4
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * wg, 1],
+                                                         instr_shape=[16, SP, 16])
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        k = gl.allocate_shared_memory(dtype, [BM, D], gl.NVMMASharedLayout.get_default_for([BM, D], dtype))
+        kr = gl.allocate_shared_memory(dtype, [BM, P], gl.NVMMASharedLayout.get_default_for([BM, P], dtype))
+        q = gl.allocate_shared_memory(dtype, [SP, D], gl.NVMMASharedLayout.get_default_for([SP, D], dtype))
+        qr = gl.allocate_shared_memory(dtype, [SP, P], gl.NVMMASharedLayout.get_default_for([SP, P], dtype))
+        k.store(gl.full([BM, D], 0.001, dtype, fill))
+        kr.store(gl.full([BM, P], 0.001, dtype, fill))
+        q.store(gl.full([SP, D], 0.001, dtype, fill))
+        qr.store(gl.full([SP, P], 0.001, dtype, fill))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = gl.zeros([BM, SP], gl.float32, layout)
+        for _ in range(iters):
+            tok = warpgroup_mma(k, q.permute((1, 0)), acc, is_async=True)
+            tok = warpgroup_mma(kr, qr.permute((1, 0)), tok, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+        gl.store(out_ptr + gl.program_id(0), gl.max(gl.max(acc, axis=1), axis=0))
+
+
+def mma_probe(programs: int, *, sp: int, warpgroups: int, iters: int = 20000, d: int = 128,
+              p: int = 64) -> "torch.Tensor":
+    """Launch :func:`_mma_probe` on ``programs`` programs; returns their outputs (one each)."""
+    out = torch.empty(programs, dtype=torch.float32, device="cuda")
+    _mma_probe[(programs,)](out, iters, BM=64 * warpgroups, SP=sp, D=d, P=p, num_warps=4 * warpgroups)
+    return out
+
+
+def mma_flops(programs: int, *, sp: int, warpgroups: int, iters: int = 20000, d: int = 128, p: int = 64) -> float:
+    """The FLOPs one :func:`mma_probe` call issues (its padded query columns included)."""
+    return 2.0 * programs * iters * 64 * warpgroups * sp * (d + p)
 
 
 def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
@@ -141,7 +188,7 @@ def main(argv=None) -> int:
 
     k, v, kpe = rn(b, n, h, d), rn(b, n, h, d), rn(b, n, p)
     record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "probe": [], "read": [],
-              "window": [], "checks": []}
+              "window": [], "checks": [], "mma": []}
 
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
@@ -216,6 +263,16 @@ def main(argv=None) -> int:
             print(f"window s={s} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM "
                   f"{row['tflops']:.1f} TFLOP/s", flush=True)
         del q, qpe, o, lse
+    # 4. the MMA rate of the window's score MMAs (N = the padded query tokens) on 1 or 2 warpgroups
+    for sp in (16, 32, 64):
+        for wgs in (1, 2):
+            for m in programs:
+                t = time_fn(lambda: mma_probe(m, sp=sp, warpgroups=wgs), warmup=2, reps=10, min_reps=3,
+                            max_seconds=args.max_seconds, flush_l2=False)
+                tf = mma_flops(m, sp=sp, warpgroups=wgs) / (t.median_us * 1e-6) / 1e12
+                record["mma"].append(dict(sp=sp, warpgroups=wgs, programs=m, us=t.median_us, tflops=tf,
+                                          tflops_per_sm=tf / m))
+                print(f"mma n={sp} warpgroups={wgs} m={m}: {tf / m:.2f} TFLOP/s per SM", flush=True)
     write_json(args.out, record)
 
     print("\n| GB/s per SM | " + " | ".join(f"{m} SMs" for m in programs) + " |")
@@ -231,6 +288,13 @@ def main(argv=None) -> int:
         print(f"| window s={s} | " + " | ".join(
             f"{cells[m]['gbs_per_sm']:.0f} ({cells[m]['tflops']:.0f} TF)" if m in cells else "-"
             for m in programs) + " |")
+    print("\n| TFLOP/s per SM, score MMAs | " + " | ".join(f"{m} SMs" for m in programs) + " |")
+    print("|---" * (len(programs) + 1) + "|")
+    for sp in (16, 32, 64):
+        for wgs in (1, 2):
+            cells = {r["programs"]: r for r in record["mma"] if (r["sp"], r["warpgroups"]) == (sp, wgs)}
+            print(f"| n = {sp}, {wgs} warpgroup(s) | " + " | ".join(
+                f"{cells[m]['tflops_per_sm']:.2f}" if m in cells else "-" for m in programs) + " |")
     return 0
 
 
