@@ -117,6 +117,11 @@ def _time_point(name: str, dims, problem: Problem, dtype: str, device: str, budg
     return graph, eager, host, D.backend_name(name, device, s=problem.s)
 
 
+def _call_dims(dims, h: int | None):
+    """``dims`` with the heads of a grid point that overrides them (``h``), named for it."""
+    return dims if h is None else dataclasses.replace(dims, h=h, name=f"{dims.name} h={h}")
+
+
 #: calls whose GPU time is below this have their host time timed a second time after the grid
 HOST_RETIME_BELOW_US = 1500.0
 
@@ -136,9 +141,7 @@ def _retime_host(records, dims, device: str, log) -> None:
     for rec in records:
         if rec.time_us >= HOST_RETIME_BELOW_US:
             continue
-        h = rec.extra.get("h")
-        call_dims = dims if h is None else dataclasses.replace(dims, h=h, name=f"{dims.name} h={h}")
-        inputs = design_inputs(rec.name, call_dims, Problem(b=rec.b, s=rec.s, t=rec.t, n=rec.n), dtype="bf16",
+        inputs = design_inputs(rec.name, _call_dims(dims, rec.extra.get("h")), Problem(b=rec.b, s=rec.s, t=rec.t, n=rec.n), dtype="bf16",
                                device=device)
         again = host_time_us(lambda: D.run(rec.name, inputs), calls=100, warmup=3)
         first = rec.extra["host_us"]
@@ -182,7 +185,7 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
     records, skipped = [], []
     for name, b, s, t, n, h in grid:
         pb = Problem(b=b, s=s, t=t, n=n)
-        call_dims = dims if h is None else dataclasses.replace(dims, h=h, name=f"{dims.name} h={h}")
+        call_dims = _call_dims(dims, h)
         label = f"{name} b={b} s={s} t={t}" + (f" n={n}" if n is not None else "") + (f" h={h}" if h else "")
         if time.perf_counter() - start > max_seconds:
             skipped.append(f"{label}: the time budget of {max_seconds:g} s is spent")
