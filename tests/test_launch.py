@@ -43,7 +43,7 @@ def direct(monkeypatch):
     launch = CachedLaunch(_toy)
     compiled = SimpleNamespace(function="cufunction")
     raw = lambda *args: calls.append(args)  # noqa: E731
-    launch._compiled[(0, "key")] = (compiled, (64,), (raw, ("coop", "pdl"), {}))
+    launch._compiled[(0, "key")] = (compiled, (64,), (raw, ("coop", "pdl"), {}), dict(BLOCK=64))
     return launch, calls
 
 
@@ -52,6 +52,16 @@ def test_a_compiled_key_launches_through_the_c_launcher(direct):
     x, y = _Ptr(0x3000), _Ptr(0x4000)
     launch("key", (2, 3, 1), (x, y, 17), dict(BLOCK=64), num_warps=4)
     assert calls == [(2, 3, 1, 0xABC, "cufunction", "coop", "pdl", x, y, 17, 64)]
+
+
+def test_a_key_called_with_other_constexprs_than_it_was_compiled_with_raises(direct):
+    """A launcher whose key misses a constexpr (the window kernel's missed ``CAUSAL`` until
+    measured on an H200: a non-causal call ran the causal kernel compiled before it) is refused
+    instead of running the kernel compiled for the other value."""
+    launch, calls = direct
+    with pytest.raises(RuntimeError, match="must include every constexpr"):
+        launch("key", (1, 1, 1), (_Ptr(1), _Ptr(2), 3), dict(BLOCK=128), num_warps=4)
+    assert calls == []
 
 
 def test_flat_launch_passes_the_fixed_parts_then_the_flat_arguments(direct):
@@ -91,7 +101,8 @@ def test_descriptor_arguments_take_tritons_launcher(direct):
     launch, calls = direct
     ran: list = []
     compiled = SimpleNamespace(function="f", packed_metadata="meta", run=lambda *a: ran.append(a))
-    launch._compiled[(0, "desc key")] = (compiled, (64,), (print, ("coop", "pdl"), {0: {"swizzle": 128}}))
+    launch._compiled[(0, "desc key")] = (compiled, (64,), (print, ("coop", "pdl"), {0: {"swizzle": 128}}),
+                                         dict(BLOCK=64))
     ptr = _Ptr(5)
     launch("desc key", (1, 1, 1), ("desc", ptr, 1), dict(BLOCK=64), num_warps=4)
     assert calls == [] and ran == [(1, 1, 1, 0xABC, "f", "meta", None, None, None, "desc", ptr, 1, 64)]

@@ -11,7 +11,9 @@ directly.
 The caller's key must determine everything Triton specialises on: the constexprs, the dtypes,
 and (unless the parameter is marked ``do_not_specialize``) each integer argument's value class
 (1, divisible by 16) and each pointer's 16-byte alignment. The launchers of this package pass
-the integer arguments themselves and the pointers' alignment in the key.
+the integer arguments themselves and the pointers' alignment in the key. A call whose constexprs
+differ from those its key was compiled with raises RuntimeError instead of running the kernel
+compiled for the others (a key that misses a constexpr is the launcher's bug).
 
 :meth:`CachedLaunch.flat` goes one step further for a caller that builds the launcher's
 arguments itself (the seesaw kernel's host side): a :class:`FlatLaunch` takes the flattened
@@ -69,7 +71,7 @@ class CachedLaunch:
 
     def _keep(self, device, key: Hashable, compiled, constexprs: dict) -> None:
         const_vals = tuple(constexprs[n] for n in self._constexpr_names())
-        self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled))
+        self._compiled[(device, key)] = (compiled, const_vals, _direct_launcher(compiled), dict(constexprs))
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
                  *, num_warps: int) -> None:
@@ -85,7 +87,10 @@ class CachedLaunch:
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, **self.options)
             self._keep(device, key, compiled, constexprs)
             return
-        compiled, const_vals, direct = hit
+        compiled, const_vals, direct, kept = hit
+        if constexprs != kept:      # the key missed a constexpr: the kept kernel is another one
+            raise RuntimeError(f"{self.fn.__name__}: launch key {key!r} was compiled with constexprs {kept} and is "
+                               f"now called with {constexprs}; the launcher's key must include every constexpr")
         stream = driver.active.get_current_stream(device)
         if direct is None or direct[2]:
             # not the expected launcher, or descriptor arguments: Triton's launcher encodes them
@@ -121,7 +126,7 @@ class CachedLaunch:
         the direct path (not compiled on this device, a launch hook, another launcher shape)."""
         if not self.ready(key):
             return None
-        compiled, const_vals, (raw, base, desc_meta) = self._compiled[(driver.active.get_current_device(), key)]
+        compiled, const_vals, (raw, base, desc_meta), _ = self._compiled[(driver.active.get_current_device(), key)]
         return FlatLaunch(raw, (compiled.function, *base), const_vals, desc_meta)
 
     def cached(self) -> int:

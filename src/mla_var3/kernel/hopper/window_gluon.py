@@ -404,8 +404,10 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     # the descriptors are specialised on their dtype, box and layout (q's dtype, sp, d, p, block_n)
     # two Q / Qpe buffers per consumer where they fit: the next item's queries load under this item's blocks
     q_bufs = 2 if smem_bytes(s, d, p, block_n, stages, q_bufs=2) + 1024 <= _SMEM_LIMIT else 1
-    key = (q.dtype, sp, d, p, block_n, q_bufs, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
-           int_classes(ints + strides))
+    # every constexpr is in the key (causal and the ring depth too: a causal call's kernel must never
+    # serve a later non-causal call of the same shapes)
+    key = (q.dtype, sp, d, p, block_n, stages, q_bufs, bool(causal), o.dtype, o.data_ptr() % 16,
+           lse.data_ptr() % 16, int_classes(ints + strides))
     _WINDOW_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
                    dict(STAGES=stages, QBUF=q_bufs, CAUSAL=bool(causal)), num_warps=4)
     return o, lse
