@@ -15,10 +15,14 @@ kpe ``[B, N, P]``):
    Qpe^T`` from shared memory, one wait per pair, N = 16, 32, 64 padded query tokens) in a loop
    on one or two warpgroups per program, TFLOP/s per program (programs at most the SM count;
    the block scheduler spreads them, nothing pins one per SM).
+5. **The stream and the products together**: the ring probe's stream (4 slots of 64 keys)
+   consumed by the window kernel's two products per block (``S^T`` and ``O^T += V^T . P^T``,
+   one wait each) on two consumer warpgroups, with no softmax: what the kernel's loads and
+   MMAs, which share the SM's shared memory (TMA writes, wgmma operand reads), allow together.
 
     python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
 
-About 60-90 s on an H200. Prints a table per part last.
+About 70-100 s on an H200. Prints a table per part last.
 """
 
 from __future__ import annotations
@@ -122,6 +126,106 @@ if GLUON_AVAILABLE:
         gl.store(out_ptr + gl.program_id(0), gl.max(gl.max(acc, axis=1), axis=0))
 
 
+    @gluon.jit
+    def _stream_mma_consumer(W: gl.constexpr, k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty,
+                             q_smem, qr_smem, p_smem, out_ptr, n_items, H, N):
+        """Consumer ``W`` of :func:`_stream_mma_probe`: the blocks ``W, W + 2, ...`` of its program,
+        each through the window kernel's two products (``S^T = K . Q^T + Kpe . Qpe^T`` and
+        ``O^T += V^T . P^T``), one wait each, with no softmax between them."""
+        NSLOT: gl.constexpr = k_smem.shape[0]
+        BN: gl.constexpr = k_smem.shape[2]
+        D: gl.constexpr = k_smem.shape[4]
+        P: gl.constexpr = kr_smem.shape[3]
+        SP: gl.constexpr = q_smem.shape[0]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, SP, 16])
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        mine = gl.cdiv(n_items - pid, G) * gl.cdiv(N, BN)
+        s_zero = gl.zeros([BN, SP], gl.float32, layout)
+        acc = gl.zeros([D, SP], gl.float32, layout)
+        q_t = q_smem.permute((1, 0))
+        qr_t = qr_smem.permute((1, 0))
+        best = gl.max(gl.max(s_zero, axis=1), axis=0)
+        for c in range(W, mine, 2):
+            slot = c % NSLOT
+            mbarrier.wait(ready.index(slot), (c // NSLOT) & 1)
+            tok = warpgroup_mma(k_smem.index(slot).reshape([BN, D]), q_t, s_zero, use_acc=False, is_async=True)
+            tok = warpgroup_mma(kr_smem.index(slot).reshape([BN, P]), qr_t, tok, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            tok = warpgroup_mma(v_smem.index(slot).reshape([BN, D]).permute((1, 0)), p_smem.index(W), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            mbarrier.arrive(empty.index(slot), count=1)
+            best = gl.maximum(best, gl.max(gl.max(sc, axis=1), axis=0))
+        gl.store(out_ptr + 2 * pid + W, best + gl.max(gl.max(acc, axis=1), axis=0))
+
+    @gluon.jit
+    def _stream_mma_consumer0(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem,
+                              p_smem, out_ptr, n_items, H, N):
+        _stream_mma_consumer(0, k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem,
+                             p_smem, out_ptr, n_items, H, N)
+
+    @gluon.jit
+    def _stream_mma_consumer1(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem,
+                              p_smem, out_ptr, n_items, H, N):
+        _stream_mma_consumer(1, k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem,
+                             p_smem, out_ptr, n_items, H, N)
+
+    @gluon.jit
+    def _stream_mma_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem,
+                             p_smem, out_ptr, n_items, H, N):
+        _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N)
+
+    @gluon.jit
+    def _stream_mma_probe(k_desc, v_desc, kr_desc, out_ptr, n_items, H, N, SLOTS: gl.constexpr, SP: gl.constexpr):
+        """Grid ``(programs,)``: the ring probe's stream, each block consumed by the window kernel's
+        products on two consumer warpgroups (queries and ``P^T`` fixed in shared memory): the
+        kernel's loads and MMAs without its softmax."""
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        D: gl.constexpr = k_desc.block_type.shape[3]
+        P: gl.constexpr = kr_desc.block_type.shape[2]
+        dtype: gl.constexpr = k_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, 1, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, 1, D], v_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [SLOTS, 1, BN, P], kr_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [SP, D], gl.NVMMASharedLayout.get_default_for([SP, D], dtype))
+        qr_smem = gl.allocate_shared_memory(dtype, [SP, P], gl.NVMMASharedLayout.get_default_for([SP, P], dtype))
+        p_smem = gl.allocate_shared_memory(dtype, [2, BN, SP], gl.NVMMASharedLayout.get_default_for([BN, SP], dtype))
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        q_smem.store(gl.full([SP, D], 0.001, dtype, fill))
+        qr_smem.store(gl.full([SP, P], 0.001, dtype, fill))
+        p_smem.index(0).store(gl.full([BN, SP], 0.001, dtype, fill))
+        p_smem.index(1).store(gl.full([BN, SP], 0.001, dtype, fill))
+        ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        gl.thread_barrier()
+        args = (k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, q_smem, qr_smem, p_smem, out_ptr,
+                n_items, H, N)
+        gl.warp_specialize([(_stream_mma_consumer0, args), (_stream_mma_consumer1, args),
+                            (_stream_mma_producer, args)], [4, 1], [224, 24])
+
+
+def stream_mma_probe(k, v, kpe, programs: int, *, sp: int, slots: int = 4, block_n: int = 64) -> "torch.Tensor":
+    """Launch :func:`_stream_mma_probe` over k, v [B, N, H, D] and kpe [B, N, P] (bf16) on
+    ``programs`` programs with ``sp`` padded query columns; returns the consumers' outputs."""
+    b, n, h, d = k.shape
+    p = kpe.shape[-1]
+
+    def desc(x, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+    out = torch.empty(2 * programs, dtype=torch.float32, device=k.device)
+    _stream_mma_probe[(programs,)](desc(k, [1, block_n, 1, d]), desc(v, [1, block_n, 1, d]),
+                                   desc(kpe, [1, block_n, p]), out, b * h, h, n, SLOTS=slots, SP=sp, num_warps=4)
+    return out
+
+
 def mma_probe(programs: int, *, sp: int, warpgroups: int, iters: int = 20000, d: int = 128,
               p: int = 64) -> "torch.Tensor":
     """Launch :func:`_mma_probe` on ``programs`` programs; returns their outputs (one each)."""
@@ -188,7 +292,7 @@ def main(argv=None) -> int:
 
     k, v, kpe = rn(b, n, h, d), rn(b, n, h, d), rn(b, n, p)
     record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "probe": [], "read": [],
-              "window": [], "checks": [], "mma": []}
+              "window": [], "checks": [], "mma": [], "stream_mma": []}
 
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
@@ -266,6 +370,18 @@ def main(argv=None) -> int:
                                           tflops_per_sm=tf / m))
                 print(f"mma n={sp} warpgroups={wgs} m={m}: {tf / m:.2f} TFLOP/s per SM", flush=True)
     write_json(args.out, record)
+    # 5. the stream and the products together (no softmax)
+    nbytes = window_bytes(b, h, 0, n, d, p)
+    for sp in (16, 32, 64):
+        flops = 2.0 * b * h * n * sp * ((d + p) + d)
+        for m in programs:
+            t = time_fn(lambda: stream_mma_probe(k, v, kpe, m, sp=sp), warmup=2, reps=20, min_reps=3,
+                        max_seconds=args.max_seconds, flush_l2=False)
+            row = dict(sp=sp, programs=m, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
+                       tflops=flops / (t.median_us * 1e-6) / 1e12)
+            record["stream_mma"].append(row)
+            print(f"stream+mma n={sp} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
+    write_json(args.out, record)
 
     def row(label: str, rows: list[dict], cell) -> None:
         by_programs = {r["programs"]: r for r in rows}
@@ -278,6 +394,9 @@ def main(argv=None) -> int:
             [r for r in record["probe"] if (r["block_n"], r["slots"]) == (bn, slots) and "gbs_per_sm" in r],
             lambda r: f"{r['gbs_per_sm']:.0f}")
     row("plain read", record["read"], lambda r: f"{r['gbs_per_sm']:.0f}")
+    for sp in (16, 32, 64):
+        row(f"stream + products, n = {sp}", [r for r in record["stream_mma"] if r["sp"] == sp],
+            lambda r: f"{r['gbs_per_sm']:.0f}")
     for s in (16, 32, 64):
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
