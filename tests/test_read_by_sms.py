@@ -88,6 +88,8 @@ def test_a_measured_curve_is_written_to_the_devices_file(capsys, tmp_path):
     assert cli.main(["devices", "--json"]) == 0
     out = {d["key"]: d for d in json.loads(capsys.readouterr().out)}
     assert out["h200"]["read_by_sms"]["sms"] == [1, 16, 32, 44, 66, 88, 132] and out["b200"]["read_by_sms"] is None
+    assert out["h200"]["window_by_sms"] == get_device("h200").window_by_sms_block() and out["b200"]["window_by_sms"] is None
+    assert kept["window_by_sms"] == get_device("h200").window_by_sms_block()
 
 
 def test_explain_says_what_the_window_needs_against_what_the_chip_reads(capsys):
@@ -116,4 +118,48 @@ def test_explain_says_what_the_window_needs_against_what_the_chip_reads(capsys):
     found = re.search(r"at best (\d+) GB/s per SM on (\d+) SMs at n = (\d+), where the chip reads (\d+) per SM", text)
     rate, sms, n, chip = map(int, found.groups())
     assert chip == round(h200.read_bandwidth(sms) / sms / 1e9) and rate <= chip and 0 < n < 4096
-    assert "within what the chip reads" in text
+    design = int(re.search(r"the window kernel's loads and products alone stream (\d+)", text).group(1))
+    assert design == round(h200.window_bandwidth(sms, 32) / sms / 1e9)
+    assert ("within both" in text) == (rate <= min(chip, design))
+    plain = partition_need(cal, v3, pb, target, device=dataclasses.replace(h200, window_by_sms=None))
+    assert plain.design is None and plain.gives == plain.chip
+
+
+def test_the_window_designs_own_ceiling_by_sms_and_query_columns():
+    """The H200's window curve (``window_ceiling.py`` part 5): per SM it stays below the HBM read
+    at small counts, more query columns stream less, an s takes the fewest measured columns that
+    hold it (none past 64), and a device without the curve has none."""
+    h200 = get_device("h200")
+    assert sorted(h200.window_by_sms) == [16, 32, 64] and "window_ceiling.py part 5" in h200.window_by_sms_source
+    for m in (16, 44):
+        per_sm = [h200.window_bandwidth(m, s) / m / 1e9 for s in (16, 32, 64)]
+        assert per_sm == sorted(per_sm, reverse=True) and per_sm[0] < h200.read_bandwidth(m) / m / 1e9
+    assert h200.window_bandwidth(44, 1) == h200.window_bandwidth(44, 16) == 3508e9
+    assert h200.window_bandwidth(44, 17) == h200.window_bandwidth(44, 32)
+    assert h200.window_bandwidth(30, 16) == pytest.approx((1473 + (3508 - 1473) * 14 / 28) * 1e9)
+    assert h200.window_bandwidth(44, 65) is None and get_device("b200").window_bandwidth(44, 16) is None
+    assert h200.window_by_sms_block()["query_columns"]["32"]["sms"] == [8, 16, 44, 66, 132]
+
+
+@pytest.mark.parametrize("block,match", [
+    ({"query_columns": {}}, "non-empty object 'query_columns'"),
+    ({"query_columns": {"x": {"sms": [1], "gbs": [1]}}}, "positive integers"),
+    ({"query_columns": {"16": {"sms": [2, 1], "gbs": [1, 2]}}}, "increasing"),
+    ({"query_columns": {"16": {"sms": [1], "gbs": [1]}}, "source": 3}, "'source' must be a string"),
+])
+def test_malformed_window_curves_are_named(tmp_path, block, match):
+    f = tmp_path / "devices.json"
+    f.write_text(json.dumps({"x": {"name": "X", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1,
+                                   "window_by_sms": block}}))
+    with pytest.raises(DeviceFileError, match=match):
+        load_devices(f)
+
+
+def test_explain_at_s16_says_the_window_needs_more_than_this_design_streams(capsys):
+    """At b = 32, s = 16, t = 4096 the partition needs more per SM than the window design's loads
+    and products stream there (measured on an H200): explain says so."""
+    assert cli.main(["explain", "--b", "32", "--s", "16", "--t", "4096", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["what_it_takes"]["hybrid"]
+    found = re.search(r"at best (\d+) GB/s per SM on (\d+) SMs.*loads and products alone stream (\d+): (.*)$", text)
+    rate, sms, design, verdict = int(found.group(1)), int(found.group(2)), int(found.group(3)), found.group(4)
+    assert rate > design and verdict.startswith("more than")

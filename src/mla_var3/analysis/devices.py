@@ -98,20 +98,33 @@ class Device:
     #: (``runtime.ceilings.measure_read_by_sms``); None where never measured
     read_by_sms: tuple[tuple[int, float], ...] | None = field(default=None, compare=False, hash=False)
     read_by_sms_source: str = field(default="", compare=False, hash=False)
+    #: what the hybrid's window design (TMA into shared memory, the keys as the products' M side)
+    #: streams from m SMs with its loads and both products but no softmax, per padded query
+    #: columns: {columns: ((m, GB/s in all), ...)}, measured (``benchmarks/window_ceiling.py``
+    #: part 5); None where never measured
+    window_by_sms: dict[int, tuple[tuple[int, float], ...]] | None = field(default=None, compare=False, hash=False)
+    window_by_sms_source: str = field(default="", compare=False, hash=False)
 
     def read_bandwidth(self, sms: int) -> float | None:
         """HBM read bandwidth (B/s, all of them together) that ``sms`` SMs reach, from the measured
-        curve :attr:`read_by_sms`: linear between measured SM counts, the first point's per-SM
-        rate below it, the largest count's total above it; None without a curve."""
-        curve = self.read_by_sms
-        if not curve or sms <= 0:
+        curve :attr:`read_by_sms` (see :func:`_along`); None without a curve."""
+        return _along(self.read_by_sms, sms)
+
+    def window_by_sms_block(self) -> dict | None:
+        """:attr:`window_by_sms` as the devices file writes it (None where never measured)."""
+        if not self.window_by_sms:
             return None
-        if sms <= curve[0][0]:
-            return curve[0][1] / curve[0][0] * sms * 1e9
-        for (m0, g0), (m1, g1) in zip(curve, curve[1:]):
-            if sms <= m1:
-                return (g0 + (g1 - g0) * (sms - m0) / (m1 - m0)) * 1e9
-        return curve[-1][1] * 1e9
+        return {"query_columns": {str(n): {"sms": [m for m, _ in c], "gbs": [g for _, g in c]}
+                                  for n, c in sorted(self.window_by_sms.items())},
+                "source": self.window_by_sms_source}
+
+    def window_bandwidth(self, sms: int, s: int) -> float | None:
+        """What the window design's loads and products stream from ``sms`` SMs (B/s in all) for
+        ``s`` query tokens: the curve of :attr:`window_by_sms` for the fewest measured query
+        columns that hold ``s`` (see :func:`_along`); None without one."""
+        curves = self.window_by_sms or {}
+        fits = [n for n in curves if n >= s]
+        return _along(curves[min(fits)], sms) if fits else None
 
     @property
     def memory_bytes(self) -> float:
@@ -188,12 +201,47 @@ def _parse_device(where: str, key: str, entry) -> Device:
     if not isinstance(sources, dict):
         raise DeviceFileError(f"{here}: 'sources' must be a JSON object")
     curve, curve_source = _read_by_sms(here, entry.get("read_by_sms"))
+    window, window_source = _window_by_sms(here, entry.get("window_by_sms"))
     if entry.get("sms") is not None and not isinstance(entry["sms"], int):
         raise DeviceFileError(f"{here}: 'sms' must be an integer, got {quote(entry['sms'])}")
     return Device(
         key=key, name=entry["name"], match=tuple(m.lower() for m in match), sources=dict(sources),
-        measured=dict(measured) if measured else None, read_by_sms=curve, read_by_sms_source=curve_source, **numbers,
+        measured=dict(measured) if measured else None, read_by_sms=curve, read_by_sms_source=curve_source,
+        window_by_sms=window, window_by_sms_source=window_source, **numbers,
     )
+
+
+def _along(curve: tuple[tuple[int, float], ...] | None, sms: int) -> float | None:
+    """B/s (all SMs together) at ``sms`` SMs on a measured curve ``((m, GB/s), ...)``: linear
+    between measured SM counts, the first point's per-SM rate below it, the largest count's total
+    above it; None without a curve."""
+    if not curve or sms <= 0:
+        return None
+    if sms <= curve[0][0]:
+        return curve[0][1] / curve[0][0] * sms * 1e9
+    for (m0, g0), (m1, g1) in zip(curve, curve[1:]):
+        if sms <= m1:
+            return (g0 + (g1 - g0) * (sms - m0) / (m1 - m0)) * 1e9
+    return curve[-1][1] * 1e9
+
+
+def _window_by_sms(here: str, raw) -> tuple[dict[int, tuple[tuple[int, float], ...]] | None, str]:
+    """The ``window_by_sms`` block: ``{"query_columns": {"16": {"sms": [...], "gbs": [...]}, ...},
+    "source": "..."}``, each curve as :func:`_read_by_sms` takes it, the columns positive integers."""
+    if raw is None:
+        return None, ""
+    where = f"{here}: 'window_by_sms'"
+    if not isinstance(raw, dict) or not isinstance(raw.get("query_columns"), dict) or not raw["query_columns"]:
+        raise DeviceFileError(f"{where} must be an object with a non-empty object 'query_columns' (and a 'source')")
+    curves = {}
+    for cols, curve in raw["query_columns"].items():
+        if not cols.isdigit() or int(cols) <= 0:
+            raise DeviceFileError(f"{where}: query columns must be positive integers, got {quote(cols)}")
+        curves[int(cols)] = _read_by_sms(f"{where} [{cols}]", {**curve, "source": ""} if isinstance(curve, dict)
+                                         else curve)[0]
+    if not isinstance(raw.get("source", ""), str):
+        raise DeviceFileError(f"{where}: 'source' must be a string")
+    return curves, raw.get("source", "")
 
 
 def _read_by_sms(here: str, raw) -> tuple[tuple[tuple[int, float], ...] | None, str]:

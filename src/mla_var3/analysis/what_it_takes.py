@@ -9,7 +9,9 @@ absorbed kernel's calibrated rate over the o old keys, its window part streaming
 keys' bytes at r per SM on all SMs, the parts overlapped as calibrated, plus its merge and fixed
 costs; the least r over the n the cache allows, beside the rate its default call reaches and what
 the chip reads from HBM at each SM count (the device's measured ``read_by_sms``): the window on an
-SM partition, the latent part on the other SMs, needs r' per SM on m SMs against what m SMs read.
+SM partition, the latent part on the other SMs, needs r' per SM on m SMs against what m SMs read
+and, where measured (``window_by_sms``), what the window design's own loads and products stream
+from m SMs (its shared memory's ceiling, below the HBM's at small counts).
 
 >>> from mla_var3.analysis.calibration import load_calibration
 >>> from mla_var3.shapes import Problem, get_preset
@@ -175,18 +177,25 @@ def hybrid_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: flo
 class PartitionNeed:
     """The window on an SM partition against the chip: at split ``n`` with the window on ``sms``
     SMs (the latent part on the others, at the absorbed kernel's calibrated rate), the window
-    needs ``rate`` B/s per SM; the chip's HBM reads give ``chip`` B/s per SM at that count."""
+    needs ``rate`` B/s per SM; the chip's HBM reads give ``chip`` B/s per SM at that count, and
+    the window design's loads and products ``design`` (None where not measured)."""
 
     n: int
     sms: int
     rate: float
     chip: float
+    design: float | None = None
+
+    @property
+    def gives(self) -> float:
+        """What that many SMs can stream for the window: the lesser of the two ceilings."""
+        return self.chip if self.design is None else min(self.chip, self.design)
 
 
 def partition_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: float, lo: int = 0,
                    hi: int | None = None, device=None, ceilings: str = "measured") -> PartitionNeed | None:
-    """The (n, SMs) at which a window on part of the GPU comes closest to what the chip reads
-    there: the least need ÷ give over the n the cache allows and the window's SM counts m, where the
+    """The (n, SMs) at which a window on part of the GPU comes closest to what it can stream
+    there (:attr:`PartitionNeed.gives`): the least need ÷ give over the n the cache allows and the window's SM counts m, where the
     latent part, on the other SMs, still ends by ``target_s`` less the merge (its whole-GPU time x
     SMs / (SMs - m)). None without the device's measured HBM reads by SM count
     (``Device.read_by_sms``), or when the latent part alone is too long."""
@@ -203,8 +212,10 @@ def partition_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: 
         for m in range(1, m_all):
             if lat * m_all / (m_all - m) > slack:
                 break
-            need = PartitionNeed(n, m, win_bytes / (slack * m), dev.read_bandwidth(m) / m)
-            if best is None or need.rate / need.chip < best.rate / best.chip:
+            design = dev.window_bandwidth(m, problem.s)
+            need = PartitionNeed(n, m, win_bytes / (slack * m), dev.read_bandwidth(m) / m,
+                                 None if design is None else design / m)
+            if best is None or need.rate / need.gives < best.rate / best.gives:
                 best = need
     return best
 
@@ -212,10 +223,15 @@ def partition_need(cal: Calibration, dims: MLADims, problem: Problem, target_s: 
 def _partition_text(need: PartitionNeed | None, device) -> str:
     if need is None:
         return ""
-    verdict = "within what the chip reads" if need.rate <= need.chip else "more than the chip reads"
-    return (f"; on an SM partition (the window on some SMs, the latent part on the others at the absorbed rate) "
+    text = (f"; on an SM partition (the window on some SMs, the latent part on the others at the absorbed rate) "
             f"at best {need.rate / 1e9:,.0f} GB/s per SM on {need.sms} SMs at n = {need.n}, where the chip reads "
-            f"{need.chip / 1e9:,.0f} per SM from HBM: {verdict}")
+            f"{need.chip / 1e9:,.0f} per SM from HBM")
+    if need.design is None:
+        return text + (": within what the chip reads" if need.rate <= need.chip else ": more than the chip reads")
+    text += f" and the window kernel's loads and products alone stream {need.design / 1e9:,.0f}"
+    if need.rate <= need.gives:
+        return text + ": within both"
+    return text + (": more than its shared memory passes" if need.rate <= need.chip else ": more than either")
 
 
 def _hybrid(cal: Calibration, dims: MLADims, problem: Problem, target_s: float, lo: int, hi: int, device,

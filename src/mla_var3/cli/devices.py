@@ -28,6 +28,7 @@ def run(args) -> int:
                 "read_by_sms": None if not dev.read_by_sms else {
                     "sms": [m for m, _ in dev.read_by_sms], "gbs": [g for _, g in dev.read_by_sms],
                     "source": dev.read_by_sms_source},
+                "window_by_sms": dev.window_by_sms_block(),
             })
         C.print_json(out)
         return 0

@@ -190,6 +190,8 @@ def device_entry(measured: Ceilings, *, base=None, name: str | None = None, memo
     elif base is not None and base.read_by_sms:
         entry["read_by_sms"] = {"sms": [m for m, _ in base.read_by_sms], "gbs": [g for _, g in base.read_by_sms],
                                 "source": base.read_by_sms_source}
+    if base is not None and base.window_by_sms:
+        entry["window_by_sms"] = base.window_by_sms_block()
     return entry
 
 
