@@ -511,6 +511,7 @@ def test_mirrors_match_the_launchers():
     per_key = [w / (32 * 128) for w in hybrid_hopper.WINDOW_US]
     assert window["window_us_per_head_key"] == pytest.approx(per_key[0], rel=0.01)
     assert window["window_us_per_head_key_token"] == pytest.approx(per_key[1], rel=0.01)
+    assert (window["window_us_per_item"], window["window_us_per_item_token"]) == hybrid_hopper.WINDOW_ITEM_US
     assert KL.GLUON_LATENT_BLOCK_M == absorbed_gluon.BLOCK_M and KL.GLUON_LATENT_BLOCK_N == absorbed_gluon.BLOCK_N
     assert KL.GLUON_LATENT_BLOCK_M == decode_plan.ROW_TILE and KL.GLUON_LATENT_BLOCK_N == decode_plan.PLAN_BLOCK
 

@@ -515,10 +515,13 @@ def hybrid_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, expanded:
 def window_partition(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Breakdown:
     """The sm_90 hybrid's window part (the Gluon window kernel on its share of an SM partition),
     as whole-GPU time: its SM-time, ``window_us_per_head_key + window_us_per_head_key_token * s``
-    per (sequence, head, key), over all SMs, and never below the window's bytes (K and V per head,
+    per (sequence, head, key) plus ``window_us_per_item + window_us_per_item_token * s`` per
+    (sequence, head) item, over all SMs, and never below the window's bytes (K and V per head,
     the RoPE key once per token) at the copy rate."""
     b, h, s, n = pb.b, dims.h, pb.s, pb.t
-    sm_s = b * h * n * (p["window_us_per_head_key"] + p["window_us_per_head_key_token"] * s) * US
+    per_item = (n * (p["window_us_per_head_key"] + p["window_us_per_head_key_token"] * s)
+                + p["window_us_per_item"] + p["window_us_per_item_token"] * s)
+    sm_s = b * h * per_item * US
     stream = b * n * (h * (dims.d + dims.dv) + dims.p) * dims.w / m.bytes_per_s
     return Breakdown(max(sm_s / m.sms, stream), {"sm_time_s": sm_s, "stream_s": stream}, {})
 
@@ -569,9 +572,9 @@ _FIX = "GPU time of the launch and drain, beyond the program waves"
 _COMB = "split-KV combine time per split (the combine walks a row's partials one after the other)"
 _HOST = "host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time, host time)"
 _HOST_SPLIT = "extra host time of a split-KV call (split plan, partial buffers, the combine's launch)"
-_WINDOW_WHY = ("measured alone on an H200 at 4a26139 (b = 32, n = 2,048 on 44 window programs; "
-               "hybrid/partition-4a26139.json): 33.5 SM-us per key at s = 16, 40.5 at s = 32, i.e. 0.00818 and "
-               "0.00989 us per (sequence, head, key); held: the hybrid's times cannot identify it, the window's "
+_WINDOW_WHY = ("measured alone on an H200 at cb4f406 (b = 32 and 96, n = 64-2,048, s = 1-32 on 44 programs; "
+               "window/items-cb4f406.json): SM-time per (sequence, head) item = 1.0 + 0.044 s us plus "
+               "0.00718 + 0.0000415 s us per key; held: the hybrid's times cannot identify them, the window's "
                "stream at the copy rate being longer on the whole GPU")
 _NOT_SEEN = "not identifiable: every committed call of this kernel lasts >= 1.9 ms, where it is under 1 %"
 
@@ -621,9 +624,14 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
     ),
     ("mla_var6_plus", "gluon"): (
         Spec("window_us_per_head_key", "us", "SM-time of the window kernel per (sequence, head, key), beyond its "
-             "per-query-token part", 0.00647, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
+             "per-query-token part", 0.00718, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
         Spec("window_us_per_head_key_token", "us", "SM-time of the window kernel per (sequence, head, key) and query "
-             "token (its swap-AB MMAs)", 0.0001074, 0.0, 10.0, fit=False, why=_WINDOW_WHY),
+             "token (its swap-AB MMAs)", 0.0000415, 0.0, 10.0, fit=False, why=_WINDOW_WHY),
+        Spec("window_us_per_item", "us", "SM-time of the window kernel per (sequence, head) item beyond its keys "
+             "(its queries, its first block's ring fill, the hand-over and the store), beyond its per-query-token part",
+             1.0, 0.0, 1000.0, fit=False, why=_WINDOW_WHY),
+        Spec("window_us_per_item_token", "us", "SM-time of the window kernel per (sequence, head) item and query "
+             "token", 0.044, 0.0, 100.0, fit=False, why=_WINDOW_WHY),
         Spec("merge_us", "us", "merge time beyond its bytes at the copy rate (launch, small programs)", 20.0, 0.0, 1000.0),
         Spec("part_overlap", "1", "fraction of the shorter part (its whole-GPU time) hidden under the longer: the "
              "window's stream under the latent part's MMAs", 0.3, 0.0, 1.0),

@@ -28,17 +28,22 @@ __all__ = ["CHECKED_WIDTHS", "default_programs", "gluon_latent_applies", "mla_va
 #: (K, P) of the calls the Hopper path takes: the widths its kernels were checked at end to end on
 #: an H200 (DeepSeek's; the seesaw latent kernel takes no other). Other widths run the portable path.
 CHECKED_WIDTHS = frozenset({(512, 64)})
-#: SM-time per key at b = 32 on an H200 (benchmarks/hybrid_check.py --suite partition,
-#: results/h200/hybrid/partition-4a26139.json; docs/kernels/mla-var6-plus/window.md): the window
-#: kernel ~ WINDOW_US[0] + WINDOW_US[1] * s (33.5 at s = 16, 40.5 at s = 32: n = 2,048 on 44
-#: programs; 38 and 52 before its one-barrier blocks), the seesaw latent kernel
-#: ~ LATENT_US_PER_TOKEN * s (31.6 and 65.4 there)
-WINDOW_US = (26.5, 0.44)
+#: SM-time of the window kernel at b = 32, h = 128 on an H200, fitted over n = 64-2,048 and
+#: s = 1-32 on 44 programs (results/h200/window/items-cb4f406.json; docs/kernels/mla-var6-plus/
+#: window.md, "What a window item costs"): WINDOW_US[0] + WINDOW_US[1] * s per window key (29.6
+#: at s = 1, 32.1 at s = 16, 34.8 at s = 32) plus WINDOW_ITEM_US[0] + WINDOW_ITEM_US[1] * s per
+#: (sequence, head) item (its queries, its first block's ring fill, the hand-over and the store:
+#: 1.1-2.4 SM-us, what 40-80 keys cost; an item of one block costs 2.0-3.3), and the seesaw latent
+#: kernel ~ LATENT_US_PER_TOKEN * s per key (31.6 and 65.4 at s = 16 and 32)
+WINDOW_US = (29.4, 0.17)
+WINDOW_ITEM_US = (1.0, 0.044)
 LATENT_US_PER_TOKEN = 2.0
 #: programs the window gets beyond the balance of the parts' costs: an under-sized window is the
 #: long pole (its programs are persistent), while the latent programs take every SM the window
 #: frees (measured on an H200: the best of 22-124 programs was 9-29 above the balance)
 PARTITION_MARGIN = 12
+#: the (sequence, head) items of the batch the per-key costs above are measured at (b = 32, h = 128)
+_B32_ITEMS = 32 * 128
 #: the largest s the default partitions at: measured on an H200 (b = 32, t = 4,096) the partition
 #: beat the two streams at s = 16 and 32 (1,134.8 against 1,309.9 us; 2,101.7 against 2,277.8) and
 #: lost at s = 64 (4,233-7,252 against 3,111.6-3,930.4 us: the window kernel's one-stage ring there)
@@ -75,15 +80,15 @@ def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int,
 
 
 def default_programs(s: int, o_len: int, n_len: int, sms: int) -> int:
-    """The window's programs in an SM partition: those that balance the window part (N keys on
-    them) and the latent part (O keys on the other SMs) by their measured SM-time per key
-    (:data:`WINDOW_US`, :data:`LATENT_US_PER_TOKEN`; both scale with b alike), plus
-    :data:`PARTITION_MARGIN`. Measured on an H200 at b = 32, t = 4,096 with the window kernel of
+    """The window's programs in an SM partition: those that balance the window part (N keys and
+    the items on them) and the latent part (O keys on the other SMs) by their measured SM-time
+    (:data:`WINDOW_US` per key and :data:`WINDOW_ITEM_US` per item, :data:`LATENT_US_PER_TOKEN`;
+    all scale with b alike), plus :data:`PARTITION_MARGIN`. Measured on an H200 at b = 32, t = 4,096 with the window kernel of
     4a26139 (results/h200/hybrid/partition-4a26139.json; µs with the decompression, window programs
     22-66): s = 16, N = 1,024 -> 46 (44: 1,197.9, the default call 1,209.6); s = 32, N = 2,048 -> 63
     (66: 2,024.8, 44: 2,224.4, the default 2,044.2); N = 3,072 -> 80 (66: 2,191.9, the default
     2,042.9)."""
-    window = (WINDOW_US[0] + WINDOW_US[1] * s) * n_len
+    window = (WINDOW_US[0] + WINDOW_US[1] * s) * n_len + _B32_ITEMS * (WINDOW_ITEM_US[0] + WINDOW_ITEM_US[1] * s)
     latent = LATENT_US_PER_TOKEN * s * o_len
     share = window / max(window + latent, 1e-9)
     return max(8, min(sms - 8, round(sms * share) + PARTITION_MARGIN))
