@@ -213,17 +213,21 @@ if GLUON_AVAILABLE:
 def stream_mma_probe(k, v, kpe, programs: int, *, sp: int, slots: int = 4, block_n: int = 64) -> "torch.Tensor":
     """Launch :func:`_stream_mma_probe` over k, v [B, N, H, D] and kpe [B, N, P] (bf16) on
     ``programs`` programs with ``sp`` padded query columns; returns the consumers' outputs."""
-    b, n, h, d = k.shape
-    p = kpe.shape[-1]
+    b, n, h, _ = k.shape
+    out = torch.empty(2 * programs, dtype=torch.float32, device=k.device)
+    _stream_mma_probe[(programs,)](*_box_descs(k, v, kpe, block_n), out, b * h, h, n, SLOTS=slots, SP=sp,
+                                   num_warps=4)
+    return out
 
+
+def _box_descs(k, v, kpe, block_n: int) -> tuple:
+    """TMA descriptors of k, v [B, N, H, D] and kpe [B, N, P] in the window kernel's boxes."""
     def desc(x, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
         return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
 
-    out = torch.empty(2 * programs, dtype=torch.float32, device=k.device)
-    _stream_mma_probe[(programs,)](desc(k, [1, block_n, 1, d]), desc(v, [1, block_n, 1, d]),
-                                   desc(kpe, [1, block_n, p]), out, b * h, h, n, SLOTS=slots, SP=sp, num_warps=4)
-    return out
+    return (desc(k, [1, block_n, 1, k.shape[-1]]), desc(v, [1, block_n, 1, v.shape[-1]]),
+            desc(kpe, [1, block_n, kpe.shape[-1]]))
 
 
 def mma_probe(programs: int, *, sp: int, warpgroups: int, iters: int = 20000, d: int = 128,
@@ -243,14 +247,8 @@ def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
     """Stream k, v [B, N, H, D] and kpe [B, N, P] (bf16) once in the window kernel's boxes."""
     if not k.dtype == v.dtype == kpe.dtype == torch.bfloat16:
         raise ValueError(f"the probe streams bf16, got {k.dtype}, {v.dtype}, {kpe.dtype}")
-    b, n, h, d = k.shape
-    p = kpe.shape[-1]
-    def desc(x, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
-
-    descs = (desc(k, [1, block_n, 1, d]), desc(v, [1, block_n, 1, d]), desc(kpe, [1, block_n, p]))
-    _ring_probe[(programs,)](*descs, b * h, h, n, SLOTS=slots, num_warps=4)
+    b, n, h, _ = k.shape
+    _ring_probe[(programs,)](*_box_descs(k, v, kpe, block_n), b * h, h, n, SLOTS=slots, num_warps=4)
 
 
 def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
