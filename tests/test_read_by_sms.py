@@ -60,16 +60,19 @@ def test_the_h200_curve_is_the_recorded_one():
     assert get_device("b200").read_bandwidth(10) is None
 
 
-@pytest.mark.parametrize("block,match", [
-    ({"sms": [1, 2], "gbs": [1]}, "one length"),
-    ({"sms": [2, 1], "gbs": [1, 2]}, "increasing"),
-    ({"sms": [1, 2], "gbs": [1, -2]}, "positive number"),
-    ({"sms": 4, "gbs": [1]}, "lists"),
+@pytest.mark.parametrize("field,block,match", [
+    ("read_by_sms", {"sms": [1, 2], "gbs": [1]}, "one length"),
+    ("read_by_sms", {"sms": [2, 1], "gbs": [1, 2]}, "increasing"),
+    ("read_by_sms", {"sms": [1, 2], "gbs": [1, -2]}, "positive number"),
+    ("read_by_sms", {"sms": 4, "gbs": [1]}, "lists"),
+    ("window_by_sms", {"query_columns": {}}, "non-empty object 'query_columns'"),
+    ("window_by_sms", {"query_columns": {"x": {"sms": [1], "gbs": [1]}}}, "positive integers"),
+    ("window_by_sms", {"query_columns": {"16": {"sms": [2, 1], "gbs": [1, 2]}}}, "increasing"),
+    ("window_by_sms", {"query_columns": {"16": {"sms": [1], "gbs": [1]}}, "source": 3}, "'source' must be a string"),
 ])
-def test_malformed_curves_are_named(tmp_path, block, match):
+def test_malformed_curves_are_named(tmp_path, field, block, match):
     f = tmp_path / "devices.json"
-    f.write_text(json.dumps({"x": {"name": "X", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1,
-                                   "read_by_sms": block}}))
+    f.write_text(json.dumps({"x": {"name": "X", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1, field: block}}))
     with pytest.raises(DeviceFileError, match=match):
         load_devices(f)
 
@@ -139,20 +142,6 @@ def test_the_window_designs_own_ceiling_by_sms_and_query_columns():
     assert h200.window_bandwidth(30, 16) == pytest.approx((1473 + (3508 - 1473) * 14 / 28) * 1e9)
     assert h200.window_bandwidth(44, 65) is None and get_device("b200").window_bandwidth(44, 16) is None
     assert h200.window_by_sms_block()["query_columns"]["32"]["sms"] == [8, 16, 44, 66, 132]
-
-
-@pytest.mark.parametrize("block,match", [
-    ({"query_columns": {}}, "non-empty object 'query_columns'"),
-    ({"query_columns": {"x": {"sms": [1], "gbs": [1]}}}, "positive integers"),
-    ({"query_columns": {"16": {"sms": [2, 1], "gbs": [1, 2]}}}, "increasing"),
-    ({"query_columns": {"16": {"sms": [1], "gbs": [1]}}, "source": 3}, "'source' must be a string"),
-])
-def test_malformed_window_curves_are_named(tmp_path, block, match):
-    f = tmp_path / "devices.json"
-    f.write_text(json.dumps({"x": {"name": "X", "bf16_tflops": 1, "bandwidth_gbs": 1, "memory_gb": 1,
-                                   "window_by_sms": block}}))
-    with pytest.raises(DeviceFileError, match=match):
-        load_devices(f)
 
 
 def test_explain_at_s16_says_the_window_needs_more_than_this_design_streams(capsys):
