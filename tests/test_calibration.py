@@ -293,8 +293,9 @@ def test_host_costs_refit_alone():
     ] + [{"name": "flash_mla", "kind": "design", "status": "ok", "model": "deepseek-v3", "b": 32, "s": 1,
           "t": 4096, "time_us": 90.0, "method": "cuda-events", "backend": "gluon", "extra": {"host_us": 45.0}}]
     new = fit(recs, base=H200, only={"host"})
-    assert new.parameters["flash_mla.gluon.host_us"].value == 32.0
-    assert new.parameters["flash_mla.gluon.host_split_us"].value == 13.0
+    # each the lower quartile of its calls: 30, 32, 34 unsplit; 45 split
+    assert new.parameters["flash_mla.gluon.host_us"].value == 31.0
+    assert new.parameters["flash_mla.gluon.host_split_us"].value == 14.0
     assert "host times" in new.parameters["flash_mla.gluon.host_us"].source
     for name, p in H200.parameters.items():
         if p.group == "gpu":

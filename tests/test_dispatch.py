@@ -114,7 +114,9 @@ def calibrated_times(dims, problem, cache: CacheInfo):
 def test_default_decision_follows_the_calibrated_model(kind, b, s):
     """The default dispatcher (no measured times) picks the design of least calibrated time on the
     H200; over the default hybrid cache (window t) that is the absorbed kernel up to s = 32 and the
-    expanded one from s = 64 (the measured regimes)."""
+    expanded one from s = 64 (the measured regimes), but the hybrid at b = 64, s = 32, where the
+    model puts it 2.1 % under the absorbed call (measured by the shipped run at bf3e651: 4,118.6 µs
+    eager at n = 2,048 against 4,211.1)."""
     cache = CacheInfo(kind, 4096 if kind == "hybrid" else 0)
     problem = Problem(b=b, s=s, t=4096)
     dec = CALIBRATED.decide(V3, problem, cache)
@@ -125,7 +127,7 @@ def test_default_decision_follows_the_calibrated_model(kind, b, s):
     for d, t in times.items():
         assert dec.predicted_s[d] == pytest.approx(t[0] if d == "hybrid" else t, rel=1e-12), d
     if kind == "hybrid":
-        assert dec.design == ("absorbed" if s <= 32 else "expanded")
+        assert dec.design == ("expanded" if s > 32 else "hybrid" if (b, s) == (64, 32) else "absorbed")
     assert "calibrated" in dec.reason and "h200" in dec.calibration
 
 
