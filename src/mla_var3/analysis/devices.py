@@ -110,6 +110,13 @@ class Device:
         curve :attr:`read_by_sms` (see :func:`_along`); None without a curve."""
         return _along(self.read_by_sms, sms)
 
+    def read_by_sms_block(self) -> dict | None:
+        """:attr:`read_by_sms` as the devices file writes it (None where never measured)."""
+        if not self.read_by_sms:
+            return None
+        return {"sms": [m for m, _ in self.read_by_sms], "gbs": [g for _, g in self.read_by_sms],
+                "source": self.read_by_sms_source}
+
     def window_by_sms_block(self) -> dict | None:
         """:attr:`window_by_sms` as the devices file writes it (None where never measured)."""
         if not self.window_by_sms:

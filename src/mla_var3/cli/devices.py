@@ -25,9 +25,7 @@ def run(args) -> int:
                 "smem_per_sm_kb": dev.smem_per_sm_kb, "ridge_datasheet": ds.ridge,
                 "ridge_measured": ms.ridge if ms.kind == "measured" else None,
                 "measured": dev.measured, "sources": dev.sources,
-                "read_by_sms": None if not dev.read_by_sms else {
-                    "sms": [m for m, _ in dev.read_by_sms], "gbs": [g for _, g in dev.read_by_sms],
-                    "source": dev.read_by_sms_source},
+                "read_by_sms": dev.read_by_sms_block(),
                 "window_by_sms": dev.window_by_sms_block(),
             })
         C.print_json(out)

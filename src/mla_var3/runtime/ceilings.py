@@ -188,8 +188,7 @@ def device_entry(measured: Ceilings, *, base=None, name: str | None = None, memo
         entry["read_by_sms"] = {"sms": [m for m, _ in points], "gbs": [round(g, 1) for _, g in points],
                                 "source": f"measured in-process: {detail}"}
     elif base is not None and base.read_by_sms:
-        entry["read_by_sms"] = {"sms": [m for m, _ in base.read_by_sms], "gbs": [g for _, g in base.read_by_sms],
-                                "source": base.read_by_sms_source}
+        entry["read_by_sms"] = base.read_by_sms_block()
     if base is not None and base.window_by_sms:
         entry["window_by_sms"] = base.window_by_sms_block()
     return entry
