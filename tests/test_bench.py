@@ -39,6 +39,25 @@ def test_default_grid_plan():
         assert best in ns and 0 in ns and 4096 in ns and all(p.problem.s == 16 for p in sweep)
 
 
+def test_the_auto_n_is_the_one_the_guide_runs():
+    """With a calibration the bench times the hybrid at the n ``explain`` and the dispatcher
+    choose (the calibrated model's best split), so its record measures the call the guide
+    predicts; without one, at the roofline's aligned optimum."""
+    from mla_var3.analysis.calibration import load_calibration
+    from mla_var3.dispatch import CacheInfo, Dispatcher
+
+    dims = get_preset("deepseek-v3")
+    cal = load_calibration(None, device="h200")
+    spec = B.BenchSpec(dims=dims, designs=("mla_var6_plus",), ss=(1, 28, 36), bs=(5, 20), t=7168, sweep_s=None)
+    guide = Dispatcher("h200", use_measured=False, calibration=cal)
+    for p in B.plan_points(spec, "h200", cal):
+        est = {e.design: e for e in guide.decide(dims, p.problem.with_n(None), CacheInfo("hybrid", 7168)).estimates}
+        assert p.problem.n == est["hybrid"].n and p.extra["n_choice"] == "calibrated model optimum"
+    for p in B.plan_points(spec, "h200"):
+        assert p.problem.n == aligned_best_n(dims, p.problem.with_n(None), "h200")
+        assert p.extra["n_choice"] == "roofline optimum"
+
+
 def test_a_shape_s_designs_and_baselines_form_one_group():
     """Every design and baseline at one (b, s, t) is one group, timed together (the hybrid's n
     is part of its problem, not of the shape); the n sweep at one shape is one group too."""

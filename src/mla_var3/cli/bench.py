@@ -109,12 +109,13 @@ def run(args) -> int:
                   "CPU perf_counter under the Triton interpreter: not GPU timings",
         "autotune_cache": str(cache.path),
     }
-    points = plan_points(spec, dev)
+    calibration = C.calibration_from_args(args, dev)
+    points = plan_points(spec, dev, calibration)
     print(f"bench: {len(points)} points on {env['device']} ({dev_note}); ceilings: {ceil.kind} "
           f"({ceil.flops_per_s / 1e12:,.0f} TFLOP/s, {ceil.bytes_per_s / 1e9:,.0f} GB/s); results -> {out}")
     if not gpu:
         print("running under the Triton interpreter on the CPU: times are CPU timings, not GPU timings")
-    runner = Runner(spec, device, dev, ceil, cache=cache, log=print, calibration=C.calibration_from_args(args, dev))
+    runner = Runner(spec, device, dev, ceil, cache=cache, log=print, calibration=calibration)
     results = out / "results.json"
     records, interrupted = runner.run(points, on_record=lambda _r: R.write_results(results, runner.records, meta),
                                       progress=not args.no_progress)
@@ -155,7 +156,8 @@ def add(sub) -> None:
     p.add_argument("--b", type=int_list, default="32,64", help="batch sizes (default 32,64)")
     p.add_argument("--s", type=int_list, default="1,2,4,8,16,32,64,128,512,1024", help="query lengths")
     p.add_argument("--t", type=positive_int, default=4096, help="context length (default 4096)")
-    p.add_argument("--n", type=n_list, default="auto", help="hybrid split: 'auto' (the model's optimum per point) or a comma list")
+    p.add_argument("--n", type=n_list, default="auto", help="hybrid split: 'auto' (the n explain and the dispatcher run: the calibrated model's best "
+                   "split, the roofline's without a calibration) or a comma list")
     p.add_argument("--sweep-s", type=positive_int, default=16, help="s of the hybrid's n sweep (default 16)")
     p.add_argument("--no-n-sweep", action="store_true", help="skip the hybrid's n sweep")
     p.add_argument("--baselines", action="store_true",

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mla_var3.analysis.regime import align_n, aligned_best_n
+from mla_var3.analysis.regime import align_n, aligned_best_n, calibrated_split
 from mla_var3.designs import ATTENTION_KERNELS, KERNELS
 from mla_var3.kernel import launchers as D
 from mla_var3.reference.inputs import design_inputs
@@ -138,8 +138,9 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
-def plan_points(spec: BenchSpec, device) -> list[Point]:
-    """The grid, in order: for each b and s every design then every baseline; then the n sweep."""
+def plan_points(spec: BenchSpec, device, calibration=None) -> list[Point]:
+    """The grid, in order: for each b and s every design then every baseline; then the n sweep.
+    The hybrid's ``"auto"`` n is the one the guide runs (:func:`model_n`)."""
     points: list[Point] = []
     for b in spec.bs:
         for s in spec.ss:
@@ -148,10 +149,10 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
             base = Problem(b=b, s=s, t=spec.t, causal=spec.causal)
             for name in spec.designs:
                 if name == "mla_var6_plus":
-                    ns = spec.n if isinstance(spec.n, tuple) else (aligned_best_n(spec.dims, base, device),)
+                    ns = spec.n if isinstance(spec.n, tuple) else (model_n(spec.dims, base, device, calibration),)
                     for n in ns:
                         points.append(Point(name, DESIGN, base.with_n(min(n, spec.t)),
-                                            {"n_choice": "model optimum" if spec.n == "auto" else "given"}))
+                                            {"n_choice": _n_choice(calibration) if spec.n == "auto" else "given"}))
                 else:
                     points.append(Point(name, DESIGN, base))
             for name in spec.baselines:
@@ -171,12 +172,24 @@ def plan_points(spec: BenchSpec, device) -> list[Point]:
     if "mla_var6_plus" in spec.designs and spec.sweep_s is not None and spec.sweep_s <= spec.t:
         for b in spec.bs:
             base = Problem(b=b, s=spec.sweep_s, t=spec.t, causal=spec.causal)
-            best = aligned_best_n(spec.dims, base, device)
+            best = model_n(spec.dims, base, device, calibration)
             ns = sorted({align_n(f * spec.t, spec.t) for f in N_SWEEP_FRACTIONS} | {best})
             for n in ns:
                 points.append(Point("mla_var6_plus", DESIGN, base.with_n(n),
                                     {"sweep": "n", "model_best_n": best}))
     return points
+
+
+def model_n(dims, problem: Problem, device, calibration=None) -> int:
+    """The hybrid's n at ``problem``: the calibrated model's best split, as ``explain`` and the
+    dispatcher run it, where ``calibration`` is given; else the roofline's, aligned."""
+    if calibration is not None:
+        return calibrated_split(calibration, dims, problem, device)[0]
+    return aligned_best_n(dims, problem, device)
+
+
+def _n_choice(calibration) -> str:
+    return "calibrated model optimum" if calibration is not None else "roofline optimum"
 
 
 def _sync(device) -> None:
