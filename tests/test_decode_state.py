@@ -86,7 +86,37 @@ def test_a_plan_is_reused_for_the_same_lengths_and_rebuilt_for_others():
     assert dec.decode_plan is not plan
     _check(out, lse, x, cache, table, seqlens)
     other = AbsorbedDecode(DEVICE)                       # two objects share nothing
-    assert other.decode_plan is None and other._workspaces == {} and other._tma == {}
+    assert other.decode_plan is None and other._workspaces == {} and other._tma == {} and other._bound == {}
+
+
+def test_bound_launches_are_dropped_with_their_plan_or_workspace_and_bounded():
+    """An owner's bound launches point into its plan and workspace: a new plan and a grown
+    workspace drop them all, and the store never outgrows MAX_BOUND."""
+    x, cache, table, seqlens = _paged(2, 1, 128, [128, 70])
+    dec = AbsorbedDecode(DEVICE)
+    first = dec.plan(seqlens, rows=DIMS.h, capacity=table.shape[1] * 64)
+    dec.bind(("layer", 0), "bound")
+    assert dec.bound(("layer", 0)) == "bound"
+    dec.plan_for(seqlens, seqlens, 2, DIMS.h, table.shape[1] * 64, k=K, device=first.items.device)
+    assert dec.decode_plan is first and dec.bound(("layer", 0)) == "bound"        # the same plan: kept
+    dec.plan(seqlens, rows=DIMS.h, capacity=table.shape[1] * 64)                    # a new plan: dropped
+    assert dec.bound(("layer", 0)) is None
+    for i in range(AbsorbedDecode.MAX_BOUND + 5):
+        dec.bind(("layer", i), i)
+    assert 0 < len(dec._bound) <= AbsorbedDecode.MAX_BOUND
+    if DEVICE == "cuda":                                 # a workspace grown on a stream: dropped too
+        stream, dev = torch.cuda.current_stream().cuda_stream, first.items.device
+        dec.workspace(1, 16, K, dev, stream)
+        dec.bind(("layer", 0), "bound")
+        dec.workspace(1, 16, K, dev, stream)                                       # fits: kept
+        assert dec.bound(("layer", 0)) == "bound"
+        dec.workspace(4, 64, K, dev, stream)                                       # grown: dropped
+        assert dec.bound(("layer", 0)) is None
+    if DEVICE == "cuda":                                 # the fast path binds, and reuses what it bound
+        for _ in range(3):
+            out, lse = dec.run_paged(x.qc, x.qpe, cache, table, seqlens, scale=(K + P) ** -0.5)
+            _check(out, lse, x, cache, table, seqlens)
+        assert dec._bound                               # bound by the fast path (one per plan kind launched)
 
 
 def test_a_callers_plan_for_other_lengths_is_refused():

@@ -129,8 +129,10 @@ def flash_mla_with_kvcache(
     softmax_lse : [b, h_q, s_q] float32 (natural log)
     """
     meta = tile_scheduler_metadata
-    plain = num_splits is None and not is_fp8_kvcache and all(x is None for x in (
-        indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length))
+    # one test per argument (a generator over them costs an eager call about a microsecond)
+    plain = (num_splits is None and not is_fp8_kvcache and indices is None and attn_sink is None
+             and extra_k_cache is None and extra_indices_in_kvcache is None and topk_length is None
+             and extra_topk_length is None)
     entry, done = _fast_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax_scale, causal, plain)
     if done is not None:
         return done

@@ -14,7 +14,11 @@ state for its owner:
   built into the graph, so replays plan the lengths they find;
 * the workspace of split items' fp32 partial outputs (one per stream, grown on demand; inside a
   capture a fresh one from the graph's pool, which the graph keeps);
-* the TMA descriptor encodings of the addresses its runs have seen (bounded).
+* the TMA descriptor encodings of the addresses its runs have seen (bounded);
+* the launches bound to those addresses (:meth:`AbsorbedDecode.bound`): everything an eager
+  run's launches take but the fresh output's address, kept per (call signature, plan, inputs'
+  addresses, scale, stream) and dropped with the plan or the workspace they point into, so a
+  layer's next run builds no argument list (bounded).
 
 Calls on one object are ordered on one stream at a time (the workspace is shared by its calls;
 use one object per stream). Nothing here is kept in the module: two objects never share state,
@@ -74,6 +78,8 @@ class AbsorbedDecode:
 
     #: TMA encodings kept per object (an eager step sees a few addresses per layer)
     MAX_ENCODINGS = 256
+    #: bound launches kept per object (one per layer of a step, per stream)
+    MAX_BOUND = 256
 
     def __init__(self, device: torch.device | str | None = None, *, backend: str = "auto",
                  readback: bool = True) -> None:
@@ -86,6 +92,7 @@ class AbsorbedDecode:
         self._given = False            # the plan came from the caller (use_plan): refuse other lengths
         self._workspaces: dict[int, torch.Tensor] = {}
         self._tma: dict = {}
+        self._bound: dict = {}
 
     def __repr__(self) -> str:
         p = self.decode_plan
@@ -118,6 +125,8 @@ class AbsorbedDecode:
         return self
 
     def _keep(self, plan: DecodePlan, *, given: bool) -> None:
+        if plan is not self.decode_plan:
+            self._bound.clear()              # launches bound to the old plan's tensors
         self.decode_plan, self._given = plan, given
         if self.device is None:
             self.device = plan.items.device
@@ -173,6 +182,7 @@ class AbsorbedDecode:
             return torch.empty(n, dtype=torch.float32, device=device)
         buf = self._workspaces.get(stream)
         if buf is None or buf.numel() < n or buf.device != device:
+            self._bound.clear()              # launches bound to the old buffer's addresses
             buf = self._workspaces[stream] = torch.empty(n, dtype=torch.float32, device=device)
         return buf
 
@@ -193,6 +203,17 @@ class AbsorbedDecode:
                 self._tma.clear()
             hit = self._tma[key] = encode(spec, address)
         return hit
+
+    def bound(self, key: tuple):
+        """The launches bound under ``key`` by :meth:`bind` (None: none, or dropped since)."""
+        return self._bound.get(key)
+
+    def bind(self, key: tuple, launches) -> None:
+        """Keep ``launches`` (a launcher's arguments bound to this object's plan and workspace
+        and to the addresses in ``key``) until the plan or a workspace changes."""
+        if len(self._bound) >= self.MAX_BOUND:
+            self._bound.clear()
+        self._bound[key] = launches
 
     # -- runs -------------------------------------------------------------------------------
     def run(self, qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: torch.Tensor, *, scale: float,

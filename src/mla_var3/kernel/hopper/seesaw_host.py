@@ -34,7 +34,7 @@ import torch
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel._launch import TmaSpec, current_stream, tma_arg
 from mla_var3.kernel.combine import combine_flat, combine_planned
-from mla_var3.kernel.decode_plan import DecodePlan
+from mla_var3.kernel.decode_plan import DecodePlan, lengths_stamp
 from mla_var3.kernel.hopper import _gluon
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 
@@ -182,7 +182,23 @@ class SeesawSpec:
         ``token_major``: as [B, S, H, K]), or None where a launch the plan takes is not compiled
         yet or no combine is ready (then the caller takes the path that compiles, with its
         tensors). ``table``, ``seqlens``: tensors or None; ``source``: the caller's lengths
-        tensor (the plan's stamp)."""
+        tensor (the plan's stamp).
+
+        An eager call binds its launches in ``decode`` (:meth:`bind`), and a later call on the same
+        addresses, scale and stream whose plan is still the owner's, for the same lengths, reuses
+        them; a capture binds nothing (its workspace is the graph's own)."""
+        stream = current_stream(self.index)
+        key = None
+        if not torch.cuda.is_current_stream_capturing():
+            key = (self, addresses, None if table is None else table.data_ptr(),
+                   None if seqlens is None else seqlens.data_ptr(), scale, stream, num_splits)
+            bound = decode.bound(key)
+            if bound is not None and bound.current(decode, source):
+                o = torch.empty(self.alloc if not token_major else self.alloc_token_major, dtype=self.dtype,
+                                device=self.device)
+                lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+                bound.fire(decode, stream, o.data_ptr(), lse.data_ptr())
+                return o, lse
         plan = decode.plan_for(seqlens, source, self.geometry[0], self.rows, self.t, k=self.geometry[3],
                                device=self.device, num_splits=num_splits)
         kinds = self.launches_for(plan)
@@ -195,7 +211,10 @@ class SeesawSpec:
         o = torch.empty(self.alloc if not token_major else self.alloc_token_major, dtype=self.dtype,
                         device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        self.issue(decode, plan, kinds, addresses, o.data_ptr(), lse.data_ptr(), table, seqlens, scale)
+        bound = self.bound_launches(decode, plan, kinds, addresses, table, seqlens, scale, stream)
+        bound.fire(decode, stream, o.data_ptr(), lse.data_ptr())
+        if key is not None:
+            decode.bind(key, bound)
         return o, lse
 
     @property
@@ -209,29 +228,68 @@ class SeesawSpec:
         the output at ``o_addr`` (laid out as :attr:`o_view`) and the LSE at ``lse_addr``;
         ``partials``: the caller's view of the owner's workspace (default: the owner's)."""
         stream = current_stream(self.index)
+        self.bound_launches(decode, plan, kinds, addresses, table, seqlens, scale, stream,
+                            partials).fire(decode, stream, o_addr, lse_addr)
+
+    def bound_launches(self, decode, plan: DecodePlan, kinds: tuple, addresses: tuple, table, seqlens, scale: float,
+                       stream: int, partials: torch.Tensor | None = None) -> "BoundLaunches":
+        """The launches ``kinds`` of ``plan`` and the combine with every argument bound but the
+        output's and the LSE's addresses (see :meth:`issue`)."""
         rows, k = self.rows, self.geometry[3]
         ws = partials if partials is not None else decode.workspace(plan.max_slots, rows, k, self.device, stream)
         op_addr, lp_addr = ws.data_ptr(), ws.data_ptr() + plan.max_slots * rows * k * 4   # partials, then their LSE
         items = plan.items.data_ptr()
-        ptrs = (lse_addr, lp_addr, op_addr, seqlens.data_ptr() if seqlens is not None else items,
+        post = (lp_addr, op_addr, seqlens.data_ptr() if seqlens is not None else items,
                 table.data_ptr() if table is not None else items, items,
                 plan.starts.data_ptr() if plan.starts is not None else items,
-                plan.packed.data_ptr() if plan.packed is not None else items)
-        tail = (*self.tail[:5], scale * _gluon.LOG2E, *self.tail[6:])
+                plan.packed.data_ptr() if plan.packed is not None else items,
+                *self.tail[:5], scale * _gluon.LOG2E, *self.tail[6:])
         op_spec = self.op_tmas.get(plan.max_slots)
         if op_spec is None:
             op_spec = self.op_tmas[plan.max_slots] = TmaSpec.of(self.op_tma, (plan.max_slots, rows, k), (rows * k, k, 1))
         enc = decode.tma
         q_a, qr_a, z_a, kr_a = addresses
+        launches = []
         for kind in kinds:
             flat, ins = self.flats[kind]
-            args = (*enc(ins[0], q_a, tma_arg), *enc(ins[1], qr_a, tma_arg), *enc(ins[2], z_a, tma_arg),
-                    *enc(ins[3], kr_a, tma_arg), *enc(self.o_tma, o_addr, tma_arg), *enc(op_spec, op_addr, tma_arg),
-                    *ptrs, *tail)
-            flat.launch(self.grid(plan, kind), stream, args)
+            pre = (*enc(ins[0], q_a, tma_arg), *enc(ins[1], qr_a, tma_arg), *enc(ins[2], z_a, tma_arg),
+                   *enc(ins[3], kr_a, tma_arg))
+            launches.append((flat, self.grid(plan, kind), pre, enc(op_spec, op_addr, tma_arg), post))
+        combine = None
         if plan.may_split:
             flat, grid, ints = self.combine
-            flat.launch(grid, stream, (op_addr, lp_addr, plan.seqs.data_ptr(), o_addr, lse_addr, *ints))
+            combine = (flat, grid, (op_addr, lp_addr, plan.seqs.data_ptr()), ints)
+        return BoundLaunches(plan, kinds, self.o_tma, tuple(launches), combine, ws)
+
+
+class BoundLaunches:
+    """A call's launches with every argument bound but the output's and the LSE's addresses
+    (:meth:`SeesawSpec.bound_launches`); ``plan`` and ``workspace`` are held so that the
+    addresses bound stay theirs while it lives, and ``kinds`` are the launches ``plan`` took."""
+
+    __slots__ = ("plan", "kinds", "o_tma", "launches", "combine", "workspace")
+
+    def __init__(self, plan: DecodePlan, kinds: tuple, o_tma, launches: tuple, combine, workspace) -> None:
+        self.plan, self.kinds, self.o_tma, self.launches = plan, kinds, o_tma, launches
+        self.combine, self.workspace = combine, workspace
+
+    def current(self, decode, source) -> bool:
+        """Whether a call with lengths ``source`` would take these launches: the plan is still
+        ``decode``'s and was built for these lengths (its stamp), and its launches are still
+        ``kinds`` (a gated pair until the GPU's choice of kind reaches the host)."""
+        plan = self.plan
+        return (decode.decode_plan is plan and plan.lengths == lengths_stamp(source)
+                and (self.kinds is not _GATED_PAIR or plan.known_kind() is None))
+
+    def fire(self, decode, stream: int, o_addr: int, lse_addr: int) -> None:
+        """Issue the launches on ``stream``, writing the output at ``o_addr`` (its TMA encoding
+        kept by ``decode``) and the LSE at ``lse_addr``."""
+        o_desc = decode.tma(self.o_tma, o_addr, tma_arg)
+        for flat, grid, pre, op_desc, post in self.launches:
+            flat.launch(grid, stream, (*pre, *o_desc, *op_desc, lse_addr, *post))
+        if self.combine is not None:
+            flat, grid, head, ints = self.combine
+            flat.launch(grid, stream, (*head, o_addr, lse_addr, *ints))
 
 
 #: per-signature launch specs, under the kernel's signature and under each entry point's
