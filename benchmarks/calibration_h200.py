@@ -458,7 +458,7 @@ def _host_as_fitted_today(run: Calibration) -> bool:
 
 
 #: ``mla-var3 bench`` runs on an H200 at shapes no fit reads (issue 42's bar): compared, never fitted
-HELD_OUT_DIRS = ("heldout-6c01f4b", "heldout-a3ebe94")
+HELD_OUT_DIRS = ("heldout-6c01f4b", "heldout-a3ebe94", "heldout-61474be")
 
 
 def held_out_bench_points() -> list[Point]:
