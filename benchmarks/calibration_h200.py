@@ -418,10 +418,12 @@ def calibrate_run() -> Calibration | None:
 
 def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
     """``run`` with every point labelled with the kernel that ran it, refitted from its own points
-    on ``base`` when a label changes: before fd82873 ``mla-var3 calibrate`` labelled the expanded
+    on ``base`` (``cli.calibrate.calibration_from_records``: the fit ``mla-var3 calibrate`` makes)
+    where that changes anything: before fd82873 ``mla-var3 calibrate`` labelled the expanded
     design's calls at s <= 64 "gluon" (the backend registered for sm_90), where that backend runs
-    the portable kernel, so the Gluon law was fitted to portable times and the file's rules sent
-    every s to it. Same measurements, same fit (``cli.calibrate.calibration_from_records``)."""
+    the portable kernel; since the run the fit takes each launch path's host time as its lower
+    quartile; and a law changed since the run fits its points to other values. Same
+    measurements; the file's notes say what was refitted and why."""
     from mla_var3.cli.calibrate import calibration_from_records
     from mla_var3.kernel.hopper.expanded_gluon import GLUON_MIN_S
     from mla_var3.kernel.launchers import backend_that_ran
@@ -430,8 +432,6 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
     def ran(p: dict) -> str:
         return backend_that_ran(p["design"], p["backend"], p["s"])
     relabel = any(ran(p) != p["backend"] for p in run.points)
-    if not relabel and _host_as_fitted_today(run):
-        return run
     records = [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),
                       time_us=p["gpu_us"], method="cuda-graph", gpu=True, backend=ran(p),
                       extra={"graph_us": p["gpu_us"], "eager_us": p["eager_us"], "host_us": p["host_us"],
@@ -441,20 +441,22 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
     env = {**run.versions, "commit": run.commits["measurements"][0], "dirty": run.commits.get("dirty"),
            "device": run.device_name, "timestamp": when.group(1) if when else "?"}
     again = calibration_from_records(records, env, get_device("h200"), gpu=True, shipped=base)
-    why = (f"the expanded calls at s <= {GLUON_MIN_S} labelled with the kernel that ran (the portable one; the run "
-           "labelled them gluon)" if relabel else
-           "its host times taken as each launch path's lower quartile, as the fit takes them since the run")
-    note = f". Refitted from its points by benchmarks/calibration_h200.py, {why}."
+    changed = {g: sorted(k for k, p in run.parameters.items() if p.fitted and p.group == g and k in again.parameters
+                         and not math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9))
+               for g in ("host", "gpu")}
+    if not relabel and not changed["host"] and not changed["gpu"]:
+        return run
+    why = []
+    if relabel:
+        why.append(f"the expanded calls at s <= {GLUON_MIN_S} labelled with the kernel that ran (the portable one; "
+                   "the run labelled them gluon)")
+    if changed["host"]:
+        why.append("its host times taken as each launch path's lower quartile, as the fit takes them since the run")
+    if changed["gpu"]:
+        why.append(f"today's fit (its estimator and laws) gives these GPU parameters other values than the run's: "
+                   f"{', '.join(changed['gpu'])}")
+    note = f". Refitted from its points by benchmarks/calibration_h200.py: {'; '.join(why)}."
     return dataclasses.replace(again, kernels=run.kernels, notes=again.notes + note, path=run.path)
-
-
-def _host_as_fitted_today(run: Calibration) -> bool:
-    """Whether every host parameter of ``run`` is what today's fit takes from its points (the
-    estimator is deterministic: a difference means the fit changed since the run)."""
-    base = dataclasses.replace(run, points=(), fit={})
-    again = fit([Point.from_dict(p) for p in run.points], base=base, only=["host"])
-    return all(math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9) for k, p in run.parameters.items()
-               if p.group == "host" and p.fitted)
 
 
 #: ``mla-var3 bench`` runs on an H200 at shapes no fit reads (issue 42's bar): compared, never fitted

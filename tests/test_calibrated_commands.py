@@ -180,9 +180,11 @@ def test_calibrated_guide_rows_pick_the_least_calibrated_time():
         assert r.calibrated_best == want
         n, pr = calibrated_split(H200, V3, Problem(b=32, s=r.s, t=4096))
         assert (r.calibrated_n, times["mla_var6_plus"]) == (n, pr.time_s)
-    assert [r.calibrated_best for r in g.rows] == ["flash_mla"] * 3 + ["flash_attention"] * 2
-    assert {e.regime: e.best for e in g.calibrated_regimes} == {"decode": "flash_mla", "speculative": "flash_mla",
-                                                                "prefill": "flash_attention"}
+    # s = 32: the hybrid's partition priced 2-3 % under the absorbed call (measured on an H200 2.6 % over it
+    # at its best n: docs/regimes.md shows both); decode stays absorbed, prefill expanded
+    assert [r.calibrated_best for r in g.rows] == ["flash_mla"] * 2 + ["mla_var6_plus"] + ["flash_attention"] * 2
+    assert {e.regime: e.best for e in g.calibrated_regimes} == {
+        "decode": "flash_mla", "speculative": "flash_mla (s 16), mla_var6_plus (s 32)", "prefill": "flash_attention"}
     # the roofline's own answers are unchanged beside it
     assert {r.s: r.best for r in g.rows}[16] == "mla_var6_plus"
 
