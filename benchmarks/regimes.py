@@ -24,6 +24,7 @@ from mla_var3.analysis.calibration_fit import Point
 from mla_var3.analysis.devices import get_device
 from mla_var3.analysis.regime import HYBRID_MARGIN, calibrated_crossover_s, calibrated_split, crossover_s, regime_of
 from mla_var3.designs import DESIGNS as TABLE
+from mla_var3.dispatch import CacheInfo, Dispatcher
 from mla_var3.runtime.records import Record, crossovers, load_results
 from mla_var3.shapes import MLADims, Problem, get_preset
 
@@ -105,6 +106,7 @@ def _guide(cal, tp: int = 1) -> list[str]:
              "default (the calibrated model alone, no results file, no autotune cache). *rests on* says which data "
              "decided the row.", ""]
     files: set[str] = set()
+    guide = Dispatcher("h200", use_measured=False, calibration=cal)    # what explain runs: the model, stages included
     for b in (32, 64):
         lines += [f"### b = {b}" + (f", TP {tp}" if tp != 1 else ""), "", "| s | regime | " + " | ".join(d.name + (" (n)" if d.split else "") for d in TABLE)
                   + " | best | dispatcher | rests on |", "|---|---|---|---|---|---|---|---|"]
@@ -129,9 +131,7 @@ def _guide(cal, tp: int = 1) -> list[str]:
             m_h = measured.get((HYBRID, b, s))
             split = 0 < (m_h["n"] if kinds[hybrid] == "m" else n_cal) < t
             best = hybrid if split and times[hybrid] * (1 + HYBRID_MARGIN) < times[single] else single
-            c_single = min((d.kernel for d in TABLE if not d.split), key=calib.get)
-            c_best = HYBRID if 0 < n_cal < t and calib[HYBRID] * (1 + HYBRID_MARGIN) < calib[c_single] else c_single
-            dispatcher = next(d.name for d in TABLE if d.kernel == c_best)
+            dispatcher = guide.decide(dims, pb, CacheInfo("hybrid", t)).design
             m_names = [d for d in times if kinds[d] == "m"]
             rests = ("measurements" if len(m_names) == len(times) else "calibrated model" if not m_names else
                      f"measured {', '.join(m_names)}; calibrated {', '.join(d for d in times if kinds[d] == 'c')}")
