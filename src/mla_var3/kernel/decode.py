@@ -16,9 +16,10 @@ state for its owner:
   capture a fresh one from the graph's pool, which the graph keeps);
 * the TMA descriptor encodings of the addresses its runs have seen (bounded);
 * the launches bound to those addresses (:meth:`AbsorbedDecode.bound`): everything an eager
-  run's launches take but the fresh output's address, kept per (call signature, plan, inputs'
-  addresses, scale, stream) and dropped with the plan or the workspace they point into, so a
-  layer's next run builds no argument list (bounded).
+  run's launches take but the fresh output's and LSE's addresses, kept per (call signature,
+  inputs' addresses, scale, stream), used while their plan is this object's for the same lengths,
+  and dropped with the plan or the workspace they point into, so a layer's next run builds no
+  argument list (bounded).
 
 Calls on one object are ordered on one stream at a time (the workspace is shared by its calls;
 use one object per stream). Nothing here is kept in the module: two objects never share state,

@@ -194,9 +194,7 @@ class SeesawSpec:
                    None if seqlens is None else seqlens.data_ptr(), scale, stream, num_splits)
             bound = decode.bound(key)
             if bound is not None and bound.current(decode, source):
-                o = torch.empty(self.alloc if not token_major else self.alloc_token_major, dtype=self.dtype,
-                                device=self.device)
-                lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+                o, lse = self._outputs(token_major)
                 bound.fire(decode, stream, o.data_ptr(), lse.data_ptr())
                 return o, lse
         plan = decode.plan_for(seqlens, source, self.geometry[0], self.rows, self.t, k=self.geometry[3],
@@ -208,14 +206,17 @@ class SeesawSpec:
                 return None
         if plan.may_split and self.combine is None:
             return None
-        o = torch.empty(self.alloc if not token_major else self.alloc_token_major, dtype=self.dtype,
-                        device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        o, lse = self._outputs(token_major)
         bound = self.bound_launches(decode, plan, kinds, addresses, table, seqlens, scale, stream)
         bound.fire(decode, stream, o.data_ptr(), lse.data_ptr())
         if key is not None:
             decode.bind(key, bound)
         return o, lse
+
+    def _outputs(self, token_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's fresh output (in the kernel's row order, or [B, S, H, K]) and LSE [B, H, S]."""
+        o = torch.empty(self.alloc if not token_major else self.alloc_token_major, dtype=self.dtype, device=self.device)
+        return o, torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
 
     @property
     def alloc_token_major(self) -> tuple:
