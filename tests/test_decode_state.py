@@ -120,6 +120,24 @@ def test_bound_launches_are_dropped_with_their_plan_or_workspace_and_bounded(mon
         assert dec._bound                               # bound by the fast path (one per plan kind launched)
 
 
+def test_a_transient_owner_keeps_no_encodings_and_binds_nothing(monkeypatch):
+    """An object made for one call (an entry point called without the caller's) encodes each
+    descriptor afresh and binds no launches; its calls give the same results."""
+    x, cache, table, seqlens = _paged(2, 1, 128, [128, 70])
+    dec = AbsorbedDecode(DEVICE, readback=False, transient=True)
+    calls = []
+    assert dec.tma("spec", 16, lambda spec, a: calls.append(a) or ("enc", a)) == ("enc", 16)
+    assert dec.tma("spec", 16, lambda spec, a: calls.append(a) or ("enc", a)) == ("enc", 16)
+    assert calls == [16, 16] and dec._tma == {}
+    dec.bind(("layer", 0), "bound")
+    assert dec.bound(("layer", 0)) is None and dec._bound == {}
+    monkeypatch.delenv("MLA_VAR3_CHECK", raising=False)
+    for _ in range(2):
+        out, lse = dec.run_paged(x.qc, x.qpe, cache, table, seqlens, scale=(K + P) ** -0.5)
+        _check(out, lse, x, cache, table, seqlens)
+    assert dec._tma == {} and dec._bound == {}
+
+
 def test_a_callers_plan_for_other_lengths_is_refused():
     x, cache, table, seqlens = _paged(2, 1, 128, [128, 70])
     plan = plan_decode(seqlens, DIMS.h, capacity=table.shape[1] * 64)

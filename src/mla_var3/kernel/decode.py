@@ -75,6 +75,8 @@ class AbsorbedDecode:
     readback : copy a GPU-chosen plan kind to the host behind the planner
         (:class:`~mla_var3.kernel.decode_plan.KindReadback`), so that the step's later eager runs
         launch the chosen kernel alone; off for an object made for one call
+    transient : an object made for one call (an entry point called without the caller's): it
+        keeps no encodings and binds no launches, which no later call would use
     """
 
     #: TMA encodings kept per object (an eager step sees a few addresses per layer)
@@ -83,12 +85,13 @@ class AbsorbedDecode:
     MAX_BOUND = 256
 
     def __init__(self, device: torch.device | str | None = None, *, backend: str = "auto",
-                 readback: bool = True) -> None:
+                 readback: bool = True, transient: bool = False) -> None:
         if not isinstance(backend, str):
             raise ValueError(f"backend must be a string ('auto' or a registered name), got {backend!r}")
         self.device = None if device is None else torch.device(device)
         self.backend = backend
         self.readback = bool(readback)
+        self.transient = bool(transient)
         self.decode_plan: DecodePlan | None = None
         self._given = False            # the plan came from the caller (use_plan): refuse other lengths
         self._workspaces: dict[int, torch.Tensor] = {}
@@ -197,6 +200,8 @@ class AbsorbedDecode:
     def tma(self, spec, address: int, encode) -> tuple:
         """``encode(spec, address)`` (a TMA descriptor's launch arguments), kept per (spec,
         address) by this object: a step's layers come back to a few addresses."""
+        if self.transient:
+            return encode(spec, address)
         key = (spec, address)
         hit = self._tma.get(key)
         if hit is None:
@@ -211,7 +216,10 @@ class AbsorbedDecode:
 
     def bind(self, key: tuple, launches) -> None:
         """Keep ``launches`` (a launcher's arguments bound to this object's plan and workspace
-        and to the addresses in ``key``) until the plan or a workspace changes."""
+        and to the addresses in ``key``) until the plan or a workspace changes; nothing in a
+        transient object."""
+        if self.transient:
+            return
         if len(self._bound) >= self.MAX_BOUND:
             self._bound.clear()
         self._bound[key] = launches

@@ -186,10 +186,11 @@ class SeesawSpec:
 
         An eager call binds its launches in ``decode`` (:meth:`bind`), and a later call on the same
         addresses, scale and stream whose plan is still the owner's, for the same lengths, reuses
-        them; a capture binds nothing (its workspace is the graph's own)."""
+        them; a capture binds nothing (its workspace is the graph's own), nor does a transient
+        ``decode`` (made for this call)."""
         stream = current_stream(self.index)
         key = None
-        if not torch.cuda.is_current_stream_capturing():
+        if not (decode.transient or torch.cuda.is_current_stream_capturing()):
             key = (self, addresses, None if table is None else table.data_ptr(),
                    None if seqlens is None else seqlens.data_ptr(), scale, stream, num_splits)
             bound = decode.bound(key)
