@@ -1,0 +1,181 @@
+"""Host time per call of every decode entry point, with and without the caller's state, beside official FlashMLA.
+
+What an eager decode step pays on the CPU per attention call, for each way of calling the
+absorbed design, on one sm_90 GPU (``runtime.timing.host_time_us``: bursts of 8 calls, the
+device synchronised before each, median):
+
+* ``compat reused`` / ``compat fresh``: ``compat.flash_mla_with_kvcache`` with one metadata
+  reused by every call (an engine's decode step) / a new ``get_mla_metadata()`` per call;
+* ``paged object`` / ``paged none``: ``flash_mla_paged`` with a caller's ``AbsorbedDecode`` /
+  without one (a transient object made per call: its plan built on the GPU at every call);
+* ``dense object`` / ``dense none``: ``flash_mla`` over a dense cache, every sequence ``t`` keys
+  (a host plan kept per shape);
+* ``FlashMLA reused`` / ``FlashMLA fresh``: official FlashMLA's call with its metadata reused /
+  new per call (the baseline of each pair);
+* with ``--hybrid``: the hybrid's default call (``mla_var6_plus``; on sm_90 its Gluon backend,
+  the parts on two streams) at ``--hybrid-shape``.
+
+Every call is checked first against official FlashMLA's output on the same inputs (or against
+the package's fp32 reference without it). The calls are timed in ``--rounds`` rounds, each
+round timing every call once in turn, so a noisy period of the host touches all of them; the
+record keeps every round and the median. The JSON record goes to ``--out``; a table is printed
+last.
+
+    python benchmarks/host_time.py --out host.json [--flash-mla DIR] [--shapes 32x1x128,64x2x16] [--hybrid]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+from common import K, P, baseline_parser, environment, import_flash_mla, make_paged, paged_reference, rel, \
+    require_cuda, write_json
+
+#: (b, s, heads) of the absorbed calls; t = --t keys per sequence
+SHAPES = ((32, 1, 128), (64, 1, 128), (32, 4, 128), (64, 2, 16))
+
+
+def parse_shapes(text: str) -> tuple:
+    try:
+        shapes = tuple(tuple(int(x) for x in item.split("x")) for item in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--shapes takes BxSxH items separated by commas, got {text!r}")
+    if not shapes or any(len(sh) != 3 or min(sh) < 1 for sh in shapes):
+        raise SystemExit(f"--shapes takes BxSxH items of positive integers, got {text!r}")
+    return shapes
+
+
+def absorbed_calls(fm, b: int, s: int, h: int, t: int) -> tuple[dict, dict]:
+    """The entry points' calls on one shape (uniform lengths ``t``) and their outputs' errors
+    against official FlashMLA (or the fp32 reference)."""
+    from mla_var3 import compat
+    from mla_var3.kernel.absorbed import flash_mla, flash_mla_paged
+    from mla_var3.kernel.decode import AbsorbedDecode
+
+    q, cache, table, seqlens = make_paged([t] * b, s, capacity=t, seed=b * 7 + s, poison=False)
+    q = q[:, :, :h].contiguous()
+    scale = (128 + P) ** -0.5
+    causal = s > 1
+    qt = q.transpose(1, 2)
+    qc, qpe = qt[..., :K].contiguous(), qt[..., K:].contiguous()
+    # the dense cache holds the paged one's keys in order, so every call computes the same attention
+    rows = cache[table.long()].reshape(b, -1, K + P)[:, :t]
+    z, kpe = rows[..., :K].contiguous(), rows[..., K:].contiguous()
+    meta = compat.get_mla_metadata()[0]
+    dense_owner, paged_owner = AbsorbedDecode(q.device), AbsorbedDecode(q.device)
+    calls = {
+        "compat reused": lambda: compat.flash_mla_with_kvcache(q, cache, table, seqlens, K, meta, softmax_scale=scale,
+                                                               causal=causal),
+        "compat fresh": lambda: compat.flash_mla_with_kvcache(q, cache, table, seqlens, K,
+                                                              compat.get_mla_metadata()[0], softmax_scale=scale,
+                                                              causal=causal),
+        "paged object": lambda: flash_mla_paged(qc, qpe, cache, table, seqlens, scale=scale, causal=causal,
+                                                decode=paged_owner),
+        "paged none": lambda: flash_mla_paged(qc, qpe, cache, table, seqlens, scale=scale, causal=causal),
+        "dense object": lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal, decode=dense_owner),
+        "dense none": lambda: flash_mla(qc, qpe, z, kpe, scale=scale, causal=causal),
+    }
+    if fm is not None:
+        fmeta = fm.get_mla_metadata()[0]
+        calls["FlashMLA reused"] = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K, fmeta,
+                                                                     softmax_scale=scale, causal=causal)
+        calls["FlashMLA fresh"] = lambda: fm.flash_mla_with_kvcache(q, cache, table, seqlens, K,
+                                                                    fm.get_mla_metadata()[0], softmax_scale=scale,
+                                                                    causal=causal)
+        want = calls["FlashMLA reused"]()[0].float()
+    else:
+        want = paged_reference(q, cache, table, seqlens, causal=causal, scale=scale)[0]
+    errors = {}
+    for name, fn in calls.items():
+        out = fn()[0]
+        if name.startswith(("paged", "dense")):
+            out = out.transpose(1, 2)                  # [b, h, s, k] -> FlashMLA's [b, s, h, k]
+        errors[name] = rel(out.float(), want)
+    return calls, errors
+
+
+def hybrid_call(b: int, s: int, n: int, t: int):
+    """The hybrid's default call with a window of ``n`` keys."""
+    from mla_var3.kernel.hybrid import mla_var6_plus
+
+    h, d = 128, 128
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rnd = lambda *shape: (torch.randn(*shape, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
+    q, qpe, qc = rnd(b, h, s, d), rnd(b, h, s, P), rnd(b, h, s, K)
+    z_old, kpe = rnd(b, t - n, K), rnd(b, t, P)
+    k_new, v_new = rnd(b, n, h, d), rnd(b, n, h, d)
+    return lambda: mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=(d + P) ** -0.5, causal=True)
+
+
+def main() -> None:
+    ap = baseline_parser(__doc__)
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, sh)) for sh in SHAPES),
+                    help="BxSxH items of the absorbed calls, or none (default: %(default)s)")
+    ap.add_argument("--t", type=int, default=4096, help="keys per sequence (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over every call (default: %(default)s)")
+    ap.add_argument("--calls", type=int, default=160, help="calls timed per call and round (default: %(default)s)")
+    ap.add_argument("--hybrid", action="store_true", help="also the hybrid's default call")
+    ap.add_argument("--hybrid-shape", default="32x32x1024", help="BxSxN of the hybrid call (default: %(default)s)")
+    args = ap.parse_args()
+    if args.rounds < 1 or args.calls < 8 or args.t < 64:
+        raise SystemExit("--rounds >= 1, --calls >= 8 and --t >= 64 are required")
+    require_cuda()
+    from mla_var3.runtime.timing import host_time_us, time_fn
+
+    fm = import_flash_mla(args.flash_mla)
+    record = environment(suite="host_time", flash_mla="official (prebuilt)" if fm is not None else None,
+                         t=args.t, rounds=args.rounds, calls=args.calls, timing="runtime.timing.host_time_us, "
+                         "bursts of 8 calls, device synchronised before each, median; then median over rounds",
+                         points=[])
+    groups = []
+    for b, s, h in (parse_shapes(args.shapes) if args.shapes != "none" else ()):
+        calls, errors = absorbed_calls(fm, b, s, h, args.t)
+        groups.append((dict(kind="absorbed", b=b, s=s, h=h, t=args.t, errors=errors), calls))
+        bad = {n: e for n, e in errors.items() if not e < 2e-2}
+        print(f"b{b} s{s} h{h}: errors vs {'FlashMLA' if fm else 'reference'} "
+              f"{ {n: f'{e:.1e}' for n, e in errors.items()} }" + (f"  FAILED {bad}" if bad else ""), flush=True)
+        if bad:
+            record["failed"] = record.get("failed", []) + [f"b{b} s{s} h{h}: {sorted(bad)}"]
+    if args.hybrid:
+        b, s, n = parse_shapes(args.hybrid_shape)[0]
+        groups.append((dict(kind="hybrid", b=b, s=s, h=128, n=n, t=args.t), {"hybrid default": hybrid_call(
+            b, s, n, args.t)}))
+    for info, calls in groups:
+        for fn in calls.values():
+            for _ in range(10):
+                fn()
+        torch.cuda.synchronize()
+        rounds = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                rounds[name].append(host_time_us(fn, calls=args.calls, warmup=2))
+        info["host_us"] = {name: statistics.median(v) for name, v in rounds.items()}
+        if info["kind"] == "hybrid":             # beside its host time: the GPU time, eager and in a graph
+            fn = calls["hybrid default"]
+            info["eager_us"] = time_fn(fn, use_graph=False).median_us
+            info["graph_us"] = time_fn(fn).median_us
+        info["rounds_us"] = rounds
+        record["points"].append(info)
+        print(f"{info['kind']} b{info['b']} s{info['s']} h{info['h']}: "
+              f"{ {n: round(v, 1) for n, v in info['host_us'].items()} }", flush=True)
+    write_json(args.out, record)
+    names = sorted({n for p in record["points"] if p["kind"] == "absorbed" for n in p["host_us"]})
+    print("\nhost µs per call (median over rounds)\n\n| b | s | h | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for p in record["points"]:
+        if p["kind"] == "absorbed":
+            print(f"| {p['b']} | {p['s']} | {p['h']} | " + " | ".join(f"{p['host_us'].get(n, float('nan')):.1f}"
+                                                                    for n in names) + " |")
+        else:
+            print(f"\nhybrid b{p['b']} s{p['s']} n{p['n']} t{p['t']}: host {p['host_us']['hybrid default']:.1f} µs, "
+                  f"eager {p['eager_us']:.1f} µs, graph {p['graph_us']:.1f} µs")
+    if record.get("failed"):
+        print("FAILED:", record["failed"], file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
