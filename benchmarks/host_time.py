@@ -13,7 +13,11 @@ device synchronised before each, median):
 * ``FlashMLA reused`` / ``FlashMLA fresh``: official FlashMLA's call with its metadata reused /
   new per call (the baseline of each pair);
 * with ``--hybrid``: the hybrid's default call (``mla_var6_plus``; on sm_90 its Gluon backend,
-  the parts on two streams) at ``--hybrid-shape``.
+  the parts on two streams) at ``--hybrid-shape``, with beside its host time its eager and
+  CUDA-graph times (``time_fn``, L2 flushed) and one call's time from issue to completion (the
+  device synchronised, then ``perf_counter`` around the call and a synchronisation; median of
+  20): an eager time below the host time means the timing loop hid host work behind queued GPU
+  work, or the bursts overstate it.
 
 Every call is checked first against official FlashMLA's output on the same inputs (or against
 the package's fp32 reference without it). The calls are timed in ``--rounds`` rounds, each
@@ -97,11 +101,37 @@ def absorbed_calls(fm, b: int, s: int, h: int, t: int) -> tuple[dict, dict]:
     return calls, errors
 
 
-def hybrid_call(b: int, s: int, n: int, t: int):
-    """The hybrid's default call with a window of ``n`` keys."""
+def parse_hybrid_shape(text: str) -> tuple[int, int, int, int]:
+    """``BxSxN`` or ``BxSxNxH`` as (b, s, n, h), 128 heads by default."""
+    try:
+        vals = tuple(int(x) for x in text.split("x"))
+    except ValueError:
+        vals = ()
+    if len(vals) not in (3, 4) or min(vals) < 1:
+        raise SystemExit(f"--hybrid-shape takes BxSxN or BxSxNxH of positive integers, got {text!r}")
+    return vals if len(vals) == 4 else (*vals, 128)
+
+
+def issue_to_done_us(fn, reps: int = 20) -> float:
+    """One call's wall time from issue to completion (median of ``reps``), the device
+    synchronised before each: host work and GPU work in series, plus a synchronisation."""
+    import time
+
+    samples = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
+def hybrid_call(b: int, s: int, n: int, t: int, h: int = 128):
+    """The hybrid's default call with a window of ``n`` keys and ``h`` heads."""
     from mla_var3.kernel.hybrid import mla_var6_plus
 
-    h, d = 128, 128
+    d = 128
     g = torch.Generator(device="cuda").manual_seed(3)
     rnd = lambda *shape: (torch.randn(*shape, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
     q, qpe, qc = rnd(b, h, s, d), rnd(b, h, s, P), rnd(b, h, s, K)
@@ -118,7 +148,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="rounds over every call (default: %(default)s)")
     ap.add_argument("--calls", type=int, default=160, help="calls timed per call and round (default: %(default)s)")
     ap.add_argument("--hybrid", action="store_true", help="also the hybrid's default call")
-    ap.add_argument("--hybrid-shape", default="32x32x1024", help="BxSxN of the hybrid call (default: %(default)s)")
+    ap.add_argument("--hybrid-shape", default="32x32x1024",
+                    help="BxSxN or BxSxNxH of the hybrid call (default: %(default)s, 128 heads)")
     args = ap.parse_args()
     if args.rounds < 1 or args.calls < 8 or args.t < 64:
         raise SystemExit("--rounds >= 1, --calls >= 8 and --t >= 64 are required")
@@ -140,9 +171,9 @@ def main() -> None:
         if bad:
             record["failed"] = record.get("failed", []) + [f"b{b} s{s} h{h}: {sorted(bad)}"]
     if args.hybrid:
-        b, s, n = parse_shapes(args.hybrid_shape)[0]
-        groups.append((dict(kind="hybrid", b=b, s=s, h=128, n=n, t=args.t), {"hybrid default": hybrid_call(
-            b, s, n, args.t)}))
+        b, s, n, h = parse_hybrid_shape(args.hybrid_shape)
+        groups.append((dict(kind="hybrid", b=b, s=s, h=h, n=n, t=args.t), {"hybrid default": hybrid_call(
+            b, s, n, args.t, h)}))
     for info, calls in groups:
         for fn in calls.values():
             for _ in range(10):
@@ -157,6 +188,7 @@ def main() -> None:
             fn = calls["hybrid default"]
             info["eager_us"] = time_fn(fn, use_graph=False).median_us
             info["graph_us"] = time_fn(fn).median_us
+            info["issue_to_done_us"] = issue_to_done_us(fn)
         info["rounds_us"] = rounds
         record["points"].append(info)
         print(f"{info['kind']} b{info['b']} s{info['s']} h{info['h']}: "
@@ -170,8 +202,9 @@ def main() -> None:
             print(f"| {p['b']} | {p['s']} | {p['h']} | " + " | ".join(f"{p['host_us'].get(n, float('nan')):.1f}"
                                                                     for n in names) + " |")
         else:
-            print(f"\nhybrid b{p['b']} s{p['s']} n{p['n']} t{p['t']}: host {p['host_us']['hybrid default']:.1f} µs, "
-                  f"eager {p['eager_us']:.1f} µs, graph {p['graph_us']:.1f} µs")
+            print(f"\nhybrid b{p['b']} s{p['s']} h{p['h']} n{p['n']} t{p['t']}: host {p['host_us']['hybrid default']:.1f}"
+                  f" µs, eager {p['eager_us']:.1f} µs, graph {p['graph_us']:.1f} µs, issue to done "
+                  f"{p['issue_to_done_us']:.1f} µs")
     if record.get("failed"):
         print("FAILED:", record["failed"], file=sys.stderr)
         raise SystemExit(1)
