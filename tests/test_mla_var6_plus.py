@@ -219,7 +219,7 @@ def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
 
     calls = []
 
-    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True):
+    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True, decode=None):
         calls.append((z.shape[1], causal))
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
@@ -273,7 +273,7 @@ def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
     from mla_var3.kernel.hopper import hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
-    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True):
+    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True, decode=None):
         o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
         return o.to(qc.dtype), lse
 
@@ -371,6 +371,71 @@ def test_sm90_default_at_deepseek_widths_captured(s, t, n):
     assert_close(g_o, e_o, dtype, name="graph o")
     assert_close(g_ol, e_ol, dtype, name="graph o_latent")
     assert_close(g_lse, e_lse, tol=LSE_TOLERANCE[dtype], name="graph lse")
+
+
+@pytest.mark.skipif(not _on_sm90(), reason="needs a Hopper (sm_90) GPU with Gluon")
+def test_sm90_partition_with_a_callers_hybrid_decode(monkeypatch):
+    """The SM-partitioned call with the caller's HybridDecode: the same outputs to the bit as
+    without one, its one side stream at every call, the latent part's launches bound in its
+    decode state after an eager call, and a capture replaying the eager result."""
+    from mla_var3.kernel.hybrid import HybridDecode, mla_var6_plus
+    from mla_var3.shapes import get_preset
+
+    monkeypatch.delenv("MLA_VAR3_CHECK", raising=False)        # value checks keep calls off the fast path
+    dtype = torch.bfloat16
+    x = R.make_inputs(get_preset("deepseek-v3"), Problem(b=2, s=16, t=1024, n=300, causal=True), dtype=dtype,
+                      device="cuda")
+    args = [x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new]
+    dec = HybridDecode("cuda")
+    want = mla_var6_plus(*args, scale=x.scale)
+    for _ in range(3):
+        got = mla_var6_plus(*args, scale=x.scale, decode=dec)
+        for a, b_ in zip(got, want):
+            assert torch.equal(a, b_)
+    assert dec.side_stream(x.q.device) is dec.side_stream(x.q.device) and len(dec._side) == 1
+    assert dec.latent._bound                                    # the latent part's launches bound in its state
+    static = [a.clone() for a in args]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_o, g_ol, g_lse = mla_var6_plus(*static, scale=x.scale, decode=dec)
+    static[2].copy_(torch.randn(static[2].shape, device="cuda").to(dtype) * args[2].float().std())
+    graph.replay()
+    torch.cuda.synchronize()
+    e_o, e_ol, e_lse = mla_var6_plus(*static, scale=x.scale, decode=dec)
+    assert_close(g_o, e_o, dtype, name="graph o")
+    assert_close(g_ol, e_ol, dtype, name="graph o_latent")
+    assert_close(g_lse, e_lse, tol=LSE_TOLERANCE[dtype], name="graph lse")
+
+
+@pytest.mark.parametrize("n", [0, 20], ids=["n0-absorbed", "n20"])
+def test_a_callers_hybrid_decode_gives_the_same_outputs(monkeypatch, n):
+    """A HybridDecode passed to the default call: the same outputs as without one; at n = 0 (the
+    absorbed call) the absorbed entry runs on the object's latent state; anything else as decode
+    is refused."""
+    from mla_var3.kernel import absorbed
+    from mla_var3.kernel.hybrid import HybridDecode
+
+    seen = []
+    real = absorbed.flash_mla
+
+    def spy(*a, decode=None, **k):
+        seen.append(decode)
+        return real(*a, decode=decode, **k)
+
+    monkeypatch.setattr(absorbed, "flash_mla", spy)
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    x = R.make_inputs(DIMS.replace(h=5), Problem(b=2, s=3, t=65, n=n), dtype=dtype, device=DEVICE)
+    args = (x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)
+    dec = HybridDecode(DEVICE)
+    want = mla_var6_plus(*args, scale=x.scale)
+    got = mla_var6_plus(*args, scale=x.scale, decode=dec)
+    for a, b_ in zip(got, want):
+        assert torch.equal(a, b_)
+    assert seen == ([None, dec.latent] if n == 0 else [])
+    assert_close(got[1], R.mla_var6_plus(*args, x.scale, True)[1], dtype, name="o_latent")
+    with pytest.raises(ValueError, match="decode must be a HybridDecode"):
+        mla_var6_plus(*args, scale=x.scale, decode=dec.latent)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ absorbed         ``absorbed`` (``flash_mla``, ``flash_mla_paged``; portable), ``
                  ``plan_reference``), ``combine`` (the split-KV LSE merge), ``hopper.absorbed_gluon``,
                  ``hopper.absorbed_seesaw`` (the kernel) and ``hopper.seesaw_host`` (its launches) (sm_90)
 expanded         ``expanded`` (``flash_attention``), ``hopper.expanded_gluon`` (sm_90)
-hybrid           ``hybrid`` (``mla_var6_plus``), ``hopper.hybrid_hopper`` and ``hopper.window_gluon``
-                 (sm_90)
+hybrid           ``hybrid`` (``mla_var6_plus``, ``HybridDecode``: the caller's state), ``hopper.hybrid_hopper``
+                 and ``hopper.window_gluon`` (sm_90)
 stages           ``gemm`` (``absorb_query``, ``decompress``)
 shared           ``_jit`` (in-kernel helpers), ``_common`` (host checks), ``_launch`` (launching with
                  little host work), ``backends`` (which implementation runs where)

@@ -66,11 +66,12 @@ from mla_var3.kernel._common import (
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel._launch import CachedLaunch, int_classes
 from mla_var3.kernel.combine import combine
+from mla_var3.kernel.decode import AbsorbedDecode
 from mla_var3.kernel.expanded import FlashAttentionConfig, load_tile, named_strides
 from mla_var3.shapes import MLADims, Problem
 
-__all__ = ["LatentPartConfig", "MLAVar6PlusConfig", "default_config", "candidate_configs", "example_launch",
-           "expanded_persistent", "merge_partials", "mla_var6_plus"]
+__all__ = ["HybridDecode", "LatentPartConfig", "MLAVar6PlusConfig", "default_config", "candidate_configs",
+           "example_launch", "expanded_persistent", "merge_partials", "mla_var6_plus"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -567,10 +568,10 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
 
 
 def mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causal, config, out, out_latent,
-                          overlap: bool = True):
+                          overlap: bool = True, decode: "HybridDecode | None" = None):
     """The portable Triton backend of :func:`mla_var6_plus` (inputs already validated; ``out``,
-    ``out_latent`` may be None: allocated here). ``overlap`` is accepted for a uniform backend
-    signature; the portable launches are issued on one stream."""
+    ``out_latent`` may be None: allocated here). ``overlap`` and ``decode`` are accepted for a
+    uniform backend signature; the portable launches are issued on one stream and keep no state."""
     b, h, s, d = q.shape
     k, o_len, n_len = qc.shape[-1], z_old.shape[1], k_new.shape[1]
     dev = q.device
@@ -607,19 +608,53 @@ def mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale, causa
 backends.register("mla_var6_plus", "triton", mla_var6_plus_portable)
 
 
+class HybridDecode:
+    """The hybrid's decode state, owned by the caller: pass one object to every call of a stream
+    of calls (a decode step's layers, step after step), as :class:`~mla_var3.kernel.decode.
+    AbsorbedDecode` is passed to the absorbed design's.
+
+    It holds the latent part's :class:`~mla_var3.kernel.decode.AbsorbedDecode` (:attr:`latent`:
+    its plan, workspace, descriptor encodings and bound launches) and, on a GPU, the side stream
+    the sm_90 backend issues one part on (:meth:`side_stream`: made on first use, then the same
+    stream at every call). Without one, a call makes the latent part's state for itself and takes
+    a side stream from torch's per-device pool at every call (32 streams, taken in turn), so its
+    side-stream allocations are cached per stream of the pool. Nothing is kept in the module.
+
+    >>> dec = HybridDecode(q.device)                                                   # doctest: +SKIP
+    >>> o, o_latent, lse = mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=sm, decode=dec)  # doctest: +SKIP
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.latent = AbsorbedDecode(device)
+        self._side: dict[int, "torch.cuda.Stream"] = {}
+
+    def __repr__(self) -> str:
+        return f"HybridDecode(latent={self.latent!r}, side streams on devices {sorted(self._side)})"
+
+    def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+        """This object's side stream on CUDA ``device`` (made on first use)."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = self._side.get(index)
+        if stream is None:
+            stream = self._side[index] = torch.cuda.Stream(device=index)
+        return stream
+
+
 def _pow2_16(x: int) -> bool:
     """The widths the absorbed kernel takes: powers of two >= 16 (others run the hybrid's own latent part)."""
     return x >= 16 and not x & (x - 1)
 
 
-def _as_absorbed(qc, qpe, z_old, kpe, *, scale, causal, out, out_latent, dv: int):
+def _as_absorbed(qc, qpe, z_old, kpe, *, scale, causal, out, out_latent, dv: int, decode: HybridDecode | None):
     """N = 0: the call *is* the absorbed design over the O = T latent keys, so it runs the public
     :func:`mla_var3.kernel.absorbed.flash_mla` (the device's best absorbed kernel: the seesaw with
     its decode plan on sm_90) and keeps the hybrid's contract: ``o`` zero, ``o_latent`` the
     absorbed output (copied into ``out_latent`` when given: an ``out`` buffer would keep the
-    absorbed call off its fastest kernel), the LSE over all keys."""
+    absorbed call off its fastest kernel), the LSE over all keys; with ``decode``, on its latent
+    part's state."""
     b, h, s, _ = qc.shape
-    o_lat, lse = _absorbed.flash_mla(qc, qpe, z_old, kpe, scale=scale, causal=causal)
+    o_lat, lse = _absorbed.flash_mla(qc, qpe, z_old, kpe, scale=scale, causal=causal,
+                                     decode=None if decode is None else decode.latent)
     if out_latent is not None:
         o_lat = out_latent.copy_(o_lat)
     out = torch.zeros((b, h, s, dv), dtype=qc.dtype, device=qc.device) if out is None else out.zero_()
@@ -630,7 +665,8 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
                   k_new: torch.Tensor, v_new: torch.Tensor, *, scale: float, causal: bool = True,
                   config: MLAVar6PlusConfig | None = None, out: torch.Tensor | None = None,
                   out_latent: torch.Tensor | None = None, backend: str = "auto",
-                  overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  overlap: bool = True, decode: HybridDecode | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                        torch.Tensor]:
     """Hybrid attention: latent over the O old tokens, expanded over the N newest, one softmax.
 
     Parameters
@@ -648,6 +684,8 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     backend : ``"auto"`` or a registered backend name (see :mod:`mla_var3.kernel.backends`);
         ``"gluon"`` on sm_90 (opt-in): :mod:`mla_var3.kernel.hopper.hybrid_hopper`
     overlap : issue the two parts on two streams where the backend can (sm_90)
+    decode : HybridDecode, optional   the caller's state (the latent part's decode state, the side
+        stream): pass one object to every call of a stream of calls; default: made for the call
 
     With N = 0, no ``config`` and ``backend="auto"`` the call is the absorbed design and runs it:
     :func:`mla_var3.kernel.absorbed.flash_mla` over ``z_old``, ``o`` zero (a named backend, a
@@ -659,6 +697,8 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     ``o + decompress(o_latent, w_uv)``.
     """
     check_inference(q, qpe, qc, z_old, kpe, k_new, v_new)
+    if decode is not None and not isinstance(decode, HybridDecode):
+        raise ValueError(f"decode must be a HybridDecode (mla_var3.kernel.hybrid), got {type(decode).__name__}")
     sizes: dict[str, int] = {}
     bind_shape("q", q, "B H S D", sizes)
     check_device("q", q)
@@ -685,7 +725,7 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
         bind_output("out_latent", out_latent, "B H S K", dict(sizes), **same)
     if n_len == 0 and config is None and backend == "auto" and b * h * s and _pow2_16(k) and _pow2_16(p):
         return _as_absorbed(qc, qpe, z_old, kpe, scale=scale, causal=bool(causal), out=out, out_latent=out_latent,
-                            dv=d)
+                            dv=d, decode=decode)
     run = backends.select("mla_var6_plus", dev, backend)
     return run(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=bool(causal), config=config, out=out,
-               out_latent=out_latent, overlap=bool(overlap))
+               out_latent=out_latent, overlap=bool(overlap), decode=decode)

@@ -51,8 +51,10 @@ PARTITION_MAX_S = 32
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """A side stream for the latent part: from torch's per-device stream pool (no stream is
-    created or kept here; a CUDA graph records the fork and the join, not the stream)."""
+    """A side stream for the latent part of a call without the caller's
+    :class:`~mla_var3.kernel.hybrid.HybridDecode`: from torch's per-device stream pool, the next
+    of its 32 streams at every call (no stream is created or kept here; a CUDA graph records the
+    fork and the join, not the stream)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.Stream(device=index)
 
@@ -97,7 +99,7 @@ def default_programs(s: int, o_len: int, n_len: int, sms: int) -> int:
 def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, causal: bool = True, config=None,
                          out=None, out_latent=None, overlap: bool = True, streams=None,
                          expanded_programs: int | None | str = "auto", window_kernel: str = "gluon",
-                         window_block: tuple[int, int] | None = None):
+                         window_block: tuple[int, int] | None = None, decode=None):
     """The sm_90 backend of :func:`mla_var6_plus` (inputs already validated; ``out`` and
     ``out_latent`` may be None).
 
@@ -126,6 +128,11 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     The latent kernel returns its partial in the input dtype (one extra rounding of ``o_l``
     before the merge, within the dtype's tolerance) and reads ``z_old`` and ``kpe[:, :O]`` in
     place where TMA can address them.
+
+    ``decode``: the caller's :class:`~mla_var3.kernel.hybrid.HybridDecode` — the latent part
+    runs on its :class:`~mla_var3.kernel.decode.AbsorbedDecode` and the side stream is its own;
+    without one the latent part makes its state per call and the side stream comes from torch's
+    pool at every call.
     """
     b, h, s, d = q.shape
     k, p, o_len, n_len = qc.shape[-1], qpe.shape[-1], z_old.shape[1], k_new.shape[1]
@@ -146,8 +153,9 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
         fits = (0 < n_len and s <= PARTITION_MAX_S and overlap and streams is None
                 and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:], causal) is not None)
         expanded_programs = default_programs(s, o_len, n_len, num_sms(dev.index)) if fits else None
+    latent_state = None if decode is None else decode.latent
     if n_len == 0:                                   # the absorbed design itself
-        o_l, lse = flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=causal)
+        o_l, lse = flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=causal, decode=latent_state)
         if out_latent is None:
             out_latent = o_l
         else:
@@ -161,13 +169,14 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
 
     def latent():     # the public entry's fast path: its checks once per call signature, its launches flat
-        return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
+        return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False, decode=latent_state)
 
     def expanded():
         return _expanded_part(q, qpe, k_new, v_new, kpe[:, o_len:], scale, causal, expanded_programs, window_block,
                               window_kernel)
 
-    (o_l, lse_l), (o_e, lse_e) = _run_parts(latent, expanded, dev, overlap, streams, bool(expanded_programs))
+    (o_l, lse_l), (o_e, lse_e) = _run_parts(latent, expanded, dev, overlap, streams, bool(expanded_programs),
+                                            decode)
     merge_parts(o_e, lse_e, o_l, lse_l, out, out_latent, lse)
     return out, out_latent, lse
 
@@ -200,15 +209,18 @@ def _expanded_part(q, qpe, k_new, v_new, kpe_new, scale: float, causal: bool, pr
     return o_e, lse_e
 
 
-def _run_parts(latent, expanded, dev, overlap: bool, streams, expanded_first: bool):
+def _run_parts(latent, expanded, dev, overlap: bool, streams, expanded_first: bool, decode=None):
     """``(latent(), expanded())``, the two parts issued one after the other, or with ``overlap``
-    on two streams (the latent one on a side stream, or ``streams = (latent_stream,
+    on two streams (the latent one on a side stream — ``decode``'s where the caller passes a
+    :class:`~mla_var3.kernel.hybrid.HybridDecode` — or ``streams = (latent_stream,
     expanded_stream)``) forked from and joined to the current one; ``expanded_first``: a
     persistent expanded part holding an SM partition is issued first."""
     if not overlap:
         return latent(), expanded()
     main = torch.cuda.current_stream(dev)
-    lat_stream, exp_stream = streams if streams is not None else (_side_stream(dev), main)
+    if streams is None:
+        streams = (_side_stream(dev) if decode is None else decode.side_stream(dev), main)
+    lat_stream, exp_stream = streams
     forked = [st for st in (lat_stream, exp_stream) if st != main]
     for st in forked:                                # inputs written on main are ready
         st.wait_stream(main)
