@@ -13,7 +13,8 @@ device synchronised before each, median):
 * ``FlashMLA reused`` / ``FlashMLA fresh``: official FlashMLA's call with its metadata reused /
   new per call (the baseline of each pair);
 * with ``--hybrid``: the hybrid's default call (``mla_var6_plus``; on sm_90 its Gluon backend,
-  the parts on two streams) at ``--hybrid-shape``, with beside its host time its eager and
+  the parts on two streams) at ``--hybrid-shape``, without and with the caller's
+  ``HybridDecode``, each with beside its host time its eager and
   CUDA-graph times (``time_fn``, L2 flushed) and one call's time from issue to completion (the
   device synchronised, then ``perf_counter`` around the call and a synchronisation; median of
   20): an eager time below the host time means the timing loop hid host work behind queued GPU
@@ -127,9 +128,10 @@ def issue_to_done_us(fn, reps: int = 20) -> float:
     return statistics.median(samples)
 
 
-def hybrid_call(b: int, s: int, n: int, t: int, h: int = 128):
-    """The hybrid's default call with a window of ``n`` keys and ``h`` heads."""
-    from mla_var3.kernel.hybrid import mla_var6_plus
+def hybrid_calls(b: int, s: int, n: int, t: int, h: int = 128) -> dict:
+    """The hybrid's default call with a window of ``n`` keys and ``h`` heads, without and with the
+    caller's :class:`~mla_var3.kernel.hybrid.HybridDecode`."""
+    from mla_var3.kernel.hybrid import HybridDecode, mla_var6_plus
 
     d = 128
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -137,7 +139,10 @@ def hybrid_call(b: int, s: int, n: int, t: int, h: int = 128):
     q, qpe, qc = rnd(b, h, s, d), rnd(b, h, s, P), rnd(b, h, s, K)
     z_old, kpe = rnd(b, t - n, K), rnd(b, t, P)
     k_new, v_new = rnd(b, n, h, d), rnd(b, n, h, d)
-    return lambda: mla_var6_plus(q, qpe, qc, z_old, kpe, k_new, v_new, scale=(d + P) ** -0.5, causal=True)
+    dec = HybridDecode(q.device)
+    args = (q, qpe, qc, z_old, kpe, k_new, v_new)
+    return {"hybrid default": lambda: mla_var6_plus(*args, scale=(d + P) ** -0.5, causal=True),
+            "hybrid, HybridDecode": lambda: mla_var6_plus(*args, scale=(d + P) ** -0.5, causal=True, decode=dec)}
 
 
 def main() -> None:
@@ -172,8 +177,13 @@ def main() -> None:
             record["failed"] = record.get("failed", []) + [f"b{b} s{s} h{h}: {sorted(bad)}"]
     if args.hybrid:
         b, s, n, h = parse_hybrid_shape(args.hybrid_shape)
-        groups.append((dict(kind="hybrid", b=b, s=s, h=h, n=n, t=args.t), {"hybrid default": hybrid_call(
-            b, s, n, args.t, h)}))
+        calls = hybrid_calls(b, s, n, args.t, h)
+        outs = [fn() for fn in calls.values()]
+        same = all(torch.equal(x, y) for x, y in zip(*outs))       # the caller's state changes no result
+        print(f"hybrid b{b} s{s} h{h} n{n}: with and without HybridDecode {'equal' if same else 'DIFFER'}", flush=True)
+        if not same:
+            record["failed"] = record.get("failed", []) + [f"hybrid b{b} s{s} h{h} n{n}: HybridDecode changes the result"]
+        groups.append((dict(kind="hybrid", b=b, s=s, h=h, n=n, t=args.t, same_outputs=same), calls))
     for info, calls in groups:
         for fn in calls.values():
             for _ in range(10):
@@ -185,10 +195,9 @@ def main() -> None:
                 rounds[name].append(host_time_us(fn, calls=args.calls, warmup=2))
         info["host_us"] = {name: statistics.median(v) for name, v in rounds.items()}
         if info["kind"] == "hybrid":             # beside its host time: the GPU time, eager and in a graph
-            fn = calls["hybrid default"]
-            info["eager_us"] = time_fn(fn, use_graph=False).median_us
-            info["graph_us"] = time_fn(fn).median_us
-            info["issue_to_done_us"] = issue_to_done_us(fn)
+            info["eager_us"] = {name: time_fn(fn, use_graph=False).median_us for name, fn in calls.items()}
+            info["graph_us"] = {name: time_fn(fn).median_us for name, fn in calls.items()}
+            info["issue_to_done_us"] = {name: issue_to_done_us(fn) for name, fn in calls.items()}
         info["rounds_us"] = rounds
         record["points"].append(info)
         print(f"{info['kind']} b{info['b']} s{info['s']} h{info['h']}: "
@@ -202,9 +211,10 @@ def main() -> None:
             print(f"| {p['b']} | {p['s']} | {p['h']} | " + " | ".join(f"{p['host_us'].get(n, float('nan')):.1f}"
                                                                     for n in names) + " |")
         else:
-            print(f"\nhybrid b{p['b']} s{p['s']} h{p['h']} n{p['n']} t{p['t']}: host {p['host_us']['hybrid default']:.1f}"
-                  f" µs, eager {p['eager_us']:.1f} µs, graph {p['graph_us']:.1f} µs, issue to done "
-                  f"{p['issue_to_done_us']:.1f} µs")
+            for name in p["host_us"]:
+                print(f"\n{name} b{p['b']} s{p['s']} h{p['h']} n{p['n']} t{p['t']}: host {p['host_us'][name]:.1f} µs, "
+                      f"eager {p['eager_us'][name]:.1f} µs, graph {p['graph_us'][name]:.1f} µs, issue to done "
+                      f"{p['issue_to_done_us'][name]:.1f} µs")
     if record.get("failed"):
         print("FAILED:", record["failed"], file=sys.stderr)
         raise SystemExit(1)
