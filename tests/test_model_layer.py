@@ -343,3 +343,40 @@ def test_kernel_backend_refuses_to_drop_gradients():
     layer.backend = "kernel"
     with pytest.raises(ValueError, match="inference only"):
         layer(hidden(cfg, 1, 3, torch.float32), torch.arange(3)[None], mode="absorbed")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="float32 CPU tensors reach the kernels only under the interpreter")
+def test_run_design_passes_the_callers_hybrid_state_to_the_hybrid_kernel(monkeypatch):
+    """The hybrid path hands the caller's HybridDecode (an AttentionState's, one per state) to the
+    hybrid kernel, with the same output as without it; the references take none."""
+    from mla_var3.kernel import hybrid
+    from mla_var3.model.attention import AttentionState, run_design
+
+    seen = []
+    real = hybrid.mla_var6_plus
+
+    def spy(*args, decode=None, **kw):
+        seen.append(decode)
+        return real(*args, decode=decode, **kw)
+
+    monkeypatch.setattr(hybrid, "mla_var6_plus", spy)
+    cfg = MLAConfig(hidden=64, h=2, d=16, p=16, k=32, dv=16, hybrid_n=2)
+    layer = MLALayer.random(cfg, dtype=torch.float32, seed=9)
+    x = hidden(cfg, 2, 5, torch.float32)
+    positions = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        _, cache = layer(x, positions, mode="hybrid")
+        q_nope, q_pe, _, _ = layer.project(x[:, 4:], positions[:, 4:])
+    state = AttentionState()
+    assert state.hybrid("cpu") is state.hybrid("cpu")
+    w = layer.absorbed
+    kw = dict(scale=cfg.softmax_scale, backend="kernel")
+    with torch.no_grad():
+        want = run_design("hybrid", q_nope, q_pe, cache, w.w_uk, w.w_uv, **kw)
+        got = run_design("hybrid", q_nope, q_pe, cache, w.w_uk, w.w_uv, hybrid=state.hybrid("cpu"), **kw)
+        ref = run_design("hybrid", q_nope, q_pe, cache, w.w_uk, w.w_uv, hybrid=state.hybrid("cpu"),
+                         scale=cfg.softmax_scale, backend="reference")
+    assert torch.equal(got, want)
+    half = len(seen) // 2                                   # one kernel call per run here (a uniform batch)
+    assert half >= 1 and seen == [None] * half + [state.hybrid("cpu")] * half
+    assert_close(got, ref, torch.float32, name="hybrid kernel with the caller's state")

@@ -50,10 +50,11 @@ def default_dispatcher(device: torch.device | str) -> Dispatcher:
 
 class AttentionState:
     """What running attention keeps between calls, owned by its caller (a layer, a model's
-    adapters, an engine's step): the :class:`Dispatcher` (its decisions) and the absorbed
+    adapters, an engine's step): the :class:`Dispatcher` (its decisions), the absorbed
     design's decode state (:class:`~mla_var3.kernel.decode.AbsorbedDecode`: the plan of the
-    lengths last seen, the workspace). Several layers may share one dispatcher; each layer keeps
-    its own decode state (its cache's lengths are its own tensor).
+    lengths last seen, the workspace) and the hybrid's (:class:`~mla_var3.kernel.hybrid.
+    HybridDecode`: its latent part's decode state, its side stream). Several layers may share one
+    dispatcher; each layer keeps its own decode state (its cache's lengths are its own tensor).
 
     >>> state = AttentionState()                                              # doctest: +SKIP
     >>> o, decision = mla_attention(q_nope, q_pe, cache, w_uk, w_uv, scale=sm, state=state)
@@ -64,6 +65,7 @@ class AttentionState:
             raise ValueError(f"dispatcher must be a mla_var3.dispatch.Dispatcher, got {type(dispatcher).__name__}")
         self._dispatcher = dispatcher
         self._decode = None
+        self._hybrid = None
 
     @property
     def given_dispatcher(self) -> Dispatcher | None:
@@ -84,6 +86,14 @@ class AttentionState:
 
             self._decode = AbsorbedDecode(device)
         return self._decode
+
+    def hybrid(self, device: torch.device | str):
+        """The hybrid's decode state (made on first use)."""
+        if self._hybrid is None:
+            from mla_var3.kernel.hybrid import HybridDecode
+
+            self._hybrid = HybridDecode(device)
+        return self._hybrid
 
 
 #: decisions per octave of context length: the dispatcher decides at t rounded up to one of these
@@ -111,7 +121,8 @@ def _seqlens(cache):
 
 
 def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.Tensor, w_uv: torch.Tensor,
-               *, scale: float, n: int | None = None, backend: str = "auto", decode=None) -> torch.Tensor:
+               *, scale: float, n: int | None = None, backend: str = "auto", decode=None,
+               hybrid=None) -> torch.Tensor:
     """Attention of the s new tokens over ``cache`` (which holds them last) with ``design``.
 
     Parameters
@@ -125,6 +136,8 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
     backend : 'auto', 'reference' or 'kernel' (:mod:`mla_var3.model.backend`)
     decode : the caller's :class:`~mla_var3.kernel.decode.AbsorbedDecode` for the absorbed
         kernels (default: one made for the call); ignored by the references
+    hybrid : the caller's :class:`~mla_var3.kernel.hybrid.HybridDecode` for the hybrid kernel
+        (default: its state made for the call); ignored by the references
 
     Returns ``O [B, H, S, DV]`` (in the kernels' or references' dtype). Inputs are not
     validated here: :func:`mla_attention` and the layer do that.
@@ -161,11 +174,12 @@ def run_design(design: str, q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_u
         return fn("decompress")(o_latent.to(dt), w_uv)
     split, decompress = fn(d.kernel), fn("decompress")
     n = cache.n if n is None else n
+    state = {} if hybrid is None or _is_reference(split) else {"decode": hybrid}
 
     def attend(rows: slice, parts):
         z_old, kpe, k_new, v_new = parts
         q, k_new, v_new = _one_head_dim(q_nope[rows], k_new, v_new)
-        o, o_latent, _ = split(q, q_pe[rows], qc[rows], z_old, kpe, k_new, v_new, scale=scale, causal=True)
+        o, o_latent, _ = split(q, q_pe[rows], qc[rows], z_old, kpe, k_new, v_new, scale=scale, causal=True, **state)
         return decompress(o_latent.to(dt), w_uv, o[..., :dv].to(dt))
 
     if cache.uniform:
@@ -289,7 +303,9 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache, w_uk: torch.T
         dispatcher = state.dispatcher(q_nope.device) if state is not None else default_dispatcher(q_nope.device)
     t = max(decision_t(_decision_t(cache)), s)
     decision = dispatcher.decide(dims, Problem(b=b, s=s, t=t), CacheInfo.of(cache), design, n)
-    decode = state.decode(q_nope.device) if state is not None and q_nope.device.type == "cuda" else None
+    cuda = state is not None and q_nope.device.type == "cuda"
+    decode = state.decode(q_nope.device) if cuda else None
+    hybrid = state.hybrid(q_nope.device) if cuda else None
     o = run_design(decision.design, q_nope, q_pe, cache, w_uk, w_uv, scale=scale, n=decision.n, backend=backend,
-                   decode=decode)
+                   decode=decode, hybrid=hybrid)
     return o.to(q_nope.dtype), decision

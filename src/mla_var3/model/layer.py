@@ -312,7 +312,8 @@ class MLALayer(nn.Module):
                                                   design=self.auto_design, backend=self.backend, state=state)
         else:
             decode = state.decode(z.device) if z.is_cuda else None
+            hybrid = state.hybrid(z.device) if z.is_cuda else None
             o = run_design(mode, q_nope, q_pe, cache, w.w_uk, w.w_uv, scale=c.softmax_scale, backend=self.backend,
-                           decode=decode)
+                           decode=decode, hybrid=hybrid)
         o = o.to(hidden_states.dtype).transpose(1, 2).reshape(b, s, c.h * c.dv)
         return self.o_proj(o), cache
