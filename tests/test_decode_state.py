@@ -124,7 +124,8 @@ def test_a_transient_owner_keeps_no_encodings_and_binds_nothing(monkeypatch):
     """An object made for one call (an entry point called without the caller's) encodes each
     descriptor afresh and binds no launches; its calls give the same results."""
     x, cache, table, seqlens = _paged(2, 1, 128, [128, 70])
-    dec = AbsorbedDecode(DEVICE, readback=False, transient=True)
+    dec = AbsorbedDecode.for_one_call(DEVICE)
+    assert dec.transient and not dec.readback
     calls = []
     assert dec.tma("spec", 16, lambda spec, a: calls.append(a) or ("enc", a)) == ("enc", 16)
     assert dec.tma("spec", 16, lambda spec, a: calls.append(a) or ("enc", a)) == ("enc", 16)

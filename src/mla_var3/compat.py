@@ -160,7 +160,7 @@ def flash_mla_with_kvcache(
     config, dv = _checked_config(q, k_cache, head_dim_v, causal)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_scale(softmax_scale, name="softmax_scale")
     if meta is None:
-        decode = AbsorbedDecode(q.device, readback=False, transient=True)
+        decode = AbsorbedDecode.for_one_call(q.device)
     else:
         if meta.have_initialized and meta.config != config:
             raise ValueError(f"tile_scheduler_metadata was built for (b, s_q, h_q, page_block_size, h_k, causal) = "
@@ -191,7 +191,7 @@ def _fast_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax
     config = (*q.shape[:3], k_cache.shape[1], 1, causal)
     if meta is not None and meta.have_initialized and meta.config != config:
         return entry, None                            # the checked path raises
-    decode = AbsorbedDecode(q.device, readback=False, transient=True) if meta is None else meta.decode
+    decode = AbsorbedDecode.for_one_call(q.device) if meta is None else meta.decode
     base, cache = q.data_ptr(), k_cache.data_ptr()
     done = spec.launch(decode, (base, base + spec.kr_offset, cache, cache + spec.kr_offset), block_table,
                        cache_seqlens, cache_seqlens, scale, token_major=True)

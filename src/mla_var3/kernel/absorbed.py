@@ -506,6 +506,5 @@ def _owner(decode: AbsorbedDecode | None, plan: DecodePlan | None, qc, backend: 
             raise ValueError(f"backend={backend!r} differs from the decode object's {decode.backend!r}: the "
                              f"AbsorbedDecode fixes its backend")
         return decode
-    owner = AbsorbedDecode(qc.device if isinstance(qc, torch.Tensor) else None, backend=backend, readback=False,
-                           transient=True)
+    owner = AbsorbedDecode.for_one_call(qc.device if isinstance(qc, torch.Tensor) else None, backend=backend)
     return owner if plan is None else owner.use_plan(plan)

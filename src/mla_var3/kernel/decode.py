@@ -98,6 +98,12 @@ class AbsorbedDecode:
         self._tma: dict = {}
         self._bound: dict = {}
 
+    @classmethod
+    def for_one_call(cls, device: torch.device | str | None = None, *, backend: str = "auto") -> "AbsorbedDecode":
+        """The object an entry point makes when its caller passes none: transient, and without the
+        kind readback (no later call would use either)."""
+        return cls(device, backend=backend, readback=False, transient=True)
+
     def __repr__(self) -> str:
         p = self.decode_plan
         planned = "no plan" if p is None else f"plan for batch {p.batch}, rows {p.rows}, {p.max_blocks} blocks"

@@ -436,7 +436,7 @@ def flash_mla_gluon(qc: torch.Tensor, qpe: torch.Tensor, z: torch.Tensor, kpe: t
     if schedule == "seesaw":
         if seesaw.seesaw_applies(qc, qpe, (z, kpe)):
             return seesaw.seesaw_attention(qc, qpe, (z, kpe), scale=scale, causal=causal, seqlens=seqlens,
-                                           decode=AbsorbedDecode(qc.device, readback=False, transient=True),
+                                           decode=AbsorbedDecode.for_one_call(qc.device),
                                            num_splits=num_splits if seqlens is None else None)
         schedule = "pipelined"
     hs = h * s
