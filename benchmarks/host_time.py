@@ -14,11 +14,11 @@ device synchronised before each, median):
   new per call (the baseline of each pair);
 * with ``--hybrid``: the hybrid's default call (``mla_var6_plus``; on sm_90 its Gluon backend,
   the parts on two streams) at ``--hybrid-shape``, without and with the caller's
-  ``HybridDecode``, each with beside its host time its eager and
-  CUDA-graph times (``time_fn``, L2 flushed) and one call's time from issue to completion (the
-  device synchronised, then ``perf_counter`` around the call and a synchronisation; median of
-  20): an eager time below the host time means the timing loop hid host work behind queued GPU
-  work, or the bursts overstate it.
+  ``HybridDecode``, each with beside its host time its eager and CUDA-graph times
+  (``time_interleaved``: the two calls in the same repetitions, L2 flushed) and one call's time
+  from issue to completion (the device synchronised, then ``perf_counter`` around the call and a
+  synchronisation; median of 20): an eager time below the host time means the timing loop hid
+  host work behind queued GPU work, or the bursts overstate it.
 
 Every call is checked first against official FlashMLA's output on the same inputs (or against
 the package's fp32 reference without it). The calls are timed in ``--rounds`` rounds, each
@@ -159,7 +159,7 @@ def main() -> None:
     if args.rounds < 1 or args.calls < 8 or args.t < 64:
         raise SystemExit("--rounds >= 1, --calls >= 8 and --t >= 64 are required")
     require_cuda()
-    from mla_var3.runtime.timing import host_time_us, time_fn
+    from mla_var3.runtime.timing import host_time_us, time_interleaved
 
     fm = import_flash_mla(args.flash_mla)
     record = environment(suite="host_time", flash_mla="official (prebuilt)" if fm is not None else None,
@@ -195,8 +195,9 @@ def main() -> None:
                 rounds[name].append(host_time_us(fn, calls=args.calls, warmup=2))
         info["host_us"] = {name: statistics.median(v) for name, v in rounds.items()}
         if info["kind"] == "hybrid":             # beside its host time: the GPU time, eager and in a graph
-            info["eager_us"] = {name: time_fn(fn, use_graph=False).median_us for name, fn in calls.items()}
-            info["graph_us"] = {name: time_fn(fn).median_us for name, fn in calls.items()}
+            eager, graph = time_interleaved(calls, use_graph=False), time_interleaved(calls)   # side by side
+            info["eager_us"] = {name: eager[name].median_us for name in calls}
+            info["graph_us"] = {name: graph[name].median_us for name in calls}
             info["issue_to_done_us"] = {name: issue_to_done_us(fn) for name, fn in calls.items()}
         info["rounds_us"] = rounds
         record["points"].append(info)
