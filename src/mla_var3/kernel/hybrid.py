@@ -428,21 +428,14 @@ def _launch_latent(qc, qpe, z_old, kpe_old, o_lat, lse, t: int, scale: float, ca
         combine(o_dst, l_dst, o_lat, lse)
 
 
-def _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast: bool) -> tuple[tuple, dict]:
+def _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast: bool) -> tuple[tuple, tuple, tuple, dict]:
+    """The merge kernel's ``(grid, tensors, integer arguments, constexprs)``, in its parameters' order."""
     b, h, s, d = o_e.shape
     block_r = min(16, next_pow2(s))
-    args = dict(
-        oe_ptr=o_e, le_ptr=lse_e, ol_ptr=o_l, ll_ptr=lse_l, o_ptr=o, olat_ptr=o_latent, lse_ptr=lse,
-        **named_strides("stride_eb stride_eh stride_es stride_ed", o_e.stride()),
-        **named_strides("stride_leb stride_leh stride_les", lse_e.stride()),
-        **named_strides("stride_lb stride_lh stride_ls stride_lk", o_l.stride()),
-        **named_strides("stride_llb stride_llh stride_lls", lse_l.stride()),
-        **named_strides("stride_ob stride_oh stride_os stride_od", o.stride()),
-        **named_strides("stride_ab stride_ah stride_as stride_ak", o_latent.stride()),
-        **named_strides("stride_xb stride_xh stride_xs", lse.stride()),
-        H=h, S=s, D=d, K=o_l.shape[-1], BLOCK_R=block_r, BLOCK_C=64 if upcast else 128, UPCAST=upcast,
-    )
-    return (cdiv(s, block_r), b * h), args
+    ints = (*o_e.stride(), *lse_e.stride(), *o_l.stride(), *lse_l.stride(), *o.stride(), *o_latent.stride(),
+            *lse.stride(), h, s, d, o_l.shape[-1])
+    consts = dict(BLOCK_R=block_r, BLOCK_C=64 if upcast else 128, UPCAST=upcast)
+    return (cdiv(s, block_r), b * h, 1), (o_e, lse_e, o_l, lse_l, o, o_latent, lse), ints, consts
 
 
 _MERGE_LAUNCH = CachedLaunch(_merge_kernel)
@@ -451,13 +444,9 @@ _MERGE_LAUNCH = CachedLaunch(_merge_kernel)
 def merge_parts(o_e, lse_e, o_l, lse_l, o, o_latent, lse) -> None:
     """Merge the expanded part ``(o_e, lse_e)`` and the latent part ``(o_l, lse_l)`` of a hybrid
     call into ``o``, ``o_latent`` and ``lse`` in place (one launch; see :func:`merge_partials`)."""
-    upcast = interpreting()
-    grid, args = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, upcast)
-    values = tuple(args.values())
-    tensors, ints, consts = values[:7], values[7:-3], dict(BLOCK_R=args["BLOCK_R"], BLOCK_C=args["BLOCK_C"],
-                                                           UPCAST=upcast)
-    key = (tuple((t.dtype, t.data_ptr() % 16) for t in tensors), int_classes(ints), args["BLOCK_R"])
-    _MERGE_LAUNCH(key, (*grid, 1), (*tensors, *ints), consts, num_warps=4)
+    grid, tensors, ints, consts = _merge_args(o_e, lse_e, o_l, lse_l, o, o_latent, lse, interpreting())
+    key = (tuple((t.dtype, t.data_ptr() % 16) for t in tensors), int_classes(ints), consts["BLOCK_R"])
+    _MERGE_LAUNCH(key, grid, (*tensors, *ints), consts, num_warps=4)
 
 
 def merge_partials(o_e: torch.Tensor, lse_e: torch.Tensor, o_l: torch.Tensor, lse_l: torch.Tensor, *,
@@ -553,10 +542,11 @@ def example_launch(part: str, b: int, h: int, s: int, o: int, n: int, d: int = 1
                                o + n, (d + p) ** -0.5, causal, lat, False)
         return _fa.arg_types(args), dict(num_warps=lat.num_warps, num_stages=lat.num_stages)
     if part == "merge":
-        _, args = _merge_args(torch.empty(b, h, s, d, **f32), torch.empty(b, h, s, **f32),
-                              torch.empty(b, h, s, k, **f32), torch.empty(b, h, s, **f32),
-                              torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, k, **meta),
-                              torch.empty(b, h, s, **f32), False)
+        _, tensors, ints, consts = _merge_args(torch.empty(b, h, s, d, **f32), torch.empty(b, h, s, **f32),
+                                               torch.empty(b, h, s, k, **f32), torch.empty(b, h, s, **f32),
+                                               torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, k, **meta),
+                                               torch.empty(b, h, s, **f32), False)
+        args = {**dict(zip(_merge_kernel.arg_names, (*tensors, *ints))), **consts}
         return _fa.arg_types(args), dict(num_warps=4, num_stages=1)
     if part == "persistent":
         _, args = _expanded_persistent_args(torch.empty(b, h, s, d, **meta), torch.empty(b, h, s, p, **meta),

@@ -148,10 +148,19 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     if not checked or not gluon_latent_applies(q.dtype, k, p, s, o_len, n_len, causal, config):
         return mla_var6_plus_portable(q, qpe, qc, z_old, kpe, k_new, v_new, scale=scale, causal=causal,
                                      config=config, out=out, out_latent=out_latent)
-    kpe_old = kpe[:, :o_len]
+    kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
+    if not (expanded_programs in ("auto", None) or (isinstance(expanded_programs, int) and expanded_programs >= 0)):
+        raise ValueError(f"expanded_programs must be 'auto', None or an int >= 0, got {expanded_programs!r}")
+    # the window's ring shape, chosen once per call (the partition's test and the launch both need it)
+    block = None
+    if n_len > 0 and (expanded_programs == "auto" or expanded_programs):
+        if window_block is None:                     # the first ring shape that applies, or None
+            block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
+        elif wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=window_block[0],
+                               stages=window_block[1]):
+            block = window_block
     if expanded_programs == "auto":                  # a partition where the window kernel takes the call
-        fits = (0 < n_len and s <= PARTITION_MAX_S and overlap and streams is None
-                and wg.choose_block(q, qpe, k_new, v_new, kpe[:, o_len:], causal) is not None)
+        fits = s <= PARTITION_MAX_S and overlap and streams is None and block is not None
         expanded_programs = default_programs(s, o_len, n_len, num_sms(dev.index)) if fits else None
     latent_state = None if decode is None else decode.latent
     if n_len == 0:                                   # the absorbed design itself
@@ -172,8 +181,7 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
         return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False, decode=latent_state)
 
     def expanded():
-        return _expanded_part(q, qpe, k_new, v_new, kpe[:, o_len:], scale, causal, expanded_programs, window_block,
-                              window_kernel)
+        return _expanded_part(q, qpe, k_new, v_new, kpe_new, scale, causal, expanded_programs, block, window_kernel)
 
     (o_l, lse_l), (o_e, lse_e) = _run_parts(latent, expanded, dev, overlap, streams, bool(expanded_programs),
                                             decode)
@@ -181,23 +189,18 @@ def mla_var6_plus_hopper(q, qpe, qc, z_old, kpe, k_new, v_new, *, scale: float, 
     return out, out_latent, lse
 
 
-def _expanded_part(q, qpe, k_new, v_new, kpe_new, scale: float, causal: bool, programs, window_block, window_kernel):
+def _expanded_part(q, qpe, k_new, v_new, kpe_new, scale: float, causal: bool, programs, block, window_kernel):
     """The hybrid's expanded part over the N newest keys: ``(o [B, H, S, D], lse)``. With
-    ``programs``, a persistent kernel on that many SMs (the Gluon window kernel where it applies
-    and is asked for, in ``window_block`` = (keys per block, ring depth) or its first shape that
-    applies; else the portable persistent one); without, the device's best expanded kernel."""
+    ``programs``, a persistent kernel on that many SMs (the Gluon window kernel in ring shape
+    ``block`` = (keys per block, ring depth), which :func:`~mla_var3.kernel.hopper.window_gluon.
+    window_applies` accepted, where it is asked for; else, or with ``block`` None, the portable
+    persistent one); without, the device's best expanded kernel."""
     b, h, s, d = q.shape
     n_len, dev = k_new.shape[1], q.device
     if programs:
-        if window_block is None:                     # the first ring shape that applies, or None
-            block = wg.choose_block(q, qpe, k_new, v_new, kpe_new, causal)
-        elif wg.window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=window_block[0], stages=window_block[1]):
-            block = window_block
-        else:
-            block = None
         if window_kernel == "gluon" and block is not None:
-            return wg.expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal,
-                                            programs=programs, block_n=block[0], stages=block[1])
+            return wg.launch_window(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal, programs=programs,
+                                    block_n=block[0], stages=block[1])
         return expanded_persistent(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal, programs=programs)
     if n_len >= s:          # the public launcher: whichever expanded backend is best on this device
         return _fa.flash_attention(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=causal)
@@ -214,28 +217,40 @@ def _run_parts(latent, expanded, dev, overlap: bool, streams, expanded_first: bo
     on two streams (the latent one on a side stream — ``decode``'s where the caller passes a
     :class:`~mla_var3.kernel.hybrid.HybridDecode` — or ``streams = (latent_stream,
     expanded_stream)``) forked from and joined to the current one; ``expanded_first``: a
-    persistent expanded part holding an SM partition is issued first."""
+    persistent expanded part holding an SM partition is issued first.
+
+    The fork and the join are one event each way and the parts are issued with
+    ``torch.cuda.set_stream`` (the current stream restored after them, also on an error): what
+    ``Stream.wait_stream`` per stream and a ``torch.cuda.stream`` context per part do, with less
+    host work on an eager call."""
     if not overlap:
         return latent(), expanded()
+    if dev.index is not None and dev.index != torch.cuda.current_device():
+        with torch.cuda.device(dev):                 # set_stream below also sets the current device
+            return _run_parts(latent, expanded, dev, overlap, streams, expanded_first, decode)
     main = torch.cuda.current_stream(dev)
     if streams is None:
         streams = (_side_stream(dev) if decode is None else decode.side_stream(dev), main)
     lat_stream, exp_stream = streams
     forked = [st for st in (lat_stream, exp_stream) if st != main]
-    for st in forked:                                # inputs written on main are ready
-        st.wait_stream(main)
-    if expanded_first:                               # the persistent expanded part first: an SM partition
-        with torch.cuda.stream(exp_stream):
-            exp = expanded()
-        with torch.cuda.stream(lat_stream):
-            lat = latent()
-    else:
-        with torch.cuda.stream(lat_stream):          # compute-bound: issued first, fills the SMs
-            lat = latent()
-        with torch.cuda.stream(exp_stream):          # memory-bound: takes SMs as they come free
-            exp = expanded()
+    if forked:                                       # inputs written on main are ready
+        ready = main.record_event()
+        for st in forked:
+            st.wait_event(ready)
+    order = ((exp_stream, expanded), (lat_stream, latent)) if expanded_first else ((lat_stream, latent),
+                                                                                    (exp_stream, expanded))
+    # expanded first: the persistent part holding an SM partition; else the compute-bound latent part
+    # first, which fills the SMs, and the memory-bound expanded part takes SMs as they come free
+    done = []
+    try:
+        for st, part in order:
+            torch.cuda.set_stream(st)
+            done.append(part())
+    finally:
+        torch.cuda.set_stream(main)
+    exp, lat = done if expanded_first else done[::-1]
     for st in forked:                                # join before the merge
-        main.wait_stream(st)
+        main.wait_event(st.record_event())
     if not torch.cuda.is_current_stream_capturing():
         for st, outs in ((lat_stream, lat), (exp_stream, exp)):
             if st != main:                           # allocated on a forked stream, read on main

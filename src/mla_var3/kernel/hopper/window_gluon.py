@@ -47,7 +47,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
-from mla_var3.kernel._launch import CachedLaunch, int_classes
+from mla_var3.kernel._launch import CachedLaunch, TmaSpec, current_stream, int_classes, tma_arg
 from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
@@ -60,7 +60,7 @@ if GLUON_AVAILABLE:
     )
 
 __all__ = ["BLOCKS", "DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "choose_block", "window_applies", "smem_bytes",
-           "compile_for_sm90", "expanded_window_gluon"]
+           "compile_for_sm90", "expanded_window_gluon", "launch_window"]
 
 DEFAULT_BLOCK_N = 64    # keys per block (the M side of the score MMA)
 DEFAULT_STAGES = 2      # ring depth per consumer: 4 blocks of 40 KiB per program
@@ -388,7 +388,24 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
                          f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}, kpe_new {tuple(kpe_new.shape)}")
     if not window_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=block_n, stages=stages):
         raise ValueError("this call does not satisfy window_applies (S, N, dtype, D/P, shared memory or TMA strides)")
-    scale = check_scale(scale)
+    return launch_window(q, qpe, k_new, v_new, kpe_new, scale=check_scale(scale), causal=bool(causal),
+                         programs=programs, block_n=block_n, stages=stages, out=out)
+
+
+def launch_window(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                  kpe_new: torch.Tensor, *, scale: float, causal: bool, programs: int, block_n: int, stages: int,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launch of :func:`expanded_window_gluon` (same arguments and returns) on inputs the
+    caller has checked: :func:`window_applies` holds for ``block_n`` and ``stages``, the shapes
+    agree, ``scale`` is a positive finite float and ``programs >= 1`` (the hybrid's sm_90 path,
+    which chose the block with :func:`choose_block`, calls it so, once per call).
+
+    After its first call of a specialisation (compiled through Triton's own launcher) a call
+    encodes its five TMA descriptors from the compiled kernel's descriptor metadata and issues
+    the C launcher directly (:class:`~mla_var3.kernel._launch.FlatLaunch`): Triton's launcher
+    would build and encode them in Python at every call."""
+    b, h, s, d = q.shape
+    n, p = k_new.shape[1], kpe_new.shape[-1]
     o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     if b * h * s == 0:
@@ -396,9 +413,6 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     sp = _pad_s(s)
     q3 = _base.tma_operand(q).view(b * h, s, d)
     qr3 = _base.tma_operand(qpe).view(b * h, s, p)
-    descs = (_base.descriptor(q3, [1, sp, d]), _base.descriptor(qr3, [1, sp, p]),
-             _base.descriptor(k_new, [1, block_n, 1, d]), _base.descriptor(v_new, [1, block_n, 1, d]),
-             _base.descriptor(kpe_new, [1, block_n, p]))
     ints = (h, s, n, b * h)
     strides = (*o.stride(), *lse.stride())
     # the descriptors are specialised on their dtype, box and layout (q's dtype, sp, d, p, block_n)
@@ -406,10 +420,23 @@ def expanded_window_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tenso
     q_bufs = 2 if smem_bytes(s, d, p, block_n, stages, q_bufs=2) + 1024 <= _SMEM_LIMIT else 1
     # every constexpr is in the key (causal and the ring depth too: a causal call's kernel must never
     # serve a later non-causal call of the same shapes)
-    key = (q.dtype, sp, d, p, block_n, stages, q_bufs, bool(causal), o.dtype, o.data_ptr() % 16,
+    key = (q.dtype, sp, d, p, block_n, stages, q_bufs, causal, o.dtype, o.data_ptr() % 16,
            lse.data_ptr() % 16, int_classes(ints + strides))
-    _WINDOW_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                   dict(STAGES=stages, QBUF=q_bufs, CAUSAL=bool(causal)), num_warps=4)
+    grid = (min(programs, b * h), 1, 1)
+    tail = (*ints, scale * _base.LOG2E, *strides)
+    flat = _WINDOW_LAUNCH.flat(key)
+    operands = (q3, qr3, k_new, v_new, kpe_new)
+    if flat is None:            # first call of this key (it compiles), the interpreter or a launch hook
+        boxes = ([1, sp, d], [1, sp, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
+        descs = tuple(_base.descriptor(x, box) for x, box in zip(operands, boxes))
+        _WINDOW_LAUNCH(key, grid, (*descs, o, lse, *tail), dict(STAGES=stages, QBUF=q_bufs, CAUSAL=causal),
+                       num_warps=4)
+        return o, lse
+    meta = flat.desc_meta
+    encoded = []
+    for i, x in enumerate(operands):
+        encoded += tma_arg(TmaSpec.of(meta[i], x.shape, x.stride()), x.data_ptr())
+    flat.launch(grid, current_stream(q.device.index), (*encoded, o.data_ptr(), lse.data_ptr(), *tail))
     return o, lse
 
 
