@@ -110,6 +110,8 @@ def test_bound_launches_are_dropped_with_their_plan_or_workspace_and_bounded(mon
         dec.bind(("layer", 0), "bound")
         dec.workspace(1, 16, K, dev, stream)                                       # fits: kept
         assert dec.bound(("layer", 0)) == "bound"
+        dec.workspace(1, 16, K, torch.device("cuda"), stream)                      # the same device named
+        assert dec.bound(("layer", 0)) == "bound"                                  # without its index: kept
         dec.workspace(4, 64, K, dev, stream)                                       # grown: dropped
         assert dec.bound(("layer", 0)) is None
     if DEVICE == "cuda":                                 # the fast path binds, and reuses what it bound

@@ -191,7 +191,7 @@ class AbsorbedDecode:
         if device.type != "cuda" or stream is None or torch.cuda.is_current_stream_capturing():
             return torch.empty(n, dtype=torch.float32, device=device)
         buf = self._workspaces.get(stream)
-        if buf is None or buf.numel() < n or buf.device != device:
+        if buf is None or buf.numel() < n or (buf.device != device and buf.device != _indexed(device)):
             self._bound.clear()              # launches bound to the old buffer's addresses
             buf = self._workspaces[stream] = torch.empty(n, dtype=torch.float32, device=device)
         return buf
@@ -296,6 +296,14 @@ def fast_scale(scale) -> bool:
     """A scale the fast path takes as it is: a positive finite Python float (others go through
     :func:`check_scale`)."""
     return type(scale) is float and 0.0 < scale < float("inf")
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA ``device`` with its index (``cuda`` is the current device), so that a workspace
+    made on ``cuda:0`` serves a call that names ``cuda``."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _capturing(device: torch.device) -> bool:
