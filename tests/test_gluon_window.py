@@ -5,7 +5,7 @@ stack, warp-specialised, shared memory as :func:`smem_bytes` says) and its host 
 and validates (``window_applies``, ``choose_block``, errors on CPU tensors). On a Hopper GPU:
 every ring shape against the fp32 reference on the edge shapes of its tiling — s = 1, ragged s
 and N, N = s (one block, the second consumer idle), not causal, s = 32 / 64, few programs each
-walking many items — with the output NaN-poisoned, and the hybrid that runs it as its
+walking many items — with the output NaN-poisoned, its flat launch against Triton's own, and the hybrid that runs it as its
 persistent expanded part against the hybrid's reference.
 """
 
@@ -134,6 +134,37 @@ def test_causal_and_not_causal_calls_of_one_shape_each_run_their_kernel():
         ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, None)
         assert_close(o, ref_o, torch.bfloat16, name=f"o (causal={causal}, stages={stages})")
         assert_close(lse, ref_lse, tol=LSE_TOLERANCE[torch.bfloat16], name=f"lse (causal={causal}, stages={stages})")
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_the_flat_launch_equals_tritons_launch(monkeypatch):
+    """Once a specialisation is compiled, ``launch_window`` encodes the five descriptors itself
+    and calls the C launcher; with a launch hook installed every call takes Triton's own launcher
+    instead. Both give the same outputs to the bit, on two window lengths of one specialisation."""
+    from triton import knobs
+
+    real, encoded = wg.tma_arg, []
+    monkeypatch.setattr(wg, "tma_arg", lambda spec, address: encoded.append(address) or real(spec, address))
+    scale = (D + P) ** -0.5
+    for n, seed in ((333, 1), (200, 2)):
+        q, qpe, k, v, kpe = _inputs(2, 6, 7, n, torch.bfloat16, "cuda", seed=seed)
+        call = lambda: wg.expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=5)  # noqa: E731
+        call()                                                  # compiled (if no earlier call did)
+        before = len(encoded)
+        o_flat, lse_flat = call()
+        assert len(encoded) - before == 5                       # q, qpe, k, v, kpe encoded by launch_window
+        hook = lambda *args, **kwargs: None                     # noqa: E731
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            before = len(encoded)
+            o_triton, lse_triton = call()
+            assert len(encoded) == before                       # Triton's launcher encoded them
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        assert torch.equal(o_flat, o_triton) and torch.equal(lse_flat, lse_triton)
+        ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, True, None)
+        assert_close(o_flat, ref_o, torch.bfloat16, name=f"o (n={n})")
+        assert_close(lse_flat, ref_lse, tol=LSE_TOLERANCE[torch.bfloat16], name=f"lse (n={n})")
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
