@@ -143,8 +143,9 @@ def test_the_flat_launch_equals_tritons_launch(monkeypatch):
     instead. Both give the same outputs to the bit, on two window lengths of one specialisation."""
     from triton import knobs
 
-    real, encoded = wg.tma_arg, []
-    monkeypatch.setattr(wg, "tma_arg", lambda spec, address: encoded.append(address) or real(spec, address))
+    real, encoded = wg.tma_arg_of, []
+    monkeypatch.setattr(wg, "tma_arg_of", lambda box, address, *sizes: encoded.append(address) or real(box, address,
+                                                                                                      *sizes))
     scale = (D + P) ** -0.5
     for n, seed in ((333, 1), (200, 2)):
         q, qpe, k, v, kpe = _inputs(2, 6, 7, n, torch.bfloat16, "cuda", seed=seed)

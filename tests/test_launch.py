@@ -43,7 +43,7 @@ def direct(monkeypatch):
     launch = CachedLaunch(_toy)
     compiled = SimpleNamespace(function="cufunction")
     raw = lambda *args: calls.append(args)  # noqa: E731
-    launch._compiled[(0, "key")] = (compiled, (64,), (raw, ("coop", "pdl"), {}), dict(BLOCK=64))
+    launch._compiled[(0, "key")] = (compiled, (64,), (raw, ("coop", "pdl"), {}, {}), dict(BLOCK=64))
     return launch, calls
 
 
@@ -79,7 +79,7 @@ def test_prepare_compiles_without_launching_then_the_key_is_ready(direct, monkey
     launch, calls = direct
     warmed: list = []
     compiled = SimpleNamespace(function="cufunction-2")
-    monkeypatch.setattr(_launch, "_direct_launcher", lambda c: (lambda *a: calls.append(a), ("coop", "pdl"), {}))
+    monkeypatch.setattr(_launch, "_direct_launcher", lambda c: (lambda *a: calls.append(a), ("coop", "pdl"), {}, {}))
     monkeypatch.setattr(launch, "fn", SimpleNamespace(warmup=lambda *args, grid, **kw: warmed.append((grid, kw))
                                                       or compiled))
     launch._const_names = ["BLOCK"]
@@ -101,7 +101,7 @@ def test_descriptor_arguments_take_tritons_launcher(direct):
     launch, calls = direct
     ran: list = []
     compiled = SimpleNamespace(function="f", packed_metadata="meta", run=lambda *a: ran.append(a))
-    launch._compiled[(0, "desc key")] = (compiled, (64,), (print, ("coop", "pdl"), {0: {"swizzle": 128}}),
+    launch._compiled[(0, "desc key")] = (compiled, (64,), (print, ("coop", "pdl"), {0: {"swizzle": 128}}, None),
                                          dict(BLOCK=64))
     ptr = _Ptr(5)
     launch("desc key", (1, 1, 1), ("desc", ptr, 1), dict(BLOCK=64), num_warps=4)
@@ -122,6 +122,13 @@ def test_tma_arg_encodes_an_address_with_the_kernels_metadata(monkeypatch):
     assert spec == spec and spec != TmaSpec.of(meta, [4, 128, 512], [65536, 512, 1])    # identity: kept by its owner
     with pytest.raises(ValueError, match="metadata"):
         TmaSpec.of(None, (1,), (1,))
+    # the per-call form (shapes and strides of this call, the kernel's fields converted once) passes the same
+    box = _launch.tma_box(meta)
+    assert box == (128, 2, 9, (1, 64, 256))
+    assert _launch.tma_arg_of(box, 0x1000, (4, 128, 512), (65536, 512, 1)) == ("tensormap", 4, 128, 512, 65536, 512, 1)
+    assert seen[1] == seen[0]
+    with pytest.raises(ValueError, match="metadata"):
+        _launch.tma_box({**meta, "fp4_padded": True})
 
 
 def test_an_owner_keeps_encodings_per_spec_and_address_and_bounds_them():
@@ -190,6 +197,12 @@ def test_direct_launcher_found_with_and_without_descriptor_arguments():
     sig = {"a_desc": "tensordesc<bf16[64, 64]>", "x_ptr": "*fp32"}
     found = _launch._direct_launcher(_fake_compiled(wrapper, sig))
     assert found is not None and found[0] is raw and list(found[2]) == [0]
+    assert found[3] is None                              # no usable descriptor metadata: no boxes to encode with
+    meta = {"swizzle": 128, "elem_size": 2, "elem_type": 10, "block_size": [64, 64], "fp4_padded": False}
+    with_meta = _fake_compiled(wrapper, sig)
+    with_meta.metadata.tensordesc_meta = [meta]
+    found = _launch._direct_launcher(with_meta)
+    assert found[2] == {0: meta} and found[3] == {0: (128, 2, 9, (64, 64))}   # the boxes, converted once
     assert _launch._direct_launcher(_fake_compiled(lambda *a: None, sig)) is None   # not the expected shape
 
 

@@ -29,6 +29,7 @@ shape, :meth:`CachedLaunch.flat` returns None and callers take the ordinary path
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ from triton.runtime import driver
 
 from mla_var3.kernel._common import interpreting
 
-__all__ = ["CachedLaunch", "FlatLaunch", "TmaSpec", "current_stream", "int_classes", "tma_arg"]
+__all__ = ["CachedLaunch", "FlatLaunch", "TmaSpec", "current_stream", "int_classes", "tma_arg", "tma_arg_of", "tma_box"]
 
 
 class CachedLaunch:
@@ -97,7 +98,7 @@ class CachedLaunch:
             compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
                          None, *args, *const_vals)
             return
-        raw, base, _ = direct
+        raw, base = direct[:2]
         raw(grid[0], grid[1], grid[2], stream, compiled.function, *base, *args, *const_vals)
 
     def prepare(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constexprs: dict,
@@ -126,8 +127,9 @@ class CachedLaunch:
         the direct path (not compiled on this device, a launch hook, another launcher shape)."""
         if not self.ready(key):
             return None
-        compiled, const_vals, (raw, base, desc_meta), _ = self._compiled[(driver.active.get_current_device(), key)]
-        return FlatLaunch(raw, (compiled.function, *base), const_vals, desc_meta)
+        device = driver.active.get_current_device()
+        compiled, const_vals, (raw, base, desc_meta, boxes), _ = self._compiled[(device, key)]
+        return FlatLaunch(raw, (compiled.function, *base), const_vals, desc_meta, boxes)
 
     def cached(self) -> int:
         """How many compiled kernels are held (one per device and key)."""
@@ -139,12 +141,15 @@ class FlatLaunch:
     it with ``flat``, the runtime arguments in order with pointers as addresses (ints) and each
     TMA descriptor argument expanded to what :func:`tma_arg` returns.
 
-    ``desc_meta``: ``{argument position: descriptor metadata}`` (what :class:`TmaSpec` needs)."""
+    ``desc_meta``: ``{argument position: descriptor metadata}`` (what :class:`TmaSpec` needs);
+    ``desc_boxes``: ``{argument position: its tma_box}``, derived once per compiled kernel (None
+    where some descriptor's metadata is missing or fp4-padded)."""
 
-    __slots__ = ("raw", "head", "consts", "desc_meta")
+    __slots__ = ("raw", "head", "consts", "desc_meta", "desc_boxes")
 
-    def __init__(self, raw, head: tuple, consts: tuple, desc_meta: dict) -> None:
+    def __init__(self, raw, head: tuple, consts: tuple, desc_meta: dict, desc_boxes: dict | None = None) -> None:
         self.raw, self.head, self.consts, self.desc_meta = raw, head, consts, desc_meta
+        self.desc_boxes = desc_boxes
 
     def launch(self, grid: tuple[int, int, int], stream: int, flat: tuple) -> None:
         self.raw(grid[0], grid[1], grid[2], stream, *self.head, *flat, *self.consts)
@@ -170,17 +175,32 @@ class TmaSpec:
     sizes: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-
-        object.__setattr__(self, "host_type", TMA_DTYPE_DEVICE_TO_HOST[self.elem_type])
+        object.__setattr__(self, "host_type", _host_type(self.elem_type))
         object.__setattr__(self, "sizes", (*self.shape, *self.strides))
 
     @classmethod
     def of(cls, meta: dict, shape, strides) -> "TmaSpec":
-        if meta is None or meta.get("fp4_padded"):
-            raise ValueError("TmaSpec needs the compiled kernel's descriptor metadata (no fp4 padding)")
-        return cls(int(meta["swizzle"]), int(meta["elem_size"]), int(meta["elem_type"]), tuple(meta["block_size"]),
-                   tuple(int(x) for x in shape), tuple(int(x) for x in strides))
+        swizzle, elem_size, _, block = tma_box(meta)
+        return cls(swizzle, elem_size, int(meta["elem_type"]), block, tuple(int(x) for x in shape),
+                   tuple(int(x) for x in strides))
+
+
+@functools.lru_cache(maxsize=None)
+def _host_type(elem_type: int) -> int:
+    """The driver's element-type code of a compiled kernel's descriptor element type (a fixed
+    table of Triton's; looked up once per type)."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    return TMA_DTYPE_DEVICE_TO_HOST[elem_type]
+
+
+def tma_box(meta: dict) -> tuple:
+    """What a TMA descriptor argument's encoding takes from the compiled kernel's descriptor
+    metadata, converted once: ``(swizzle, element size, the driver's element-type code, box)``.
+    ValueError where the metadata is missing or fp4-padded."""
+    if meta is None or meta.get("fp4_padded"):
+        raise ValueError("a TMA encoding needs the compiled kernel's descriptor metadata (no fp4 padding)")
+    return int(meta["swizzle"]), int(meta["elem_size"]), _host_type(int(meta["elem_type"])), tuple(meta["block_size"])
 
 
 def tma_arg(spec: TmaSpec, address: int) -> tuple:
@@ -189,6 +209,15 @@ def tma_arg(spec: TmaSpec, address: int) -> tuple:
     tensor_map = driver.active.utils.fill_tma_descriptor(address, spec.swizzle, spec.elem_size, spec.host_type,
                                                          spec.block, spec.shape, spec.strides, 0)
     return (tensor_map, *spec.sizes)
+
+
+def tma_arg_of(box: tuple, address: int, shape: tuple, strides: tuple) -> tuple:
+    """:func:`tma_arg` for a descriptor whose global shape and strides (elements) change from call
+    to call: ``box`` from :func:`tma_box` (kept per compiled kernel), no :class:`TmaSpec` built."""
+    swizzle, elem_size, host_type, block = box
+    tensor_map = driver.active.utils.fill_tma_descriptor(address, swizzle, elem_size, host_type, block, shape,
+                                                         strides, 0)
+    return (tensor_map, *shape, *strides)
 
 
 def int_classes(ints: tuple) -> tuple:
@@ -217,8 +246,8 @@ def _is_builtin(fn) -> bool:
 
 
 def _direct_launcher(compiled):
-    """``(raw_launch, base_args, {arg index: descriptor metadata})`` for calling the compiled
-    kernel's C launcher without its per-launch Python wrapper, or None when the launcher is not
+    """``(raw_launch, base_args, {arg index: descriptor metadata}, {arg index: tma_box} or None)``
+    for calling the compiled kernel's C launcher without its per-launch Python wrapper, or None when the launcher is not
     of the expected shape (other Triton versions) or needs scratch memory."""
     try:
         launcher = compiled.run
@@ -242,6 +271,10 @@ def _direct_launcher(compiled):
         desc_meta = {pos: (metas[j] if j < len(metas) else None) for j, pos in enumerate(positions)}
         base = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, compiled.packed_metadata, None,
                 None, None)
-        return raw[0], base, desc_meta
+        try:
+            boxes = {pos: tma_box(m) for pos, m in desc_meta.items()}
+        except ValueError:          # some descriptor without usable metadata: callers encode none themselves
+            boxes = None
+        return raw[0], base, desc_meta, boxes
     except Exception:  # pragma: no cover - depends on the installed Triton
         return None

@@ -47,7 +47,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
-from mla_var3.kernel._launch import CachedLaunch, TmaSpec, current_stream, int_classes, tma_arg
+from mla_var3.kernel._launch import CachedLaunch, current_stream, int_classes, tma_arg_of
 from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
@@ -401,9 +401,10 @@ def launch_window(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new
     which chose the block with :func:`choose_block`, calls it so, once per call).
 
     After its first call of a specialisation (compiled through Triton's own launcher) a call
-    encodes its five TMA descriptors from the compiled kernel's descriptor metadata and issues
-    the C launcher directly (:class:`~mla_var3.kernel._launch.FlatLaunch`): Triton's launcher
-    would build and encode them in Python at every call."""
+    encodes its five TMA descriptors from the compiled kernel's descriptor boxes and this call's
+    shapes and strides (:func:`~mla_var3.kernel._launch.tma_arg_of`), and issues the C launcher
+    directly (:class:`~mla_var3.kernel._launch.FlatLaunch`): Triton's launcher would build five
+    descriptor objects and convert them in Python at every call."""
     b, h, s, d = q.shape
     n, p = k_new.shape[1], kpe_new.shape[-1]
     o = torch.empty((b, h, s, d), dtype=q.dtype, device=q.device) if out is None else out
@@ -426,16 +427,18 @@ def launch_window(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new
     tail = (*ints, scale * _base.LOG2E, *strides)
     flat = _WINDOW_LAUNCH.flat(key)
     operands = (q3, qr3, k_new, v_new, kpe_new)
-    if flat is None:            # first call of this key (it compiles), the interpreter or a launch hook
+    if flat is None or flat.desc_boxes is None:
+        # the first call of this key (it compiles), the interpreter, a launch hook, or a Triton whose
+        # descriptor metadata this package cannot read: Triton's own launcher
         boxes = ([1, sp, d], [1, sp, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
         descs = tuple(_base.descriptor(x, box) for x, box in zip(operands, boxes))
         _WINDOW_LAUNCH(key, grid, (*descs, o, lse, *tail), dict(STAGES=stages, QBUF=q_bufs, CAUSAL=causal),
                        num_warps=4)
         return o, lse
-    meta = flat.desc_meta
+    boxes = flat.desc_boxes
     encoded = []
     for i, x in enumerate(operands):
-        encoded += tma_arg(TmaSpec.of(meta[i], x.shape, x.stride()), x.data_ptr())
+        encoded += tma_arg_of(boxes[i], x.data_ptr(), x.shape, x.stride())
     flat.launch(grid, current_stream(q.device.index), (*encoded, o.data_ptr(), lse.data_ptr(), *tail))
     return o, lse
 
