@@ -5,8 +5,8 @@ stack, warp-specialised, shared memory as :func:`smem_bytes` says) and its host 
 and validates (``window_applies``, ``choose_block``, errors on CPU tensors). On a Hopper GPU:
 every ring shape against the fp32 reference on the edge shapes of its tiling — s = 1, ragged s
 and N, N = s (one block, the second consumer idle), not causal, s = 32 / 64, few programs each
-walking many items — with the output NaN-poisoned, its flat launch against Triton's own, and the hybrid that runs it as its
-persistent expanded part against the hybrid's reference.
+walking many items — with the output NaN-poisoned, its flat launch against Triton's own, and
+the hybrid that runs it as its persistent expanded part against the hybrid's reference.
 """
 
 from __future__ import annotations

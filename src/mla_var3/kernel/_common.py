@@ -39,6 +39,11 @@ def next_pow2(x: int) -> int:
 
 
 @functools.cache
+def cuda_index(device: torch.device) -> int:
+    """The index of CUDA ``device``; ``cuda`` without one names the current device."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def num_sms(device_index: int | None = None) -> int:
     """Streaming multiprocessors of the CUDA device (132 on an H200); 132 when there is none,
     so split heuristics behave like on the benchmark GPU under the interpreter."""

@@ -247,8 +247,8 @@ def _is_builtin(fn) -> bool:
 
 def _direct_launcher(compiled):
     """``(raw_launch, base_args, {arg index: descriptor metadata}, {arg index: tma_box} or None)``
-    for calling the compiled kernel's C launcher without its per-launch Python wrapper, or None when the launcher is not
-    of the expected shape (other Triton versions) or needs scratch memory."""
+    for calling the compiled kernel's C launcher without its per-launch Python wrapper, or None
+    when the launcher is not of the expected shape (other Triton versions) or needs scratch memory."""
     try:
         launcher = compiled.run
         inner = launcher.launch

@@ -54,7 +54,7 @@ import torch
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import (
-    CHECK_ENV, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale,
+    CHECK_ENV, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, cuda_index,
     check_seqlens, values_checked,
 )
 from mla_var3.kernel.decode_plan import (PLAN_BLOCK, DecodePlan, build_plan, device_sms, kept_uniform_plan,
@@ -191,7 +191,7 @@ class AbsorbedDecode:
         if device.type != "cuda" or stream is None or torch.cuda.is_current_stream_capturing():
             return torch.empty(n, dtype=torch.float32, device=device)
         buf = self._workspaces.get(stream)
-        if buf is None or buf.numel() < n or (buf.device != device and buf.device != _indexed(device)):
+        if buf is None or buf.numel() < n or buf.device.index != cuda_index(device):   # "cuda" names cuda:N too
             self._bound.clear()              # launches bound to the old buffer's addresses
             buf = self._workspaces[stream] = torch.empty(n, dtype=torch.float32, device=device)
         return buf
@@ -296,14 +296,6 @@ def fast_scale(scale) -> bool:
     """A scale the fast path takes as it is: a positive finite Python float (others go through
     :func:`check_scale`)."""
     return type(scale) is float and 0.0 < scale < float("inf")
-
-
-def _indexed(device: torch.device) -> torch.device:
-    """A CUDA ``device`` with its index (``cuda`` is the current device), so that a workspace
-    made on ``cuda:0`` serves a call that names ``cuda``."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _capturing(device: torch.device) -> bool:

@@ -61,7 +61,8 @@ from mla_var3.kernel import absorbed as _absorbed
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, interpreting, next_pow2,
+    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, cuda_index, interpreting,
+    next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel._launch import CachedLaunch, int_classes
@@ -623,7 +624,7 @@ class HybridDecode:
 
     def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
         """This object's side stream on CUDA ``device`` (made on first use)."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = cuda_index(device)
         stream = self._side.get(index)
         if stream is None:
             stream = self._side[index] = torch.cuda.Stream(device=index)

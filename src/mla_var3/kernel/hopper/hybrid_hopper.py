@@ -18,7 +18,7 @@ import torch
 
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
-from mla_var3.kernel._common import num_sms
+from mla_var3.kernel._common import cuda_index, num_sms
 from mla_var3.kernel.absorbed import flash_mla
 from mla_var3.kernel.hopper import window_gluon as wg
 from mla_var3.kernel.hybrid import expanded_persistent, merge_parts, mla_var6_plus_portable
@@ -55,8 +55,7 @@ def _side_stream(device: torch.device) -> "torch.cuda.Stream":
     :class:`~mla_var3.kernel.hybrid.HybridDecode`: from torch's per-device stream pool, the next
     of its 32 streams at every call (no stream is created or kept here; a CUDA graph records the
     fork and the join, not the stream)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.Stream(device=index)
+    return torch.cuda.Stream(device=cuda_index(device))
 
 
 def gluon_latent_applies(dtype: torch.dtype, k: int, p: int, s: int, o_len: int, n_len: int, causal: bool,

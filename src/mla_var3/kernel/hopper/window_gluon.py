@@ -430,8 +430,8 @@ def launch_window(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new
     if flat is None or flat.desc_boxes is None:
         # the first call of this key (it compiles), the interpreter, a launch hook, or a Triton whose
         # descriptor metadata this package cannot read: Triton's own launcher
-        boxes = ([1, sp, d], [1, sp, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
-        descs = tuple(_base.descriptor(x, box) for x, box in zip(operands, boxes))
+        blocks = ([1, sp, d], [1, sp, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
+        descs = tuple(_base.descriptor(x, block) for x, block in zip(operands, blocks))
         _WINDOW_LAUNCH(key, grid, (*descs, o, lse, *tail), dict(STAGES=stages, QBUF=q_bufs, CAUSAL=causal),
                        num_warps=4)
         return o, lse
