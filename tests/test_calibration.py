@@ -234,7 +234,7 @@ def test_bad_files_are_named(tmp_path, text, msg):
 # ----------------------------------------------------------------------------------------------
 
 # per parameter: a call where it matters (problem, eager?). Fractions (unit "1": efficiencies,
-# overlaps) make a call faster when they grow; times (unit "us") make it slower.
+# overlaps) and rates (GB/s) make a call faster when they grow; times (unit "us") make it slower.
 def _where(design: str, name: str) -> tuple[Problem, bool]:
     if name in ("host_us",):
         if design == "flash_mla":
@@ -244,6 +244,8 @@ def _where(design: str, name: str) -> tuple[Problem, bool]:
         return Problem(b=1, s=1, t=4096), True
     if name == "combine_us_per_split":
         return Problem(b=1, s=1, t=4096), False
+    if name == "program_gbs_m16":
+        return Problem(b=2, s=1, t=4096), False         # 256 programs, one wave short of the stream rate
     if design == "flash_attention":
         s = {"bandwidth_efficiency_m16": 1, "bandwidth_efficiency_m64": 32, "compute_efficiency_m64": 128,
              "compute_efficiency_m128": 512, "compute_efficiency": 512, "bandwidth_efficiency": 128,
@@ -270,7 +272,7 @@ def test_each_parameter_moves_the_prediction_the_expected_way(cal, design, backe
     problem, eager = _where(design, spec.name)
     dev = cal.device
     before = predict(cal, design, V3, problem, backend=backend, device=dev, eager=eager).time_s
-    if spec.unit == "1":
+    if spec.unit == "1" or spec.unit.endswith("/s"):
         up = p.value * 1.25 + 0.05
         new, sign = (min(up, spec.hi), -1) if p.value < spec.hi else (p.value * 0.7, +1)   # at the bound: lower it
     else:
@@ -342,6 +344,45 @@ def test_fit_holds_what_the_records_cannot_identify():
         fit(pts, hold=held)
     with pytest.raises(ValueError, match="no parameter flash_mla.gluon.nope"):
         fit(pts, base=cal, hold={"flash_mla.gluon.nope"})
+
+
+def test_fit_keeps_a_parameter_no_point_depends_on():
+    """A parameter whose moves change no point's time (the expanded kernel's per-program rate where
+    every wave fills the SMs) keeps its base value and source; the rest are fitted."""
+    name = "flash_attention.triton.program_gbs_m16"
+    base = H200.with_parameters({name: dataclasses.replace(H200.parameters[name], value=20.0, source="from elsewhere")})
+    truth = base.with_parameters({"flash_attention.triton.fixed_us": dataclasses.replace(
+        H200.parameters["flash_attention.triton.fixed_us"], value=30.0)})
+    pts = [Point("flash_attention", "triton", b, s, 4096, gpu_us=predict(truth, "flash_attention", V3, Problem(b=b, s=s, t=4096),
+                                                                         backend="triton", eager=False).time_s * 1e6,
+                 source="synthetic")
+           for b, s in ((32, 1), (32, 8), (64, 1), (64, 16))]            # 4096 and 8192 programs: no short wave
+    got = fit(pts, base=base, only={"flash_attention.triton.program_gbs_m16", "flash_attention.triton.fixed_us"})
+    assert got.parameters[name] == base.parameters[name]
+    assert got.parameters["flash_attention.triton.fixed_us"].value == pytest.approx(30.0, rel=1e-3)
+    # points with a short last wave identify it
+    slow = got.with_parameters({name: dataclasses.replace(base.parameters[name], value=12.0)})
+    few = [Point("flash_attention", "triton", b, s, t, gpu_us=predict(slow, "flash_attention", V3, Problem(b=b, s=s, t=t),
+                                                                      backend="triton", eager=False).time_s * 1e6,
+                 source="synthetic") for b, s, t in ((1, 1, 16384), (5, 1, 8192), (32, 1, 4096), (64, 16, 4096))]
+    got = fit(few, base=got, only={name})
+    assert got.parameters[name].fitted and got.parameters[name].value == pytest.approx(12.0, rel=1e-3)
+
+
+def test_a_short_last_wave_streams_at_its_programs_rate():
+    """The expanded law's stream in waves: whole waves at the copy rate, a last wave of few
+    programs at their own rate (b = 5, h = 128: 640 programs, 528 slots, a last wave of 112)."""
+    assert KL.stream_waves(1e9, 640, 528, 4e12, 15e9) == pytest.approx(
+        528 * (1e9 / 640) / 4e12 + (1e9 / 640) / 15e9)
+    assert KL.stream_waves(1e9, 1056, 528, 4e12, 15e9) == pytest.approx(1e9 / 4e12)     # whole waves only
+    assert KL.stream_waves(1e9, 32, 528, 4e12, 15e9) == pytest.approx((1e9 / 32) / 15e9)   # one short wave
+    p = H200.params_of("flash_attention", "triton")
+    m = H200.machine()
+    bd = KL.flash_attention_portable(V3, Problem(b=5, s=1, t=20480), m, p)
+    assert bd.info["slots"] == 4 * m.sms and bd.info["programs"] == 640 and bd.terms["tail_s"] > 0
+    flat = KL.flash_attention_portable(V3, Problem(b=5, s=1, t=20480), m, {**p, "program_gbs_m16": 0.0})
+    assert flat.terms["tail_s"] == 0 and flat.gpu_s < bd.gpu_s
+    assert KL.flash_attention_portable(V3, Problem(b=33, s=1, t=4096), m, p).terms["tail_s"] == 0   # 4,224 = 8 waves
 
 
 def test_points_from_records_reads_the_bench_format():

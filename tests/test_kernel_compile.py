@@ -108,3 +108,25 @@ def test_compiles_for_sm90(spec: Kernel, capsys):
     assert rep.shared_bytes <= SMEM_LIMIT, f"{spec.id}: {rep.shared_bytes} bytes of shared memory > {SMEM_LIMIT}"
     if spec.hgmma:
         assert rep.hgmma, f"{spec.id}: no HGMMA in the SASS (the matmuls miss the warpgroup MMA units)"
+
+
+def _programs_per_sm(registers: int, shared_bytes: int, num_warps: int) -> int:
+    """Programs of one launch that fit on an sm_90 SM: registers (64 K per SM, allocated per warp
+    in 256-register units) and shared memory (228 KiB per SM, 1 KiB reserved per program)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = (65536 // per_warp) // num_warps
+    by_smem = 233_472 // (shared_bytes + 1024) if shared_bytes else by_regs
+    return min(by_regs, by_smem, 32)
+
+
+@pytest.mark.parametrize("s", [1, 32, 64, 1024])
+def test_the_expanded_law_knows_how_many_programs_fit_an_sm(s):
+    """``kernel_laws.PORTABLE_EXPANDED_PROGRAMS_PER_SM`` (the expanded law's wave size) is what the
+    sm_90 build of the portable kernel's default config allows."""
+    from mla_var3.analysis.kernel_laws import PORTABLE_EXPANDED_PROGRAMS_PER_SM
+
+    args, num_warps, num_stages = _flash_attention(32, s, ragged=s > 128)
+    rep = compile_launch_in_subprocess("mla_var3.kernel.expanded", "_flash_attention_kernel", args,
+                                       num_warps=num_warps, num_stages=num_stages)
+    assert _programs_per_sm(rep.registers, rep.shared_bytes, num_warps) == PORTABLE_EXPANDED_PROGRAMS_PER_SM[
+        args["BLOCK_M"]], (s, rep.summary())

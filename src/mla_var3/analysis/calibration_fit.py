@@ -330,11 +330,46 @@ def _fit_gpu(cal: Calibration, params: dict, design: str, backend: str, free: li
         c = with_values(x)
         return np.log(np.array([point_gpu_s(c, p)[0] for p in pts]) / measured)
 
-    x = _lm(residuals, [params[n].value for n in names], [s.lo for s in free], [s.hi for s in free])
+    x0 = [params[n].value for n in names]
+    seen = _identified(residuals, x0, [s.lo for s in free], [s.hi for s in free])
+    if not any(seen):
+        return cal, params
+    free_seen, names_seen = [s for s, ok in zip(free, seen) if ok], [n for n, ok in zip(names, seen) if ok]
+    x_seen = _lm(lambda y: residuals(_merge(x0, seen, y)), [v for v, ok in zip(x0, seen) if ok],
+                 [s.lo for s in free_seen], [s.hi for s in free_seen])
     src = f"fitted to {len(pts)} GPU times: {_sources(pts)}"
-    for n, v, s in zip(names, x, free):
+    for n, v, s in zip(names_seen, x_seen, free_seen):
         params[n] = Parameter(n, s.unit, float(v), src, s.meaning, True, s.group)
     return cal.with_parameters(params), params
+
+
+def _merge(x0: list[float], mask: list[bool], y) -> list[float]:
+    """``x0`` with the entries where ``mask`` holds replaced, in order, by ``y``."""
+    it = iter(y)
+    return [float(next(it)) if m else v for v, m in zip(x0, mask)]
+
+
+def _identified(residuals, x0: list[float], lo: list[float], hi: list[float]) -> list[bool]:
+    """Which parameters the points can identify: moving one alone by 5 % (of its value, or of its
+    range where it is 0) either way changes some point's residual. One no point's time depends on
+    near its value (a term the calls never reach, such as a last wave of few programs in a grid
+    with none) keeps its value and source instead of being reported as fitted."""
+    r0 = residuals(x0)
+    out = []
+    for j, v in enumerate(x0):
+        moved = False
+        step = 0.05 * (abs(v) if v else hi[j] - lo[j])
+        for cand in (v - step, v + step):
+            c = min(max(cand, lo[j]), hi[j])
+            if c == v:
+                continue
+            x = list(x0)
+            x[j] = c
+            if np.max(np.abs(residuals(x) - r0)) > 1e-9:
+                moved = True
+                break
+        out.append(moved)
+    return out
 
 
 def low_quartile(vals: list[float]) -> float:

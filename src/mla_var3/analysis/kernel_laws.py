@@ -104,6 +104,11 @@ GLUON_LATENT_BLOCK_M = GLUON_LATENT_BLOCK_N = 64
 GLUON_EXPANDED_MIN_S = 64
 #: row tile of the Gluon expanded kernel (two 64-row consumer warpgroups).
 GLUON_EXPANDED_BLOCK_M = 128
+#: programs of the portable expanded kernel's default configs that fit on one sm_90 SM, by row
+#: tile (registers and shared memory of the sm_90 build, ``tests/test_kernel_compile.py``: m16
+#: 104 registers and 48 KiB -> 4; m32 168 and 56 KiB -> 3; m64 193 and 104 KiB -> 2; m128, eight
+#: warps, 192 and 168 KiB -> 1).
+PORTABLE_EXPANDED_PROGRAMS_PER_SM = {16: 4, 32: 3, 64: 2, 128: 1}
 #: the sm_90 hybrid partitions its SMs between the window and the latent part up to this s, and
 #: runs the two parts on two streams above it (``kernel.hopper.hybrid_hopper.PARTITION_MAX_S``).
 HYBRID_PARTITION_MAX_S = 32
@@ -375,7 +380,7 @@ def _visible_rows_keys(s: int, t: int, block_m: int, causal: bool) -> int:
 
 
 def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float], *, block_m: int, splits: int,
-                   family: str = "", seed_bytes: bool = False) -> Breakdown:
+                   family: str = "", seed_bytes: bool = False, programs_per_sm: int = 0) -> Breakdown:
     """Expanded attention, one program per (sequence, head, query block).
 
     FLOPs of the padded query blocks over the keys each visits (causal blocks stop at their last
@@ -384,24 +389,53 @@ def expanded_tiles(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float
     ``seed_bytes``, the seed's count) at ``bandwidth_efficiency`` of the copy rate (a streaming
     read can beat a copy, which also writes); the two overlap by ``memory_overlap``. ``family``
     suffixes the efficiency names where one kernel's tile families differ.
+
+    Where the parameters hold ``program_gbs<family>`` (one program's stream rate) and
+    ``programs_per_sm`` is given, the stream runs in waves of SMs x ``programs_per_sm`` programs
+    (:func:`stream_waves`): a last wave of few programs pulls less than the copy rate (the
+    ``tail_s`` term).
     """
     b, h, s, t = pb.b, dims.h, pb.s, pb.t
     rows_keys = _visible_rows_keys(s, t, block_m, pb.causal)
     flops = 2 * b * h * rows_keys * (dims.d + dims.p + dims.dv)
     programs = b * h * cdiv(s, block_m) * splits
+    slots = m.sms * programs_per_sm
     quant = cdiv(programs, m.sms) / (programs / m.sms)
     compute = quant * flops / (p[f"compute_efficiency{family}"] * m.flops_per_s)
     nbytes = (flash_attention if seed_bytes else flash_attention_shared_kpe)(dims, pb).bytes
     if splits > 1:
         nbytes += ACC_BYTES * splits * b * h * s * (dims.dv + 1)
-    memory = nbytes / (p[f"bandwidth_efficiency{family}"] * m.bytes_per_s)
+    stream = p[f"bandwidth_efficiency{family}"] * m.bytes_per_s
+    memory, tail_s = nbytes / stream, 0.0
+    rate = p.get(f"program_gbs{family}")
+    if rate and slots:
+        memory = stream_waves(nbytes, programs, slots, stream, rate * 1e9)
+        tail_s = memory - nbytes / stream
     kernel = overlapped(compute, memory, p["memory_overlap"])
     combine = combine_time(b * h * s, dims.dv, splits, dims.w, m, p.get("combine_us_per_split", 0.0))
     fixed = p["fixed_us"] * US
-    terms = {"compute_s": compute, "memory_s": memory, "kernel_s": kernel, "combine_s": combine, "fixed_s": fixed}
+    terms = {"compute_s": compute, "memory_s": memory, "tail_s": tail_s, "kernel_s": kernel, "combine_s": combine,
+             "fixed_s": fixed}
     info = {"programs": programs, "waves": cdiv(programs, m.sms), "splits": splits, "block_m": block_m,
-            "tile_fill": s / (cdiv(s, block_m) * block_m)}
+            "tile_fill": s / (cdiv(s, block_m) * block_m), "slots": slots}
     return Breakdown(fixed + kernel + combine, terms, info)
+
+
+def stream_waves(nbytes: float, programs: int, slots: int, stream_bps: float, program_bps: float) -> float:
+    """DRAM time of ``programs`` equal programs streaming ``nbytes`` together, ``slots`` at a time.
+
+    A wave of ``k`` programs pulls ``min(k * program_bps, stream_bps)``: the whole waves run at
+    the stream rate wherever ``slots`` programs can pull it, and a last, partial wave of few
+    programs runs at what those few pull (each program reads its keys one block after the other,
+    with the few loads its pipeline keeps in flight). ``program_bps``: one program's rate.
+    """
+    per = nbytes / programs
+    full, tail = divmod(programs, slots)
+
+    def wave(k: int) -> float:
+        return k * per / min(k * program_bps, stream_bps)
+
+    return full * wave(slots) + (wave(tail) if tail else 0.0)
 
 
 def hybrid(dims: MLADims, pb: Problem, m: Machine, p: Mapping[str, float],
@@ -477,12 +511,14 @@ def flash_mla_portable(dims: MLADims, pb: Problem, m: Machine, p: Params) -> Bre
 
 def flash_attention_portable(dims: MLADims, pb: Problem, m: Machine, p: Params, *, seed_bytes: bool = False) -> Breakdown:
     """The portable expanded kernel with its default tiles: family ``m16`` (s <= 16; its compute
-    efficiency is ``m64``'s: always hidden under the stream), ``m64`` (16 < s <= 128) and ``m128``
-    (s > 128; its bandwidth efficiency is ``m64``'s: always compute-bound)."""
+    efficiency is ``m64``'s: always hidden under the stream; a last wave of few programs streams at
+    ``program_gbs_m16`` each), ``m64`` (16 < s <= 128) and ``m128`` (s > 128; its bandwidth
+    efficiency is ``m64``'s: always compute-bound)."""
     block_m, splits = portable_expanded_config(pb.b, dims.h, pb.s, pb.t, m.sms)
     family = "_m16" if block_m <= 16 else "_m64" if block_m <= 64 else "_m128"
     q = {**p, "compute_efficiency_m16": p["compute_efficiency_m64"], "bandwidth_efficiency_m128": p["bandwidth_efficiency_m64"]}
-    out = expanded_tiles(dims, pb, m, q, block_m=block_m, splits=splits, family=family, seed_bytes=seed_bytes)
+    out = expanded_tiles(dims, pb, m, q, block_m=block_m, splits=splits, family=family, seed_bytes=seed_bytes,
+                         programs_per_sm=PORTABLE_EXPANDED_PROGRAMS_PER_SM[block_m])
     out.info["family"] = family[1:]
     return out
 
@@ -603,6 +639,8 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
     ("flash_attention", "triton"): (
         Spec("bandwidth_efficiency_m16", "1", "fraction of the copy rate the key/value stream reaches with 16-row tiles (s <= 16)", 1.0, 0.05, 1.3),
         Spec("bandwidth_efficiency_m64", "1", "same with 32- and 64-row tiles (16 < s <= 128) and above", 0.9, 0.05, 1.3),
+        Spec("program_gbs_m16", "GB/s", "stream rate of one program with 16-row tiles: what a last wave of few "
+             "programs pulls per program", 15.0, 1.0, 1000.0),
         Spec("compute_efficiency_m64", "1", "fraction of the compute ceiling reached by the padded, visible FLOPs with 16- to 64-row tiles", 0.5, 0.02, 1.5),
         Spec("compute_efficiency_m128", "1", "same with 128-row tiles (s > 128)", 0.6, 0.02, 1.5),
         Spec("memory_overlap", "1", "fraction of the shorter of compute and stream time hidden under the longer", 0.9, 0.0, 1.0),

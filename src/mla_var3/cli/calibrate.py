@@ -49,6 +49,7 @@ GRID = tuple((_ABSORBED, b, s, 4096, None, None) for b in (32, 64) for s in (1, 
     (_ABSORBED, 32, 64, 4096, None, None), (_ABSORBED, 8, 128, 4096, None, None),
 ) + tuple((_EXPANDED, 32, s, 4096, None, None) for s in (1, 8, 16, 32, 64, 128, 512, 1024)) + (
     (_EXPANDED, 64, 16, 4096, None, None), (_EXPANDED, 64, 64, 4096, None, None), (_EXPANDED, 8, 16, 1024, None, None),
+    (_EXPANDED, 2, 1, 32768, None, 16),       # 32 programs, each alone: one program's stream rate (program_gbs_m16)
 ) + tuple((_HYBRID, 32, 16, 4096, n, None) for n in (0, 1024, 2048, 3072, 4096)) + (
     (_HYBRID, 32, 4, 4096, 256, None), (_HYBRID, 32, 4, 4096, 1024, None), (_HYBRID, 64, 16, 4096, 2048, None),
     (_HYBRID, 32, 64, 4096, 2048, None),
@@ -215,12 +216,14 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
     return CalibrationRun(cal, records, env, skipped)
 
 
-def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool = False, shipped=None):
+def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool = False, shipped=None,
+                             hold: tuple[str, ...] = ()):
     """Fit the records of a calibration run into a calibration keyed by device, the backends the
     default calls ran, versions and commit (``env``: :func:`~mla_var3.runtime.environment.environment`).
 
     ``gpu``: GPU records, a calibration of ``dev`` (``shipped``: the package's calibration of it,
-    the starting values and the kernels the records do not cover). Else CPU records: a
+    the starting values and the kernels the records do not cover; ``hold``: full parameter names
+    kept at its values, for a run whose grid cannot tell them apart). Else CPU records: a
     calibration of device ``"cpu"`` marked ``gpu: false``, the ceilings of ``dev`` as units.
     """
     from mla_var3.analysis.calibration import Calibration, kernel_hashes
@@ -240,14 +243,18 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
         args = dict(device=dev.key, base=base, default_backends={**(shipped.default_backends if shipped else {}),
                                                                  **backends},
                     versions=versions, commits=commits, notes=notes)
-        cal, held = fit(records, **args), []
+        kept = list(hold) if base is not None else []
+        if kept:
+            notes += f"; held at the shipped values (its grid cannot tell them apart): {', '.join(kept)}"
+            args["notes"] = notes
+        cal, held = fit(records, hold=kept, **args), []
         while base is not None:     # the points do not bound these (the calls never spend that resource):
             pinned = _at_bounds(cal, base)       # keep the base's values, one round per parameter freed
             if not pinned:
                 break
             held += pinned
-            cal = fit(records, hold=held, **{**args, "notes": notes + "; held at the shipped values (the run's fit "
-                                                                  f"ran them to a bound): {', '.join(held)}"})
+            cal = fit(records, hold=kept + held, **{**args, "notes": notes + "; held at the shipped values (the run's "
+                                                                         f"fit ran them to a bound): {', '.join(held)}"})
         return dataclasses.replace(cal, kernels=kernels)
     ceil = dev.ceilings("measured", 2)
     base = Calibration("cpu", env["platform"], int(dev.sms or 1),
