@@ -4,6 +4,7 @@ with records made by the shipped H200 calibration itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 
@@ -60,6 +61,16 @@ def test_no_cpu_calibration_is_shipped():
             assert cal.gpu and cal.device != "cpu", entry.name
 
 
+def test_a_first_fit_takes_the_measured_ceilings_of_the_device_it_is_given():
+    """A GPU with no shipped calibration is fitted in units of the ceilings ``devices --measure``
+    wrote for it (the device passed in), not of the devices table's datasheet."""
+    dev = dataclasses.replace(get_device("h100-sxm"), measured={"bf16_tflops": 793.0, "bandwidth_gbs": 3020.7,
+                                                                 "source": "measured in-process"})
+    cal = calibration_from_records(_records_from(H200, QUICK), ENV, dev, gpu=True, shipped=None)
+    assert cal.device == "h100-sxm" and cal.ceilings["kind"] == "measured"
+    assert (cal.ceilings["flops_per_s"], cal.ceilings["bytes_per_s"]) == (793.0e12, 3020.7e9)
+
+
 def _records_from(cal, grid) -> list[Record]:
     """What a GPU run of ``grid`` would record if the kernels ran exactly as ``cal`` says."""
     out = []
@@ -93,8 +104,11 @@ def test_gpu_fit_reproduces_its_records_and_is_keyed(shipped):
         assert predict(cal, r.name, dims, pb, eager=False).time_s * 1e6 == pytest.approx(r.extra["graph_us"], rel=0.06), r
     # the points at fewer heads are fitted at their heads
     assert {p.get("h") for p in cal.points} == {None, 16, 32, 64}
-    for name in ("flash_mla.gluon.compute_efficiency", "flash_attention.gluon.compute_efficiency"):
+    for name in ("flash_mla.gluon.compute_efficiency", "flash_attention.gluon.compute_efficiency",
+                 "flash_attention.triton.program_gbs_m16"):    # the last: the grid's call with one short wave
         assert cal.parameters[name].fitted and "mla-var3 calibrate" in cal.parameters[name].source
+    assert cal.parameters["flash_attention.triton.program_gbs_m16"].value == pytest.approx(
+        H200.parameters["flash_attention.triton.program_gbs_m16"].value, rel=0.05)
     if shipped:     # a kernel the grid does not time keeps the shipped value and source
         assert cal.parameters["flash_mla.triton.compute_efficiency"] == H200.parameters["flash_mla.triton.compute_efficiency"]
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from mla_var3._io import check_field, load_json, show_path
 from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
-from mla_var3.analysis.devices import get_device
+from mla_var3.analysis.devices import Device, get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, splits_of
 from mla_var3.shapes import Problem, get_preset
 
@@ -252,7 +252,7 @@ def _order(kernels: set) -> list:
     return out
 
 
-def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = None, only: Iterable[str] | None = None,
+def fit(records: Iterable, *, device: str | Device = "h200", base: Calibration | None = None, only: Iterable[str] | None = None,
         hold: Iterable[str] = (), default_backends: dict | None = None, versions: dict | None = None,
         commits: dict | None = None, notes: str | None = None, meta: dict | None = None,
         allow_cpu: bool = False) -> Calibration:
@@ -261,7 +261,9 @@ def fit(records: Iterable, *, device: str = "h200", base: Calibration | None = N
     ``base``: parameters not fitted here keep its values (and sources); without it they start
     at their priors. ``only``: fit just these — full parameter names, kernel prefixes
     (``"flash_mla.gluon"``) or groups (``"host"``, ``"gpu"``). ``hold``: full names kept at the
-    base's value and source (the records cannot identify them). ``default_backends``,
+    base's value and source (the records cannot identify them). ``device``: a key of the devices
+    table or a :class:`~mla_var3.analysis.devices.Device` (one measured with ``mla-var3 devices
+    --measure --write``), whose measured ceilings a fit without ``base`` takes. ``default_backends``,
     ``versions``, ``commits``, ``notes`` go into the file (default: the base's). ``allow_cpu``
     fits CPU timings too (the base must then be marked ``gpu=False``).
     """

@@ -49,7 +49,7 @@ GRID = tuple((_ABSORBED, b, s, 4096, None, None) for b in (32, 64) for s in (1, 
     (_ABSORBED, 32, 64, 4096, None, None), (_ABSORBED, 8, 128, 4096, None, None),
 ) + tuple((_EXPANDED, 32, s, 4096, None, None) for s in (1, 8, 16, 32, 64, 128, 512, 1024)) + (
     (_EXPANDED, 64, 16, 4096, None, None), (_EXPANDED, 64, 64, 4096, None, None), (_EXPANDED, 8, 16, 1024, None, None),
-    (_EXPANDED, 2, 1, 32768, None, 16),       # 32 programs, each alone: one program's stream rate (program_gbs_m16)
+    (_EXPANDED, 9, 1, 32768, None, 16),       # 144 programs (unsplit), one short wave: one program's rate (program_gbs_m16)
 ) + tuple((_HYBRID, 32, 16, 4096, n, None) for n in (0, 1024, 2048, 3072, 4096)) + (
     (_HYBRID, 32, 4, 4096, 256, None), (_HYBRID, 32, 4, 4096, 1024, None), (_HYBRID, 64, 16, 4096, 2048, None),
     (_HYBRID, 32, 64, 4096, 2048, None),
@@ -240,7 +240,7 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
                  f"{env['timestamp']}: {len(records)} default calls timed (CUDA-graph, eager and host time)"
                  + ("; kernels it did not time keep the shipped calibration's values and sources" if shipped else ""))
         base = dataclasses.replace(shipped, points=(), fit={}) if shipped else None
-        args = dict(device=dev.key, base=base, default_backends={**(shipped.default_backends if shipped else {}),
+        args = dict(device=dev, base=base, default_backends={**(shipped.default_backends if shipped else {}),
                                                                  **backends},
                     versions=versions, commits=commits, notes=notes)
         kept = list(hold) if base is not None else []
