@@ -59,17 +59,19 @@ def test_shipped_h200_is_keyed_and_complete():
     assert H200.default_backend("mla_var6_plus", Problem(b=1, s=16, t=64)) == "gluon"
 
 
-def test_the_shipped_calibration_describes_todays_kernels():
-    """The shipped H200 calibration names the commit and the kernel files it describes; when one of
+@pytest.mark.parametrize("device", ["h200", "h100-sxm"])
+def test_the_shipped_calibration_describes_todays_kernels(device):
+    """Each shipped GPU calibration names the commit and the kernel files it describes; when one of
     them changes (kernel work), its numbers may no longer hold and this fails until the GPU
     re-measures them, or the file records the change as not re-measured (what it affects, why),
     which every prediction's label then prints."""
-    kernels = H200.kernels
-    covered = set(kernels["files"]) | {f for c in unmeasured_changes(H200) for f in c["files"]}
-    assert kernels["commit"] and covered == {f for fs in KERNEL_FILES.values() for f in fs}
-    assert all(f"not re-measured since {c['commit']}" in H200.label for c in unmeasured_changes(H200))
-    stale = stale_kernels(H200)
-    assert not stale, (f"{', '.join(stale)} changed since the shipped H200 calibration (its kernel files as of "
+    cal = load_calibration(device=device)
+    kernels = cal.kernels
+    covered = set(kernels["files"]) | {f for c in unmeasured_changes(cal) for f in c["files"]}
+    assert cal.gpu and kernels["commit"] and covered == {f for fs in KERNEL_FILES.values() for f in fs}
+    assert all(f"not re-measured since {c['commit']}" in cal.label for c in unmeasured_changes(cal))
+    stale = stale_kernels(cal)
+    assert not stale, (f"{', '.join(stale)} changed since the shipped {device} calibration (its kernel files as of "
                        f"{kernels['commit']}): re-run mla-var3 calibrate on the GPU and ship its file")
 
 
@@ -423,7 +425,7 @@ def test_every_device_gets_an_answer():
         for design in ("flash_mla", "flash_attention", "mla_var6_plus"):
             pr = predict(cal, design, V3, Problem(b=32, s=16, t=4096, n=1024), device=key)
             assert pr.time_s > 0 and pr.device == key
-            assert pr.source == ("calibrated" if key == "h200" else "roofline")
+            assert pr.source == ("calibrated" if key in ("h200", "h100-sxm") else "roofline")   # the GPUs we calibrated
             if pr.source == "roofline":
                 assert pr.time_s == pr.roofline_time_s and "roofline" in pr.note
 
