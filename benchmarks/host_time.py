@@ -12,6 +12,8 @@ device synchronised before each, median):
   (a host plan kept per shape);
 * ``FlashMLA reused`` / ``FlashMLA fresh``: official FlashMLA's call with its metadata reused /
   new per call (the baseline of each pair);
+* with ``--window``: the hybrid's window kernel alone at ``--hybrid-shape``, its flat launch
+  against Triton's own launcher (outputs checked equal to the bit first);
 * with ``--hybrid``: the hybrid's default call (``mla_var6_plus``; on sm_90 its Gluon backend,
   the parts on two streams) at ``--hybrid-shape``, without and with the caller's
   ``HybridDecode``, each with beside its host time its eager and CUDA-graph times
@@ -145,6 +147,39 @@ def hybrid_calls(b: int, s: int, n: int, t: int, h: int = 128) -> dict:
             "hybrid, HybridDecode": lambda: mla_var6_plus(*args, scale=(d + P) ** -0.5, causal=True, decode=dec)}
 
 
+def window_calls(b: int, s: int, n: int, h: int, programs: int = 44) -> dict:
+    """The hybrid's window kernel alone on one shape, launched two ways: its flat launch (the five
+    TMA descriptors encoded from boxes kept per compiled kernel, then Triton's C launcher) and
+    Triton's own launcher (a launch hook makes every call take it; the hook is added and removed
+    around each call, which costs well under a microsecond)."""
+    from triton import knobs
+
+    from mla_var3.kernel.hopper import window_gluon as wg
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    d = 128                                     # the no-RoPE head dim, as in hybrid_calls
+    q, qpe, k, v, kpe = randn(b, h, s, d), randn(b, h, s, P), randn(b, n, h, d), randn(b, n, h, d), randn(b, n, P)
+
+    def flat():
+        return wg.expanded_window_gluon(q, qpe, k, v, kpe, scale=(d + P) ** -0.5, causal=True, programs=programs)
+
+    def tritons():
+        knobs.runtime.launch_enter_hook.add(_no_op)
+        try:
+            return flat()
+        finally:
+            knobs.runtime.launch_enter_hook.remove(_no_op)
+    return {"window flat launch": flat, "window, Triton's launcher": tritons}
+
+
+def _no_op(*args, **kwargs) -> None:
+    """A launch hook that does nothing: installed, it sends a launch through Triton's launcher."""
+
+
 def main() -> None:
     ap = baseline_parser(__doc__)
     ap.add_argument("--shapes", default=",".join("x".join(map(str, sh)) for sh in SHAPES),
@@ -155,6 +190,9 @@ def main() -> None:
     ap.add_argument("--hybrid", action="store_true", help="also the hybrid's default call")
     ap.add_argument("--hybrid-shape", default="32x32x1024",
                     help="BxSxN or BxSxNxH of the hybrid call (default: %(default)s, 128 heads)")
+    ap.add_argument("--window", action="store_true",
+                    help="also the hybrid's window kernel alone at --hybrid-shape: its flat launch against "
+                         "Triton's launcher")
     args = ap.parse_args()
     if args.rounds < 1 or args.calls < 8 or args.t < 64:
         raise SystemExit("--rounds >= 1, --calls >= 8 and --t >= 64 are required")
@@ -184,6 +222,15 @@ def main() -> None:
         if not same:
             record["failed"] = record.get("failed", []) + [f"hybrid b{b} s{s} h{h} n{n}: HybridDecode changes the result"]
         groups.append((dict(kind="hybrid", b=b, s=s, h=h, n=n, t=args.t, same_outputs=same), calls))
+    if args.window:
+        b, s, n, h = parse_hybrid_shape(args.hybrid_shape)
+        calls = window_calls(b, s, n, h)
+        outs = [fn() for fn in calls.values()]
+        same = all(torch.equal(x, y) for x, y in zip(*outs))       # the launch path changes no bit
+        print(f"window b{b} s{s} h{h} n{n}: flat and Triton's launch {'equal' if same else 'DIFFER'}", flush=True)
+        if not same:
+            record["failed"] = record.get("failed", []) + [f"window b{b} s{s} h{h} n{n}: the launch paths differ"]
+        groups.append((dict(kind="window", b=b, s=s, h=h, n=n, t=n, same_outputs=same), calls))
     for info, calls in groups:
         for fn in calls.values():
             for _ in range(10):
@@ -211,6 +258,9 @@ def main() -> None:
         if p["kind"] == "absorbed":
             print(f"| {p['b']} | {p['s']} | {p['h']} | " + " | ".join(f"{p['host_us'].get(n, float('nan')):.1f}"
                                                                     for n in names) + " |")
+        elif p["kind"] == "window":
+            print(f"\nwindow b{p['b']} s{p['s']} h{p['h']} n{p['n']}: " + ", ".join(
+                f"{name} {us:.1f} µs" for name, us in p["host_us"].items()) + " of host time per call")
         else:
             for name in p["host_us"]:
                 print(f"\n{name} b{p['b']} s{p['s']} h{p['h']} n{p['n']} t{p['t']}: host {p['host_us'][name]:.1f} µs, "
