@@ -34,7 +34,7 @@ def test_predict_flash_attention_h200_datasheet():
 
 
 def test_measured_falls_back_to_datasheet_without_measurements():
-    pr = predict("flash_mla", V3, Problem(b=1, s=1, t=64), "h100-sxm", ceilings="measured")
+    pr = predict("flash_mla", V3, Problem(b=1, s=1, t=64), "h800", ceilings="measured")
     assert pr.ceilings.kind == "datasheet"
     assert pr.ceilings.flops_per_s == 989.4e12
 
