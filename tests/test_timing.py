@@ -114,8 +114,8 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
 
     seen = []
 
-    def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup):
-        seen.append(use_graph)
+    def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup, back_to_back):
+        seen.append((use_graph, back_to_back))
         return {n: [1.0, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-"
 
     monkeypatch.setattr(T, "_time_cuda", fake_cuda)
@@ -123,7 +123,45 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
     assert T.time_fn(lambda: None).method == "cuda-graph"
     assert T.time_fn(lambda: None, use_graph=False).method == "cuda-events"
     assert T.time_fn(lambda: None, setup=lambda: None).method == "cuda-events"
-    assert seen == [True, False, False]
+    # the back-to-back floor of plain launches: not with a setup between calls
+    assert seen == [(True, True), (False, True), (False, False)]
+
+
+def test_back_to_back_time_is_wall_time_per_call_between_synchronisations(monkeypatch):
+    """``_back_to_back_us``: the device synchronised before the first call and after the last,
+    the wall time divided among the calls (checked with the synchronisation recorded, on the CPU)."""
+    import mla_var3.runtime.timing as T
+
+    log = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    clock = iter([10.0, 10.0 + 16 * 300e-6])
+    monkeypatch.setattr(T.time, "perf_counter", lambda: next(clock))
+    us = T._back_to_back_us(lambda: log.append("call"), None)
+    assert log == ["sync"] + ["call"] * T.BACK_TO_BACK_CALLS + ["sync"]
+    assert us == pytest.approx(300.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_plain_launches_of_a_host_bound_call_read_its_host_time():
+    """A call with 400 us of host work and a tiny kernel: between events after the flush its
+    host work hides behind the flush's GPU time; the eager time (plain launches) reads at least
+    the host work, the graph time only the kernel."""
+    import time as _time
+
+    from mla_var3.runtime.timing import time_fn
+
+    x = torch.zeros(16, device="cuda")
+
+    def call():
+        t0 = _time.perf_counter()
+        while _time.perf_counter() - t0 < 400e-6:
+            pass
+        x.add_(1.0)
+
+    eager = time_fn(call, use_graph=False, reps=20, warmup=2)
+    graph = time_fn(call, reps=20, warmup=2)
+    assert eager.method == "cuda-events" and eager.median_us >= 390.0
+    assert graph.method == "cuda-graph" and graph.median_us < 100.0
 
 
 def test_host_time_is_timed_in_bursts_with_a_synchronisation_before_each(monkeypatch):
