@@ -1,7 +1,8 @@
 """Regenerate docs/regimes.md — the regime guide on the H200 — from the shipped calibration and
-the committed measurements.
+the committed measurements (and, for another device with a shipped calibration, its guide alone).
 
     python benchmarks/regimes.py benchmarks/results/h200/results.json --out docs/regimes.md
+    python benchmarks/regimes.py --device h100-sxm      # docs/regimes-h100-sxm.md
 
 First the guide itself: per (b, s) each design's time — measured where the shipped calibration
 (``conf/calibration-h200.json``) holds a measurement of today's default call, else its calibrated
@@ -90,7 +91,9 @@ def _measured_points(cal, heads: int = 128) -> dict[tuple[str, int, int], dict]:
 def _guide(cal, tp: int = 1) -> list[str]:
     """The guide: per (b, s) each design's time (measured where today's default call was measured,
     else calibrated), the best, the dispatcher's choice and what the row rests on. ``tp``: the
-    call on one GPU of that tensor-parallel degree (h/tp heads, the whole latent cache)."""
+    call on one GPU of that tensor-parallel degree (h/tp heads, the whole latent cache). The
+    device is the calibration's."""
+    device = cal.device
     dims, t = get_preset("deepseek-v3").per_gpu(tp), 4096
     measured = _measured_points(cal, dims.h)
     title = ("TP 1 (all 128 heads on one GPU, or DP attention)" if tp == 1 else
@@ -98,24 +101,24 @@ def _guide(cal, tp: int = 1) -> list[str]:
     lines = [f"## The guide at {title}: b = 32 and 64, t = 4,096 (DeepSeek-V3 dims, bf16, causal)", "",
              f"Each design's time is its default call, eager, in µs: **measured** (m) where the shipped calibration "
              f"holds a measurement of today's default call at that point (its files are named under the table; the "
-             f"hybrid at the fastest n measured), else the **calibrated** model (c; `conf/calibration-h200.json`: "
+             f"hybrid at the fastest n measured), else the **calibrated** model (c; `conf/calibration-{device}.json`: "
              f"{cal.label}; the hybrid at its calibrated best n). *best* is the fastest by those numbers (the hybrid "
              f"only if it beats the better single design by more than {HYBRID_MARGIN:.0%} at a split 0 < n < t: at n = 0 "
              f"or t it is that single design); *dispatcher* is what "
-             f"`mla-var3 explain --device h200 --b B --s S --t 4096{f' --tp {tp}' if tp != 1 else ''}` picks by "
+             f"`mla-var3 explain --device {device} --b B --s S --t 4096{f' --tp {tp}' if tp != 1 else ''}` picks by "
              "default (the calibrated model alone, no results file, no autotune cache). *rests on* says which data "
              "decided the row.", ""]
     files: set[str] = set()
-    guide = Dispatcher("h200", use_measured=False, calibration=cal)    # what explain runs: the model, stages included
+    guide = Dispatcher(device, use_measured=False, calibration=cal)    # what explain runs: the model, stages included
     for b in (32, 64):
         lines += [f"### b = {b}" + (f", TP {tp}" if tp != 1 else ""), "", "| s | regime | " + " | ".join(d.name + (" (n)" if d.split else "") for d in TABLE)
                   + " | best | dispatcher | rests on |", "|---|---|---|---|---|---|---|---|"]
         for s in GUIDE_S:
             pb = Problem(b=b, s=s, t=t)
             cells, times, kinds = [], {}, {}
-            n_cal, hyb = calibrated_split(cal, dims, pb)
-            calib = {d.kernel: hyb.time_s * 1e6 if d.split else predict(cal, d.kernel, dims, pb).time_s * 1e6
-                     for d in TABLE}
+            n_cal, hyb = calibrated_split(cal, dims, pb, device)
+            calib = {d.kernel: hyb.time_s * 1e6 if d.split else predict(cal, d.kernel, dims, pb, device=device).time_s
+                     * 1e6 for d in TABLE}
             for d in TABLE:
                 m = measured.get((d.kernel, b, s))
                 if m is not None:
@@ -137,12 +140,12 @@ def _guide(cal, tp: int = 1) -> list[str]:
                      f"measured {', '.join(m_names)}; calibrated {', '.join(d for d in times if kinds[d] == 'c')}")
             lines.append(f"| {s} | {regime_of(s)} | " + " | ".join(cells) + f" | {best} | {dispatcher} | {rests} |")
         lines += ["", f"By the calibrated model the expanded design overtakes the absorbed one at s = "
-                  f"{calibrated_crossover_s(cal, dims, b, t)} for b = {b} (the roofline: s = "
-                  f"{crossover_s(dims, b, t, 'h200', fast='flash_attention_shared_kpe')}).", ""]
+                  f"{calibrated_crossover_s(cal, dims, b, t, device)} for b = {b} (the roofline: s = "
+                  f"{crossover_s(dims, b, t, device, fast='flash_attention_shared_kpe')}).", ""]
     if files:
         lines += ["Measurements of today's default calls behind the m cells: " + ", ".join(f"`{f}`" for f in sorted(files))
-                  + ". Older kernels' measurements (the benchmark grid below among them) are compared in "
-                  "`benchmarks/results/h200/calibration.md`, never used here.", ""]
+                  + (". Older kernels' measurements (the benchmark grid below among them) are compared in "
+                     "`benchmarks/results/h200/calibration.md`, never used here." if device == "h200" else "."), ""]
     else:
         lines += [f"The shipped calibration holds no measurement of a default call with {dims.h} heads at these "
                   "points: every cell is the calibrated model.", ""]
@@ -326,13 +329,41 @@ def render(results_path: Path) -> str:
     return "\n".join(lines)
 
 
+def render_guide(device: str) -> str:
+    """The guide alone (TP 1 and TP 8) on a device with a shipped calibration and no benchmark grid."""
+    cal = load_calibration(device=device)
+    if cal is None or not cal.gpu:
+        raise SystemExit(f"no shipped GPU calibration for {device!r}: the guide needs one")
+    name = get_device(device).name
+    return "\n".join([
+        f"# The regime guide on the {name}",
+        "",
+        f"Generated by `python benchmarks/regimes.py --device {device}` — do not edit by hand. The measured cells "
+        f"are the calibration run's own calls (`mla-var3 calibrate` on this GPU); its held-out checks are under "
+        f"`benchmarks/results/{device.split('-')[0]}/`.",
+        "",
+        *_guide(cal),
+        *_guide(cal, tp=8),
+    ])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="results.json written by mla-var3 bench")
-    ap.add_argument("--out", type=Path, default=Path("docs/regimes.md"))
+    ap.add_argument("results", type=Path, nargs="?", help="results.json written by mla-var3 bench (the H200's guide)")
+    ap.add_argument("--device", default="h200",
+                    help="another device with a shipped calibration: its guide alone, no results file (default h200)")
+    ap.add_argument("--out", type=Path, default=None, help="default docs/regimes.md (docs/regimes-<device>.md)")
     ap.add_argument("--print", action="store_true", help="write the guide to stdout instead of --out")
     args = ap.parse_args()
-    text = render(args.results)
+    if args.device == "h200":
+        if args.results is None:
+            ap.error("the H200's guide takes the results.json of its benchmark grid")
+        text, out = render(args.results), args.out or Path("docs/regimes.md")
+    else:
+        if args.results is not None:
+            ap.error(f"--device {args.device}: the guide alone, no results file")
+        text, out = render_guide(args.device), args.out or Path(f"docs/regimes-{args.device}.md")
+    args.out = out
     if args.print:
         sys.stdout.write(text)
         return 0

@@ -200,6 +200,19 @@ def test_calibrated_split_scans_n_and_falls_back_to_the_roofline():
     assert pr.source == "roofline" and n == 1190
 
 
+def test_the_split_and_the_crossover_ask_about_the_calibrations_own_device():
+    """Given another device's calibration and no device, the split and the crossover are the
+    calibrated ones of that device, not the H200's roofline (a calibration asked about another
+    device does not apply)."""
+    h100 = load_calibration(device="h100-sxm")
+    pb = Problem(b=32, s=1, t=4096)
+    n, pr = calibrated_split(h100, V3, pb)
+    assert pr.source == "calibrated" and pr.device == "h100-sxm"
+    assert (n, pr.time_s) == (lambda m: (m[0], m[1].time_s))(calibrated_split(h100, V3, pb, "h100-sxm"))
+    assert calibrated_crossover_s(h100, V3, 32, 4096) == calibrated_crossover_s(h100, V3, 32, 4096, "h100-sxm")
+    assert calibrated_split(h100, V3, pb, "h200")[1].source == "roofline"     # asked about the H200: no calibration
+
+
 # ------------------------------------------------------------------------ explain
 
 
@@ -265,6 +278,28 @@ def test_single_design_requirements(kernel, s, factor, word):
     assert word in text and text.startswith("the ")
     assert requirement(H200, kernel, V3, pb, own * 2) == ""          # it already wins
     assert requirement(None, kernel, V3, pb, own * factor) == ""     # the roofline: nothing to say
+
+
+def test_the_h100_guide_document_is_up_to_date():
+    """docs/regimes-h100-sxm.md is what ``benchmarks/regimes.py --device h100-sxm`` makes of the
+    shipped H100 calibration: TP 1 and TP 8, b = 32 and 64, every row resting on its data."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "benchmarks/regimes.py", "--device", "h100-sxm", "--print"],
+                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = (root / "docs" / "regimes-h100-sxm.md").read_text()
+    assert proc.stdout == doc and doc.startswith("# The regime guide on the NVIDIA H100")
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and "---" not in line and not line.startswith("| s |")]
+    assert len(rows) == 44
+    for line in rows:
+        assert line.rstrip(" |").rsplit("| ", 1)[-1].startswith(("measurements", "calibrated model", "measured ")), line
+    assert "--device h100-sxm" in doc and "calibration-h100-sxm.json" in doc
 
 
 def test_the_regime_guide_document_is_up_to_date():

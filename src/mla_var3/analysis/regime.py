@@ -307,13 +307,23 @@ def crossover_s(
     return None
 
 
-def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Problem, device: str | Device = "h200",
-                     ceilings: str = "measured", lo: int = 0, hi: int | None = None) -> tuple[int, CalibratedPrediction]:
+def _device_of(calibration: Calibration | None, device: str | Device | None) -> str | Device:
+    """``device``, or by default the calibration's own (the H200 without one): a calibration asked
+    about another device does not apply, and the prediction would fall back to the roofline."""
+    if device is not None:
+        return device
+    return calibration.device if calibration is not None else "h200"
+
+
+def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Problem,
+                     device: str | Device | None = None, ceilings: str = "measured", lo: int = 0,
+                     hi: int | None = None) -> tuple[int, CalibratedPrediction]:
     """The hybrid's split n in [lo, hi] (default [0, t]) with the least calibrated time, and its
     prediction: n on a grid of t/16 steps plus the ends, then t/64 steps around the best of them
     (the calibrated time is not convex in n: waves and tile families step; a dispatcher asks this
     at every new context length). Where no calibration applies, the roofline's best n clamped to
-    [lo, hi] (its prediction says ``source="roofline"``)."""
+    [lo, hi] (its prediction says ``source="roofline"``). ``device``: the calibration's by default."""
+    device = _device_of(calibration, device)
     t = problem.t
     hi = t if hi is None else min(hi, t)
 
@@ -339,9 +349,11 @@ def calibrated_split(calibration: Calibration | None, dims: MLADims, problem: Pr
 
 
 def calibrated_crossover_s(calibration: Calibration | None, dims: MLADims, b: int, t: int,
-                           device: str | Device = "h200", ceilings: str = "measured") -> int | None:
+                           device: str | Device | None = None, ceilings: str = "measured") -> int | None:
     """Smallest s in [1, t] where the expanded design's calibrated time is below the absorbed
-    design's (the roofline's :func:`crossover_s` where no calibration applies); None if never."""
+    design's (the roofline's :func:`crossover_s` where no calibration applies); None if never.
+    ``device``: the calibration's by default."""
+    device = _device_of(calibration, device)
     slow, fast = (d.kernel for d in sorted((d for d in _TABLE if not d.split), key=lambda d: not d.latent))
     for s in range(1, t + 1):
         pr = Problem(b=b, s=s, t=t)
