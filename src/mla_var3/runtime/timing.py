@@ -15,7 +15,10 @@ from here, measured the same way:
   work outlasts the flush before it would hide that work behind the flush's GPU time (measured
   on an H100: a hybrid call with about 330 µs of host work read 279 µs between events after the
   flush, 334 µs without it); the back-to-back time is what a caller issuing calls one after the
-  other waits, max(host, GPU) per call.
+  other waits, max(host, GPU) per call. The floor only raises a repetition: a call whose host
+  work outlasts the flush but not its own GPU time can still read up to (host − flush) above
+  max(host, GPU) between events (on an H200 an expanded call with 229 µs of host work and
+  461 µs in a graph read 689 µs eager).
 * **L2** — before every repetition a flush buffer of at least twice the device's L2 is
   written (``zero_``), outside the timed window, so no repetition finds its inputs in L2 from
   the previous one. Inputs are not rotated.
