@@ -1,7 +1,8 @@
 """Fit the shipped calibrations from committed measurements (no GPU needed).
 
-    python benchmarks/calibration_h200.py            # writes src/mla_var3/conf/calibration-h200.json
-                                                     # and calibration-rtx-5090-seed.json, prints the tables
+    python benchmarks/calibration_h200.py            # writes src/mla_var3/conf/calibration-h200.json,
+                                                     # calibration-rtx-5090-seed.json and calibration-h100-sxm.json,
+                                                     # prints the tables
     python benchmarks/calibration_h200.py --check    # fit and compare only, write nothing
     python benchmarks/calibration_h200.py --stamp-kernels   # also record today's kernel files (sha256)
     python benchmarks/calibration_h200.py --points-json PATH   # only the points it ships, as JSON
@@ -29,6 +30,10 @@ The H200 file's ``kernels`` block (the commit and the sha256 of each kernel file
 from the shipped file as it is: a re-fit from committed measurements does not measure today's
 kernels. ``--stamp-kernels`` records the files as they are now, with the commit checked out; only
 for measurements of that code (``mla-var3 calibrate`` writes its own).
+
+H100: the committed ``mla-var3 calibrate`` run (:data:`H100_RUN`), refitted from its own points
+by today's fit: no shipped calibration to start from, so parameters its fit runs to a bound are
+held at their priors.
 
 RTX 5090: the seed's six numbers alone (``anchors_h200.json`` "seed_rtx5090_us"), the seed's
 kernels as backend ``seed``.
@@ -274,6 +279,11 @@ HELD = {
 }
 
 
+#: the committed ``mla-var3 calibrate`` run on an H100 (SXM5), shipped as ``calibration-h100-sxm.json``
+#: refitted from its own points by today's fit (:func:`kernels_that_ran`, no shipped base)
+H100_RUN = RES.parent / "h100" / "heldout" / "calibrate-h100-e253bf5.json"
+
+
 #: ``mla-var3 bench`` runs on an H200 at shapes no fit reads (issue 42's bar): compared, never fitted
 #: (but for :data:`TAIL`)
 HELD_OUT_DIRS = ("heldout-6c01f4b", "heldout-a3ebe94", "heldout-61474be")
@@ -434,7 +444,7 @@ def calibrate_run() -> Calibration | None:
     return runs[-1] if runs else None
 
 
-def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
+def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     """``run`` with every point labelled with the kernel that ran it, refitted from its own points
     on ``base`` (``cli.calibrate.calibration_from_records``: the fit ``mla-var3 calibrate`` makes)
     where that changes anything: before fd82873 ``mla-var3 calibrate`` labelled the expanded
@@ -458,8 +468,8 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
     when = re.search(r" at (\S+): \d+ default calls", run.notes)
     env = {**run.versions, "commit": run.commits["measurements"][0], "dirty": run.commits.get("dirty"),
            "device": run.device_name, "timestamp": when.group(1) if when else "?"}
-    again = calibration_from_records(records, env, get_device("h200"), gpu=True, shipped=base,
-                                     hold=tuple(k for k in TAIL if k not in run.parameters))
+    again = calibration_from_records(records, env, get_device(run.device), gpu=True, shipped=base,
+                                     hold=tuple(k for k in TAIL if k not in run.parameters) if base else ())
     changed = {g: sorted(k for k, p in run.parameters.items() if p.fitted and p.group == g and k in again.parameters
                          and not math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9))
                for g in ("host", "gpu")}
@@ -471,6 +481,12 @@ def kernels_that_ran(run: Calibration, base: Calibration) -> Calibration:
                    "the run labelled them gluon)")
     if changed["host"]:
         why.append("its host times taken as each launch path's lower quartile, as the fit takes them since the run")
+    bounded = sorted(k for k, p in again.parameters.items() if p.group == "gpu" and "ran it to a bound" in p.source
+                     and k in run.parameters and run.parameters[k].fitted)
+    if bounded:
+        why.append(f"the parameters its fit ran to a bound held at their priors, as a first fit holds them since the "
+                   f"run: {', '.join(bounded)}")
+        changed["gpu"] = [k for k in changed["gpu"] if k not in bounded]
     if changed["gpu"]:
         why.append(f"today's fit (its estimator and laws) gives these GPU parameters other values than the run's: "
                    f"{', '.join(changed['gpu'])}")
@@ -545,9 +561,11 @@ def main(argv=None) -> int:
         if not args.stamp_kernels:      # the shipped file's record of kernel changes not re-measured since the run
             run = dataclasses.replace(run, kernels={**run.kernels, **{k: v for k, v in shipped.kernels.items()
                                                                       if k == "unmeasured"}})
+    h100 = kernels_that_ran(load_calibration(H100_RUN), None)
     if not args.check:
         save_calibration(run or cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")
+        save_calibration(h100, CONF / "calibration-h100-sxm.json")
 
     all_pts = fitted + unfitted + old
     check_only = {(p.design, p.backend, p.b, p.s, p.t, p.source, p.note) for p in unfitted + old}

@@ -71,6 +71,29 @@ def test_a_first_fit_takes_the_measured_ceilings_of_the_device_it_is_given():
     assert (cal.ceilings["flops_per_s"], cal.ceilings["bytes_per_s"]) == (793.0e12, 3020.7e9)
 
 
+def test_a_first_fit_holds_what_it_runs_to_a_bound_at_the_priors():
+    """The shipped H100 file is its calibrate run's points refitted with no shipped base: the
+    parameters that fit ran to a bound keep their priors (and say so), the rest are fitted; the
+    same fit of the same points gives the same file."""
+    from mla_var3.analysis.kernel_laws import SPECS
+
+    h100 = load_calibration(device="h100-sxm")
+    held = [n for n, p in h100.parameters.items() if "ran it to a bound" in p.source]
+    assert sorted(held) == ["flash_attention.gluon.bandwidth_efficiency", "flash_attention.gluon.memory_overlap",
+                            "flash_attention.triton.compute_efficiency_m64", "flash_attention.triton.memory_overlap"]
+    priors = {f"{d}.{b}.{sp.name}": sp.prior for (d, b), sps in SPECS.items() for sp in sps}
+    assert all(not h100.parameters[n].fitted and h100.parameters[n].value == priors[n] for n in held)
+    assert "held at their priors" in h100.notes
+    records = [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),
+                      time_us=p["gpu_us"], method="cuda-graph", gpu=True, backend=p["backend"],
+                      extra={"graph_us": p["gpu_us"], "eager_us": p["eager_us"], "host_us": p["host_us"],
+                             "causal": p["causal"], "source": p["source"], **({"h": p["h"]} if p.get("h") else {})})
+               for p in h100.points]
+    again = calibration_from_records(records, {**ENV, "commit": "e253bf5"}, get_device("h100-sxm"), gpu=True)
+    for name, p in again.parameters.items():
+        assert p.value == pytest.approx(h100.parameters[name].value, rel=1e-6), name
+
+
 def _records_from(cal, grid) -> list[Record]:
     """What a GPU run of ``grid`` would record if the kernels ran exactly as ``cal`` says."""
     out = []

@@ -248,13 +248,18 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
             notes += f"; held at the shipped values (its grid cannot tell them apart): {', '.join(kept)}"
             args["notes"] = notes
         cal, held = fit(records, hold=kept, **args), []
-        while base is not None:     # the points do not bound these (the calls never spend that resource):
-            pinned = _at_bounds(cal, base)       # keep the base's values, one round per parameter freed
+        # the points do not bound these (the calls never spend that resource): keep the shipped
+        # values, or on a first fit the priors, one round per parameter freed
+        start = base if base is not None else _priors_of(cal)
+        while True:
+            pinned = _at_bounds(cal, start)
             if not pinned:
                 break
             held += pinned
-            cal = fit(records, hold=kept + held, **{**args, "notes": notes + "; held at the shipped values (the run's "
-                                                                         f"fit ran them to a bound): {', '.join(held)}"})
+            what = "the shipped values" if base is not None else "their priors"
+            cal = fit(records, hold=kept + held, **{**args, "base": _with_values_of(cal, start, held),
+                                                   "notes": notes + f"; held at {what} (the run's fit ran them to a "
+                                                                    f"bound): {', '.join(held)}"})
         return dataclasses.replace(cal, kernels=kernels)
     ceil = dev.ceilings("measured", 2)
     base = Calibration("cpu", env["platform"], int(dev.sms or 1),
@@ -266,6 +271,24 @@ def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool 
     cal = fit(records, base=base, default_backends=backends, versions=versions, commits=commits, notes=notes,
               allow_cpu=True)
     return dataclasses.replace(cal, kernels=kernels)
+
+
+def _priors_of(cal):
+    """``cal`` with every GPU parameter at its law's prior (``kernel_laws.SPECS``), sourced so."""
+    from mla_var3.analysis.kernel_laws import SPECS
+
+    specs = {f"{d}.{b}.{sp.name}": sp for (d, b), sps in SPECS.items() for sp in sps}
+    return cal.with_parameters({
+        name: dataclasses.replace(p, value=specs[name].prior, fitted=False,
+                                  source="prior, not fitted: the run's fit ran it to a bound (the calls never spend "
+                                         "that resource enough to tell it)")
+        for name, p in cal.parameters.items() if name in specs and p.group == "gpu"})
+
+
+def _with_values_of(cal, start, names: list[str]):
+    """``cal`` with the parameters ``names`` taken from ``start`` (value and source), the base of a
+    refit that holds them."""
+    return dataclasses.replace(cal, points=(), fit={}).with_parameters({n: start.parameters[n] for n in names})
 
 
 def _at_bounds(cal, base) -> list[str]:
