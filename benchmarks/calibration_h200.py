@@ -452,19 +452,14 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     the portable kernel; since the run the fit takes each launch path's host time as its lower
     quartile; and a law changed since the run fits its points to other values. Same
     measurements; the file's notes say what was refitted and why."""
-    from mla_var3.cli.calibrate import calibration_from_records
+    from mla_var3.cli.calibrate import calibration_from_records, records_of_points
     from mla_var3.kernel.hopper.expanded_gluon import GLUON_MIN_S
     from mla_var3.kernel.launchers import backend_that_ran
-    from mla_var3.runtime.records import Record
 
     def ran(p: dict) -> str:
         return backend_that_ran(p["design"], p["backend"], p["s"])
     relabel = any(ran(p) != p["backend"] for p in run.points)
-    records = [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),
-                      time_us=p["gpu_us"], method="cuda-graph", gpu=True, backend=ran(p),
-                      extra={"graph_us": p["gpu_us"], "eager_us": p["eager_us"], "host_us": p["host_us"],
-                             "causal": p["causal"], "source": p["source"], **({"h": p["h"]} if p.get("h") else {})})
-               for p in run.points]
+    records = records_of_points(run.points, ran)
     when = re.search(r" at (\S+): \d+ default calls", run.notes)
     env = {**run.versions, "commit": run.commits["measurements"][0], "dirty": run.commits.get("dirty"),
            "device": run.device_name, "timestamp": when.group(1) if when else "?"}

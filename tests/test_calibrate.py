@@ -17,7 +17,7 @@ from mla_var3.analysis.calibration import (
 )
 from mla_var3.analysis.devices import get_device
 from mla_var3.designs import DESIGNS
-from mla_var3.cli.calibrate import GRID, QUICK, calibration_from_records, default_backends
+from mla_var3.cli.calibrate import GRID, QUICK, calibration_from_records, default_backends, records_of_points
 from mla_var3.runtime.records import Record
 from mla_var3.shapes import Problem, get_preset
 
@@ -84,12 +84,8 @@ def test_a_first_fit_holds_what_it_runs_to_a_bound_at_the_priors():
     priors = {f"{d}.{b}.{sp.name}": sp.prior for (d, b), sps in SPECS.items() for sp in sps}
     assert all(not h100.parameters[n].fitted and h100.parameters[n].value == priors[n] for n in held)
     assert "held at their priors" in h100.notes
-    records = [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),
-                      time_us=p["gpu_us"], method="cuda-graph", gpu=True, backend=p["backend"],
-                      extra={"graph_us": p["gpu_us"], "eager_us": p["eager_us"], "host_us": p["host_us"],
-                             "causal": p["causal"], "source": p["source"], **({"h": p["h"]} if p.get("h") else {})})
-               for p in h100.points]
-    again = calibration_from_records(records, {**ENV, "commit": "e253bf5"}, get_device("h100-sxm"), gpu=True)
+    again = calibration_from_records(records_of_points(h100.points), {**ENV, "commit": "e253bf5"},
+                                     get_device("h100-sxm"), gpu=True)
     for name, p in again.parameters.items():
         assert p.value == pytest.approx(h100.parameters[name].value, rel=1e-6), name
 

@@ -216,6 +216,20 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
     return CalibrationRun(cal, records, env, skipped)
 
 
+def records_of_points(points, backend_of=None) -> list:
+    """The run's records (``runtime.records.Record``, as ``mla-var3 calibrate`` writes them) back from
+    a calibration file's stored ``points``, to refit them with :func:`calibration_from_records`.
+    ``backend_of(point)``: the backend to record (default: the point's own)."""
+    from mla_var3.runtime.records import Record
+
+    return [Record(name=p["design"], kind="design", model=p["model"], b=p["b"], s=p["s"], t=p["t"], n=p.get("n"),
+                   time_us=p["gpu_us"], method="cuda-graph", gpu=True,
+                   backend=backend_of(p) if backend_of else p["backend"],
+                   extra={"graph_us": p["gpu_us"], "eager_us": p["eager_us"], "host_us": p["host_us"],
+                          "causal": p["causal"], "source": p["source"], **({"h": p["h"]} if p.get("h") else {})})
+            for p in points]
+
+
 def calibration_from_records(records, env: dict, dev, *, gpu: bool, quick: bool = False, shipped=None,
                              hold: tuple[str, ...] = ()):
     """Fit the records of a calibration run into a calibration keyed by device, the backends the
