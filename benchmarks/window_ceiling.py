@@ -1,6 +1,6 @@
 """The hybrid's window kernel against the ceilings it could hit, per SM count (sm_90).
 
-Three things, in one process, on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
+Six parts, in one process (`--parts` picks some), on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
 kpe ``[B, N, P]``):
 
 1. **The ring probe**: a Gluon kernel that streams exactly the window kernel's TMA boxes (per
@@ -19,6 +19,11 @@ kpe ``[B, N, P]``):
    consumed by the window kernel's two products per block (``S^T`` and ``O^T += V^T . P^T``,
    one wait each) on two consumer warpgroups, with no softmax: what the kernel's loads and
    MMAs, which share the SM's shared memory (TMA writes, wgmma operand reads), allow together.
+6. **The register-A form**: the same two products with k, kpe and v loaded from global memory
+   straight into the wgmma's A-operand registers (16-byte loads, the contraction index permuted
+   so they land where the fragment wants them), with and without L2 prefetch ahead, v as stored
+   ``[B, N, H, D]`` or transposed ``[B, H, D, N]``: the loads and products of a window kernel
+   whose only shared-memory bytes are the B operands.
 
     python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
 
@@ -210,6 +215,190 @@ if GLUON_AVAILABLE:
                             (_stream_mma_producer, args)], [4, 1], [224, 24])
 
 
+    # 6. the register-A form: k, kpe and v loaded from global memory straight into the wgmma's
+    # A-operand registers, so the only shared-memory bytes per block are the B operands (the
+    # queries and P^T). A 16-byte load holds 8 consecutive d (or keys, with v stored transposed);
+    # the contraction index is permuted so that those 8 elements are the ones the A fragment
+    # wants in its registers (the queries would be permuted the same way), a permutation the
+    # compiler checks is free (``assert_trivial``).
+    REG_BN = gl.constexpr(64)
+    @gluon.jit
+    def _perm_k(x, R: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+        """[R, D] physical (d = 32m + 8c + 4i + 2h + b) -> [R, D] logical (k = 32m + 16i + 8h + 2c + b)."""
+        y = x.reshape([R, D // 32, 4, 2, 2, 2]).permute((0, 1, 3, 4, 2, 5)).reshape([R, D])
+        return gl.convert_layout(y, layout, assert_trivial=True)
+
+
+    @gluon.jit
+    def _perm_vt(x, R: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+        """[keys R, D] physical (d = 64 w1 + 32 w0 + 4 g + 2 a + r) -> [D, R] logical V^T rows
+        d' = 64 a + 32 w1 + 16 w0 + 8 r + g."""
+        y = x.reshape([R, 2, 2, 8, 2, 2]).permute((4, 1, 2, 5, 3, 0)).reshape([D, R])
+        return gl.convert_layout(y, layout, assert_trivial=True)
+
+
+    @gluon.jit
+    def _prefetch(ptrs):
+        return gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+
+
+    _VT_L = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [64, 0]],
+        lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
+        shape=[128, 64]))
+    _V_L = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [1, 0], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 4], [0, 8], [0, 16]], warp_bases=[[0, 32], [0, 64]], block_bases=[],
+        shape=[64, 128]))
+
+
+    @gluon.jit
+    def _v_offsets(N, skn, VT: gl.constexpr):
+        if VT:
+            off = (gl.arange(0, 128, gl.SliceLayout(1, _VT_L))[:, None] * N
+                   + gl.arange(0, 64, gl.SliceLayout(0, _VT_L))[None, :])
+        else:
+            off = (gl.arange(0, 64, gl.SliceLayout(1, _V_L))[:, None] * skn
+                   + gl.arange(0, 128, gl.SliceLayout(0, _V_L))[None, :])
+        return off
+
+
+    @gluon.jit
+    def _vbase(item, blk, H, N, skb, skn, VT: gl.constexpr):
+        if VT:
+            r = item * (128 * N) + blk * 64
+        else:
+            r = (item // H) * skb + blk * 64 * skn + (item % H) * 128
+        return r
+
+
+    @gluon.jit
+    def _reg_consumer(W: gl.constexpr, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N,
+                      skb, skn, skrb, skrn, PF: gl.constexpr, VT: gl.constexpr):
+        SP: gl.constexpr = q_smem.shape[0]
+        D: gl.constexpr = q_smem.shape[1]
+        P: gl.constexpr = qr_smem.shape[1]
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SP, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(0, acc_l, 2)
+        # k [BN keys, D]: 8 contiguous d per thread (16 B), lanes d8 d16 and rows, warps rows 16 32
+        k_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64]],
+            lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
+            shape=[REG_BN, D])
+        kr_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32]],
+            lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
+            shape=[REG_BN, P])
+        # v [BN keys, D]: 4 contiguous d per thread (8 B)
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = N // REG_BN
+        mine = gl.cdiv(n_items - pid, G) * nb
+        k_off = gl.arange(0, REG_BN, gl.SliceLayout(1, k_l))[:, None] * skn + gl.arange(0, D, gl.SliceLayout(0, k_l))[None, :]
+        kr_off = gl.arange(0, REG_BN, gl.SliceLayout(1, kr_l))[:, None] * skrn + gl.arange(0, P, gl.SliceLayout(0, kr_l))[None, :]
+        v_off = _v_offsets(N, skn, VT)
+        # one prefetch address per 128 B line of k and v: [REG_BN, 2] lines per tensor
+        pf_l: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])
+        pf_off = gl.arange(0, REG_BN, gl.SliceLayout(1, pf_l))[:, None] * skn + gl.arange(0, 2, gl.SliceLayout(0, pf_l))[None, :] * 64
+        # v^T: one line per d row (64 keys x 2 B = 128 B)
+        pfv_off = (gl.arange(0, REG_BN, gl.SliceLayout(1, pf_l))[:, None] * 2 + gl.arange(0, 2, gl.SliceLayout(0, pf_l))[None, :]) * N
+        s_zero = gl.zeros([REG_BN, SP], gl.float32, acc_l)
+        acc = gl.zeros([D, SP], gl.float32, acc_l)
+        q_t = q_smem.permute((1, 0))
+        qr_t = qr_smem.permute((1, 0))
+        best = gl.max(s_zero, axis=1)
+
+        c = gl.maximum(gl.minimum(W, mine - 1), 0)
+        item = pid + (c // nb) * G
+        base = (item // H) * skb + (c % nb) * REG_BN * skn + (item % H) * D
+        rbase = (item // H) * skrb + (c % nb) * REG_BN * skrn
+        kn = gl.load(k_ptr + base + k_off)
+        vn = gl.load(v_ptr + _vbase(item, c % nb, H, N, skb, skn, VT) + v_off)
+        krn = gl.load(kr_ptr + rbase + kr_off)
+        dummy = gl.zeros([REG_BN, 2], gl.int32, pf_l)
+        for c in range(W, mine, 2):
+            k = kn
+            v = vn
+            kr = krn
+            c2 = gl.minimum(c + 2, mine - 1)
+            item = pid + (c2 // nb) * G
+            base = (item // H) * skb + (c2 % nb) * REG_BN * skn + (item % H) * D
+            rbase = (item // H) * skrb + (c2 % nb) * REG_BN * skrn
+            kn = gl.load(k_ptr + base + k_off)
+            vn = gl.load(v_ptr + _vbase(item, c2 % nb, H, N, skb, skn, VT) + v_off)
+            krn = gl.load(kr_ptr + rbase + kr_off)
+            if PF > 0:
+                cp = c + 2 * PF
+                item = pid + (cp // nb) * G
+                pbase = (item // H) * skb + (cp % nb) * REG_BN * skn + (item % H) * D
+                if cp < mine:
+                    dummy += _prefetch(k_ptr + pbase + pf_off)
+                    if VT:
+                        dummy += _prefetch(v_ptr + _vbase(item, cp % nb, H, N, skb, skn, VT) + pfv_off)
+                    else:
+                        dummy += _prefetch(v_ptr + pbase + pf_off)
+            tok = warpgroup_mma(_perm_k(k, REG_BN, D, a_l), q_t, s_zero, use_acc=False, is_async=True)
+            tok = warpgroup_mma(_perm_k(kr, REG_BN, P, gl.DotOperandLayout(0, acc_l, 2)), qr_t, tok, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            if VT:
+                va = _perm_k(v, D, REG_BN, a_l)
+            else:
+                va = _perm_vt(v, REG_BN, D, a_l)
+            tok = warpgroup_mma(va, p_smem.index(W), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            best = gl.maximum(best, gl.max(sc, axis=1))
+        gl.store(out_ptr + 2 * pid + W, gl.max(best, axis=0) + gl.max(gl.max(acc, axis=1), axis=0) + gl.sum(gl.sum(dummy, axis=1), axis=0).to(gl.float32))
+
+
+    @gluon.jit
+    def _reg_consumer0(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel):
+        _reg_consumer(0, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1)
+
+
+    @gluon.jit
+    def _reg_consumer1(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel):
+        _reg_consumer(1, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1)
+
+
+    @gluon.jit
+    def _reg_stream_probe(k_ptr, v_ptr, kr_ptr, out_ptr, n_items, H, N, skb, skn, skrb, skrn,
+                          SP: gl.constexpr, PF: gl.constexpr, REGS: gl.constexpr, VT: gl.constexpr):
+        dtype: gl.constexpr = gl.bfloat16
+        D: gl.constexpr = 128
+        P: gl.constexpr = 64
+        q_smem = gl.allocate_shared_memory(dtype, [SP, D], gl.NVMMASharedLayout.get_default_for([SP, D], dtype))
+        qr_smem = gl.allocate_shared_memory(dtype, [SP, P], gl.NVMMASharedLayout.get_default_for([SP, P], dtype))
+        p_smem = gl.allocate_shared_memory(dtype, [2, REG_BN, SP], gl.NVMMASharedLayout.get_default_for([REG_BN, SP], dtype))
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        q_smem.store(gl.full([SP, D], 0.001, dtype, fill))
+        qr_smem.store(gl.full([SP, P], 0.001, dtype, fill))
+        p_smem.index(0).store(gl.full([REG_BN, SP], 0.001, dtype, fill))
+        p_smem.index(1).store(gl.full([REG_BN, SP], 0.001, dtype, fill))
+        fence_async_shared()
+        gl.thread_barrier()
+        # a constexpr does not cross into warp-specialised partitions (it arrives as a runtime
+        # value), a shared-memory descriptor's shape does: PF and VT travel as this one's shape
+        sel = gl.allocate_shared_memory(gl.int8, [PF + 1, VT + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        args = (k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel)
+        gl.warp_specialize([(_reg_consumer0, args), (_reg_consumer1, args)], [4], [REGS])
+
+
+def reg_stream_probe(k, v, kpe, programs: int, *, sp: int, prefetch: int = 0, v_transposed: bool = False,
+                     regs: int = 232) -> "torch.Tensor":
+    """Launch :func:`_reg_stream_probe` (part 6) over k [B, N, H, D], kpe [B, N, P] and v, either
+    [B, N, H, D] or, with ``v_transposed``, [B, H, D, N] (keys contiguous), on ``programs``
+    programs of two consumer warpgroups; ``prefetch`` > 0 also prefetches k and v into L2 that
+    many blocks ahead. N must be a multiple of 64. Returns the consumers' outputs."""
+    b, n, h, d = k.shape
+    if n % 64 or d != 128 or kpe.shape[-1] != 64:
+        raise ValueError(f"the probe takes N % 64 == 0, D = 128, P = 64; got {tuple(k.shape)}, {tuple(kpe.shape)}")
+    out = torch.empty(2 * programs, dtype=torch.float32, device=k.device)
+    _reg_stream_probe[(programs,)](k, v, kpe, out, b * h, h, n, k.stride(0), k.stride(1), kpe.stride(0),
+                                  kpe.stride(1), SP=sp, PF=prefetch, REGS=regs, VT=int(v_transposed), num_warps=4)
+    return out
+
+
 def stream_mma_probe(k, v, kpe, programs: int, *, sp: int, slots: int = 4, block_n: int = 64) -> "torch.Tensor":
     """Launch :func:`_stream_mma_probe` over k, v [B, N, H, D] and kpe [B, N, P] (bf16) on
     ``programs`` programs with ``sp`` padded query columns; returns the consumers' outputs."""
@@ -272,6 +461,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1344, help="window keys")
     ap.add_argument("--programs", default="8,16,44,66,132")
     ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
+    ap.add_argument("--parts", default="1,2,3,4,5,6", help="which parts to run (comma list of 1-6)")
     args = ap.parse_args(argv)
     require_cuda()
     if not GLUON_AVAILABLE:
@@ -289,14 +479,15 @@ def main(argv=None) -> int:
         return (torch.randn(*shape, device=dev, generator=g) * 0.5).to(torch.bfloat16)
 
     k, v, kpe = rn(b, n, h, d), rn(b, n, h, d), rn(b, n, p)
-    record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "probe": [], "read": [],
-              "window": [], "checks": [], "mma": [], "stream_mma": []}
+    parts = {int(x) for x in args.parts.split(",")}
+    record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "parts": sorted(parts),
+              "probe": [], "read": [], "window": [], "checks": [], "mma": [], "stream_mma": [], "reg_stream": []}
 
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
 
     # 1. the ring probe: the window kernel's boxes through rings of several depths
-    probe_cfgs = [(64, 2), (64, 3), (64, 4), (64, 5), (32, 4), (32, 8), (32, 10)]
+    probe_cfgs = [(64, 2), (64, 3), (64, 4), (64, 5), (32, 4), (32, 8), (32, 10)] if 1 in parts else []
     for bn, slots in probe_cfgs:
         # HBM bytes count kpe once (its re-reads per head hit L2), as the window kernel's do;
         # ``tma_gbs_per_sm`` counts every byte the copies move
@@ -320,13 +511,14 @@ def main(argv=None) -> int:
     write_json(args.out, record)
 
     # 2. the plain read
-    reads, desc = measure_read_by_sms(sorted(set(programs)), nbytes=4 * 2**30, max_seconds=args.max_seconds)
-    record["read"] = [dict(programs=m, gbs=gbs, gbs_per_sm=gbs / m) for m, gbs in reads]
-    record["read_source"] = desc
-    write_json(args.out, record)
+    if 2 in parts:
+        reads, desc = measure_read_by_sms(sorted(set(programs)), nbytes=4 * 2**30, max_seconds=args.max_seconds)
+        record["read"] = [dict(programs=m, gbs=gbs, gbs_per_sm=gbs / m) for m, gbs in reads]
+        record["read_source"] = desc
+        write_json(args.out, record)
 
     # 3. the window kernel alone, checked first
-    for s in (16, 32, 64):
+    for s in (16, 32, 64) if 3 in parts else ():
         q, qpe = rn(b, h, s, d), rn(b, h, s, p)
         scale = (d + p) ** -0.5
         block = choose_block(q, qpe, k, v, kpe, True)
@@ -358,7 +550,7 @@ def main(argv=None) -> int:
                   f"{row['tflops']:.1f} TFLOP/s", flush=True)
         del q, qpe, o, lse
     # 4. the MMA rate of the window's score MMAs (N = the padded query tokens) on 1 or 2 warpgroups
-    for sp in (16, 32, 64):
+    for sp in (16, 32, 64) if 4 in parts else ():
         for wgs in (1, 2):
             for m in programs:
                 t = time_fn(lambda: mma_probe(m, sp=sp, warpgroups=wgs), warmup=2, reps=10, min_reps=3,
@@ -370,7 +562,7 @@ def main(argv=None) -> int:
     write_json(args.out, record)
     # 5. the stream and the products together (no softmax)
     nbytes = window_bytes(b, h, 0, n, d, p)
-    for sp in (16, 32, 64):
+    for sp in (16, 32, 64) if 5 in parts else ():
         flops = 2.0 * b * h * n * sp * ((d + p) + d)
         for m in programs:
             t = time_fn(lambda: stream_mma_probe(k, v, kpe, m, sp=sp), warmup=2, reps=20, min_reps=3,
@@ -380,6 +572,29 @@ def main(argv=None) -> int:
             record["stream_mma"].append(row)
             print(f"stream+mma n={sp} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
     write_json(args.out, record)
+    # 6. the register-A form: loads straight into the A operand's registers, the same products
+    reg_cfgs = [(0, False), (0, True), (2, False), (2, True)] if 6 in parts else []
+    v_t = v.permute(0, 2, 3, 1).contiguous() if reg_cfgs else None
+    for prefetch, transposed in reg_cfgs:
+        for sp in (16, 32, 64):
+            flops = 2.0 * b * h * n * sp * ((d + p) + d)
+            for m in programs:
+                try:
+                    t = time_fn(lambda: reg_stream_probe(k, v_t if transposed else v, kpe, m, sp=sp, prefetch=prefetch,
+                                                         v_transposed=transposed),
+                                warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+                except Exception as exc:
+                    record["reg_stream"].append(dict(sp=sp, programs=m, prefetch=prefetch, v_transposed=transposed,
+                                                     error=f"{type(exc).__name__}: {exc}"[:300]))
+                    print(f"reg n={sp} pf={prefetch} vt={transposed} m={m}: {type(exc).__name__}: {exc}"[:300],
+                          flush=True)
+                    break
+                row = dict(sp=sp, programs=m, prefetch=prefetch, v_transposed=transposed, us=t.median_us,
+                           gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
+                record["reg_stream"].append(row)
+                print(f"reg n={sp} pf={prefetch} vt={int(transposed)} m={m}: {t.median_us:.1f} us "
+                      f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
+        write_json(args.out, record)
 
     def row(label: str, rows: list[dict], cell) -> None:
         by_programs = {r["programs"]: r for r in rows}
@@ -395,6 +610,12 @@ def main(argv=None) -> int:
     for sp in (16, 32, 64):
         row(f"stream + products, n = {sp}", [r for r in record["stream_mma"] if r["sp"] == sp],
             lambda r: f"{r['gbs_per_sm']:.0f}")
+    for prefetch, transposed in reg_cfgs:
+        for sp in (16, 32, 64):
+            row(f"register A, n = {sp}, prefetch {prefetch}, v{'^T' if transposed else ''}",
+                [r for r in record["reg_stream"] if (r["sp"], r["prefetch"], r["v_transposed"]) == (sp, prefetch,
+                                                                                                  transposed)
+                 and "gbs_per_sm" in r], lambda r: f"{r['gbs_per_sm']:.0f}")
     for s in (16, 32, 64):
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
