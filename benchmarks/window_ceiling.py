@@ -239,6 +239,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _prefetch(ptrs):
+        """Prefetch the L2 lines of ``ptrs`` (one per element)."""
         return gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
                                          is_pure=False, pack=1)
 
@@ -274,14 +275,25 @@ if GLUON_AVAILABLE:
 
 
     @gluon.jit
-    def _reg_consumer(W: gl.constexpr, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N,
-                      skb, skn, skrb, skrn, PF: gl.constexpr, VT: gl.constexpr):
+    def _reg_block(item, blk, H, N, skb, skn, skrb, skrn, VT: gl.constexpr):
+        """Element offsets of block ``blk`` of item ``item``: k's and v's (as stored) and kpe's."""
+        kb = (item // H) * skb + blk * REG_BN * skn + (item % H) * 128
+        return kb, _vbase(item, blk, H, N, skb, skn, VT), (item // H) * skrb + blk * REG_BN * skrn
+
+
+    @gluon.jit
+    def _reg_consumer(W: gl.constexpr, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H,
+                      N, skb, skn, skrb, skrn, PF: gl.constexpr, VT: gl.constexpr, LOADS_ONLY: gl.constexpr):
+        """Consumer ``W`` of :func:`_reg_stream_probe`: its program's blocks ``W, W + 2, ...``, the
+        next one's loads issued before this one's products; with ``PF`` > 0 it also prefetches
+        its block ``PF`` ahead into L2."""
         SP: gl.constexpr = q_smem.shape[0]
         D: gl.constexpr = q_smem.shape[1]
         P: gl.constexpr = qr_smem.shape[1]
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SP, 16])
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, SP, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(0, acc_l, 2)
-        # k [BN keys, D]: 8 contiguous d per thread (16 B), lanes d8 d16 and rows, warps rows 16 32
+        # k [BN keys, D]: 8 consecutive d per thread (16 B); lanes d8, d16 and rows; warps rows 16, 32
         k_l: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64]],
             lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
@@ -290,19 +302,24 @@ if GLUON_AVAILABLE:
             reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32]],
             lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
             shape=[REG_BN, P])
-        # v [BN keys, D]: 4 contiguous d per thread (8 B)
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         nb = N // REG_BN
         mine = gl.cdiv(n_items - pid, G) * nb
-        k_off = gl.arange(0, REG_BN, gl.SliceLayout(1, k_l))[:, None] * skn + gl.arange(0, D, gl.SliceLayout(0, k_l))[None, :]
-        kr_off = gl.arange(0, REG_BN, gl.SliceLayout(1, kr_l))[:, None] * skrn + gl.arange(0, P, gl.SliceLayout(0, kr_l))[None, :]
+        k_off = (gl.arange(0, REG_BN, gl.SliceLayout(1, k_l))[:, None] * skn
+                 + gl.arange(0, D, gl.SliceLayout(0, k_l))[None, :])
+        kr_off = (gl.arange(0, REG_BN, gl.SliceLayout(1, kr_l))[:, None] * skrn
+                  + gl.arange(0, P, gl.SliceLayout(0, kr_l))[None, :])
         v_off = _v_offsets(N, skn, VT)
-        # one prefetch address per 128 B line of k and v: [REG_BN, 2] lines per tensor
-        pf_l: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])
-        pf_off = gl.arange(0, REG_BN, gl.SliceLayout(1, pf_l))[:, None] * skn + gl.arange(0, 2, gl.SliceLayout(0, pf_l))[None, :] * 64
-        # v^T: one line per d row (64 keys x 2 B = 128 B)
-        pfv_off = (gl.arange(0, REG_BN, gl.SliceLayout(1, pf_l))[:, None] * 2 + gl.arange(0, 2, gl.SliceLayout(0, pf_l))[None, :]) * N
+        # prefetch: one L2 line of k and one of v per thread and block (k: 64 rows of 256 B;
+        # v^T: 128 rows of 128 B; v as stored: as k)
+        line_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        t = gl.arange(0, 128, line_l)
+        k_line = (t // 2) * skn + (t % 2) * 64
+        if VT:
+            v_line = t * N
+        else:
+            v_line = k_line
         s_zero = gl.zeros([REG_BN, SP], gl.float32, acc_l)
         acc = gl.zeros([D, SP], gl.float32, acc_l)
         q_t = q_smem.permute((1, 0))
@@ -310,66 +327,74 @@ if GLUON_AVAILABLE:
         best = gl.max(s_zero, axis=1)
 
         c = gl.maximum(gl.minimum(W, mine - 1), 0)
-        item = pid + (c // nb) * G
-        base = (item // H) * skb + (c % nb) * REG_BN * skn + (item % H) * D
-        rbase = (item // H) * skrb + (c % nb) * REG_BN * skrn
-        kn = gl.load(k_ptr + base + k_off)
-        vn = gl.load(v_ptr + _vbase(item, c % nb, H, N, skb, skn, VT) + v_off)
-        krn = gl.load(kr_ptr + rbase + kr_off)
-        dummy = gl.zeros([REG_BN, 2], gl.int32, pf_l)
+        kb, vb, rb = _reg_block(pid + (c // nb) * G, c % nb, H, N, skb, skn, skrb, skrn, VT)
+        kn = gl.load(k_ptr + kb + k_off)
+        vn = gl.load(v_ptr + vb + v_off)
+        krn = gl.load(kr_ptr + rb + kr_off)
         for c in range(W, mine, 2):
             k = kn
             v = vn
             kr = krn
             c2 = gl.minimum(c + 2, mine - 1)
-            item = pid + (c2 // nb) * G
-            base = (item // H) * skb + (c2 % nb) * REG_BN * skn + (item % H) * D
-            rbase = (item // H) * skrb + (c2 % nb) * REG_BN * skrn
-            kn = gl.load(k_ptr + base + k_off)
-            vn = gl.load(v_ptr + _vbase(item, c2 % nb, H, N, skb, skn, VT) + v_off)
-            krn = gl.load(kr_ptr + rbase + kr_off)
+            kb, vb, rb = _reg_block(pid + (c2 // nb) * G, c2 % nb, H, N, skb, skn, skrb, skrn, VT)
+            kn = gl.load(k_ptr + kb + k_off)
+            vn = gl.load(v_ptr + vb + v_off)
+            krn = gl.load(kr_ptr + rb + kr_off)
             if PF > 0:
-                cp = c + 2 * PF
-                item = pid + (cp // nb) * G
-                pbase = (item // H) * skb + (cp % nb) * REG_BN * skn + (item % H) * D
-                if cp < mine:
-                    dummy += _prefetch(k_ptr + pbase + pf_off)
-                    if VT:
-                        dummy += _prefetch(v_ptr + _vbase(item, cp % nb, H, N, skb, skn, VT) + pfv_off)
-                    else:
-                        dummy += _prefetch(v_ptr + pbase + pf_off)
-            tok = warpgroup_mma(_perm_k(k, REG_BN, D, a_l), q_t, s_zero, use_acc=False, is_async=True)
-            tok = warpgroup_mma(_perm_k(kr, REG_BN, P, gl.DotOperandLayout(0, acc_l, 2)), qr_t, tok, is_async=True)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-            if VT:
-                va = _perm_k(v, D, REG_BN, a_l)
+                cp = gl.minimum(c + 2 * PF, mine - 1)
+                kb, vb, rb = _reg_block(pid + (cp // nb) * G, cp % nb, H, N, skb, skn, skrb, skrn, VT)
+                _prefetch(k_ptr + kb + k_line)
+                _prefetch(v_ptr + vb + v_line)
+            if LOADS_ONLY:
+                # the loads alone: each block's registers reduced within the thread
+                best = gl.maximum(best, gl.convert_layout(gl.max(k.to(gl.float32), axis=1), best.type.layout))
+                best = gl.maximum(best, gl.convert_layout(gl.max(kr.to(gl.float32), axis=1), best.type.layout))
+                if VT:
+                    acc += gl.convert_layout(gl.max(v.to(gl.float32), axis=1)[:, None], acc.type.layout)
+                else:
+                    best = gl.maximum(best, gl.convert_layout(gl.max(v.to(gl.float32), axis=1), best.type.layout))
             else:
-                va = _perm_vt(v, REG_BN, D, a_l)
-            tok = warpgroup_mma(va, p_smem.index(W), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-            best = gl.maximum(best, gl.max(sc, axis=1))
-        gl.store(out_ptr + 2 * pid + W, gl.max(best, axis=0) + gl.max(gl.max(acc, axis=1), axis=0) + gl.sum(gl.sum(dummy, axis=1), axis=0).to(gl.float32))
+                tok = warpgroup_mma(_perm_k(k, REG_BN, D, a_l), q_t, s_zero, use_acc=False, is_async=True)
+                tok = warpgroup_mma(_perm_k(kr, REG_BN, P, a_l), qr_t, tok, is_async=True)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                if VT:
+                    va = _perm_k(v, D, REG_BN, a_l)
+                else:
+                    va = _perm_vt(v, REG_BN, D, a_l)
+                tok = warpgroup_mma(va, p_smem.index(W), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                best = gl.maximum(best, gl.max(sc, axis=1))
+        gl.store(out_ptr + 2 * pid + W, gl.max(best, axis=0) + gl.max(gl.max(acc, axis=1), axis=0))
 
 
     @gluon.jit
-    def _reg_consumer0(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel):
-        _reg_consumer(0, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1)
+    def _reg_consumer0(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb,
+                       skrn, sel):
+        _reg_consumer(0, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn,
+                      skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1, sel.shape[2] - 1)
 
 
     @gluon.jit
-    def _reg_consumer1(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel):
-        _reg_consumer(1, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1)
+    def _reg_consumer1(k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb,
+                       skrn, sel):
+        _reg_consumer(1, k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn,
+                      skrb, skrn, sel.shape[0] - 1, sel.shape[1] - 1, sel.shape[2] - 1)
 
 
     @gluon.jit
     def _reg_stream_probe(k_ptr, v_ptr, kr_ptr, out_ptr, n_items, H, N, skb, skn, skrb, skrn,
-                          SP: gl.constexpr, PF: gl.constexpr, REGS: gl.constexpr, VT: gl.constexpr):
+                          SP: gl.constexpr, PF: gl.constexpr, REGS: gl.constexpr, VT: gl.constexpr,
+                          LOADS_ONLY: gl.constexpr):
+        """Grid ``(programs,)``: the register-A form of the window's loads and products on two
+        consumer warpgroups (queries and ``P^T`` fixed in shared memory, no softmax), each
+        prefetching its own blocks ``PF`` ahead into L2 when ``PF`` > 0."""
         dtype: gl.constexpr = gl.bfloat16
         D: gl.constexpr = 128
         P: gl.constexpr = 64
         q_smem = gl.allocate_shared_memory(dtype, [SP, D], gl.NVMMASharedLayout.get_default_for([SP, D], dtype))
         qr_smem = gl.allocate_shared_memory(dtype, [SP, P], gl.NVMMASharedLayout.get_default_for([SP, P], dtype))
-        p_smem = gl.allocate_shared_memory(dtype, [2, REG_BN, SP], gl.NVMMASharedLayout.get_default_for([REG_BN, SP], dtype))
+        p_smem = gl.allocate_shared_memory(dtype, [2, REG_BN, SP],
+                                           gl.NVMMASharedLayout.get_default_for([REG_BN, SP], dtype))
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         q_smem.store(gl.full([SP, D], 0.001, dtype, fill))
         qr_smem.store(gl.full([SP, P], 0.001, dtype, fill))
@@ -378,24 +403,27 @@ if GLUON_AVAILABLE:
         fence_async_shared()
         gl.thread_barrier()
         # a constexpr does not cross into warp-specialised partitions (it arrives as a runtime
-        # value), a shared-memory descriptor's shape does: PF and VT travel as this one's shape
-        sel = gl.allocate_shared_memory(gl.int8, [PF + 1, VT + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        args = (k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn, sel)
+        # value), a shared-memory descriptor's shape does: PF, VT and LOADS_ONLY travel as this one's
+        sel = gl.allocate_shared_memory(gl.int8, [PF + 1, VT + 1, LOADS_ONLY + 1],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        args = (k_ptr, v_ptr, kr_ptr, q_smem, qr_smem, p_smem, out_ptr, n_items, H, N, skb, skn, skrb, skrn,
+                sel)
         gl.warp_specialize([(_reg_consumer0, args), (_reg_consumer1, args)], [4], [REGS])
 
 
 def reg_stream_probe(k, v, kpe, programs: int, *, sp: int, prefetch: int = 0, v_transposed: bool = False,
-                     regs: int = 232) -> "torch.Tensor":
+                     loads_only: bool = False, regs: int = 232) -> "torch.Tensor":
     """Launch :func:`_reg_stream_probe` (part 6) over k [B, N, H, D], kpe [B, N, P] and v, either
     [B, N, H, D] or, with ``v_transposed``, [B, H, D, N] (keys contiguous), on ``programs``
-    programs of two consumer warpgroups; ``prefetch`` > 0 also prefetches k and v into L2 that
-    many blocks ahead. N must be a multiple of 64. Returns the consumers' outputs."""
+    programs of two consumer warpgroups; with ``prefetch`` > 0 each consumer also prefetches k and
+    v into L2 that many of its blocks ahead; ``loads_only`` drops the products (the loads alone). N must be a multiple of 64. Returns the consumers' outputs."""
     b, n, h, d = k.shape
     if n % 64 or d != 128 or kpe.shape[-1] != 64:
         raise ValueError(f"the probe takes N % 64 == 0, D = 128, P = 64; got {tuple(k.shape)}, {tuple(kpe.shape)}")
     out = torch.empty(2 * programs, dtype=torch.float32, device=k.device)
     _reg_stream_probe[(programs,)](k, v, kpe, out, b * h, h, n, k.stride(0), k.stride(1), kpe.stride(0),
-                                  kpe.stride(1), SP=sp, PF=prefetch, REGS=regs, VT=int(v_transposed), num_warps=4)
+                                  kpe.stride(1), SP=sp, PF=prefetch, REGS=regs, VT=int(v_transposed),
+                                  LOADS_ONLY=int(loads_only), num_warps=4)
     return out
 
 
@@ -573,26 +601,28 @@ def main(argv=None) -> int:
             print(f"stream+mma n={sp} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
     write_json(args.out, record)
     # 6. the register-A form: loads straight into the A operand's registers, the same products
-    reg_cfgs = [(0, False), (0, True), (2, False), (2, True)] if 6 in parts else []
+    reg_cfgs = [(0, False, False), (0, True, False), (2, True, False), (4, True, False), (0, True, True),
+                (2, True, True)] if 6 in parts else []
     v_t = v.permute(0, 2, 3, 1).contiguous() if reg_cfgs else None
-    for prefetch, transposed in reg_cfgs:
-        for sp in (16, 32, 64):
+    for prefetch, transposed, loads_only in reg_cfgs:
+        for sp in ((16,) if loads_only else (16, 32, 64)):
             flops = 2.0 * b * h * n * sp * ((d + p) + d)
             for m in programs:
                 try:
                     t = time_fn(lambda: reg_stream_probe(k, v_t if transposed else v, kpe, m, sp=sp, prefetch=prefetch,
-                                                         v_transposed=transposed),
+                                                         v_transposed=transposed, loads_only=loads_only),
                                 warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
                 except Exception as exc:
                     record["reg_stream"].append(dict(sp=sp, programs=m, prefetch=prefetch, v_transposed=transposed,
-                                                     error=f"{type(exc).__name__}: {exc}"[:300]))
+                                                     loads_only=loads_only, error=f"{type(exc).__name__}: {exc}"[:300]))
                     print(f"reg n={sp} pf={prefetch} vt={transposed} m={m}: {type(exc).__name__}: {exc}"[:300],
                           flush=True)
                     break
-                row = dict(sp=sp, programs=m, prefetch=prefetch, v_transposed=transposed, us=t.median_us,
+                row = dict(sp=sp, programs=m, prefetch=prefetch, v_transposed=transposed, loads_only=loads_only,
+                           us=t.median_us,
                            gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
                 record["reg_stream"].append(row)
-                print(f"reg n={sp} pf={prefetch} vt={int(transposed)} m={m}: {t.median_us:.1f} us "
+                print(f"reg n={sp} pf={prefetch} vt={int(transposed)} loads_only={int(loads_only)} m={m}: {t.median_us:.1f} us "
                       f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
         write_json(args.out, record)
 
@@ -610,11 +640,12 @@ def main(argv=None) -> int:
     for sp in (16, 32, 64):
         row(f"stream + products, n = {sp}", [r for r in record["stream_mma"] if r["sp"] == sp],
             lambda r: f"{r['gbs_per_sm']:.0f}")
-    for prefetch, transposed in reg_cfgs:
-        for sp in (16, 32, 64):
-            row(f"register A, n = {sp}, prefetch {prefetch}, v{'^T' if transposed else ''}",
-                [r for r in record["reg_stream"] if (r["sp"], r["prefetch"], r["v_transposed"]) == (sp, prefetch,
-                                                                                                  transposed)
+    for prefetch, transposed, loads_only in reg_cfgs:
+        for sp in ((16,) if loads_only else (16, 32, 64)):
+            what = "loads alone" if loads_only else f"n = {sp}"
+            row(f"register A, {what}, prefetch {prefetch}, v{'^T' if transposed else ''}",
+                [r for r in record["reg_stream"]
+                 if (r["sp"], r["prefetch"], r["v_transposed"], r["loads_only"]) == (sp, prefetch, transposed, loads_only)
                  and "gbs_per_sm" in r], lambda r: f"{r['gbs_per_sm']:.0f}")
     for s in (16, 32, 64):
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
