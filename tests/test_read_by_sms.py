@@ -12,7 +12,10 @@ import torch
 
 from mla_var3 import cli
 from mla_var3.analysis.devices import DeviceFileError, get_device, load_devices
-from mla_var3.runtime.ceilings import NoGPUError, device_entry, measure_read_by_sms, stream_read
+from mla_var3.runtime.ceilings import (
+    TMA_BLOCK_ROWS, TMA_CHECK_ROWS, TMA_ROW_ELEMENTS, NoGPUError, device_entry, measure_read_by_sms, stream_read, tma_read_available,
+    tma_stream_read,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -38,6 +41,31 @@ def test_stream_read_refuses_bad_input():
         stream_read(torch.zeros(4, 4, device=DEVICE), 1)
     with pytest.raises(ValueError, match="programs"):
         stream_read(torch.zeros(16, device=DEVICE), 0)
+
+
+@pytest.mark.skipif(not tma_read_available(), reason="the TMA read needs Gluon and an sm_90 GPU")
+@pytest.mark.parametrize("programs", [1, 3, 7])
+def test_tma_read_delivers_every_block_once(programs):
+    """Program i sums the first rows of blocks i, i + P, ...: a block skipped, read twice or given
+    to the wrong slot would change the sums."""
+    blocks = 11
+    x = torch.randn(blocks * TMA_BLOCK_ROWS * TMA_ROW_ELEMENTS, generator=torch.Generator().manual_seed(1))
+    x = x.to("cuda", torch.bfloat16)
+    parts = tma_stream_read(x, programs)
+    first_rows = x.view(blocks, TMA_BLOCK_ROWS, TMA_ROW_ELEMENTS)[:, :TMA_CHECK_ROWS].double().sum(dim=(1, 2))
+    want = [first_rows[i::programs].sum().item() for i in range(programs)]
+    assert parts.double().cpu().tolist() == pytest.approx(want, rel=1e-4, abs=1e-2)
+
+
+def test_tma_read_refuses_bad_input():
+    if not tma_read_available():
+        with pytest.raises(NoGPUError, match="sm_90"):
+            tma_stream_read(torch.zeros(TMA_BLOCK_ROWS * TMA_ROW_ELEMENTS, dtype=torch.bfloat16), 1)
+        return
+    with pytest.raises(ValueError, match="multiple"):
+        tma_stream_read(torch.zeros(100, dtype=torch.bfloat16, device="cuda"), 1)
+    with pytest.raises(ValueError, match="programs"):
+        tma_stream_read(torch.zeros(TMA_BLOCK_ROWS * TMA_ROW_ELEMENTS, dtype=torch.bfloat16, device="cuda"), 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")

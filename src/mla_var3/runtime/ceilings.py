@@ -8,11 +8,15 @@ Both are measured in the same process with :func:`mla_var3.runtime.timing.time_f
 * **bf16 matmul rate** — ``torch.matmul`` of two 8192 x 8192 bf16 matrices of random normal
   values (2·n³ FLOPs). Random data matters: zeros let the GPU lower its clock less.
 
-* **HBM read bandwidth by SM count** — a plain Triton streaming read, one persistent program per
-  SM on m SMs (grid = m programs; 32 warps, 32 KB per iteration, program i reading blocks i,
-  i + m, ...), over a large buffer (8 GiB by default): what m SMs can pull from HBM. A kernel
-  confined to part of the GPU (the hybrid's window on an SM partition) is bounded by this curve,
-  not by the copy rate shared by all SMs (``read_by_sms`` in ``conf/devices.json``).
+* **HBM read bandwidth by SM count** — one persistent program per SM on m SMs (grid = m
+  programs, program i reading blocks i, i + m, ...) over a large buffer (8 GiB by default): what
+  m SMs can pull from HBM. Two ways of reading, the higher kept per count: a plain Triton
+  streaming read (32 warps, 32 KB per iteration into registers) and, on sm_90 with Gluon, TMA
+  copies of 32 KB blocks through a four-slot shared-memory ring (what the Hopper kernels do; on
+  an H100 the plain read pulled 40-66 GB/s per SM from 1-16 SMs, where the window kernel's TMA
+  stream pulled 85-92). A kernel confined to part of the GPU (the hybrid's window on an SM
+  partition) is bounded by this curve, not by the copy rate shared by all SMs (``read_by_sms``
+  in ``conf/devices.json``).
 
 Roofline reports say whether they used these (``"measured"``) or the datasheet's numbers.
 """
@@ -117,11 +121,113 @@ def stream_read(x, programs: int, *, block_bytes: int = READ_BLOCK_BYTES, num_wa
     return out
 
 
+#: the TMA read's ring: slots of :data:`TMA_BLOCK_ROWS` rows of :data:`TMA_ROW_ELEMENTS` bf16 (32 KB)
+TMA_SLOTS = 4
+TMA_BLOCK_ROWS = 256
+TMA_ROW_ELEMENTS = 64
+#: rows of each block the TMA read's consumer sums (its output; 8 = one swizzle group)
+TMA_CHECK_ROWS = 8
+
+
+@functools.cache
+def _tma_read_kernel():
+    """The TMA ring read (Gluon, sm_90), compiled on first use; None where triton has no Gluon."""
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    except ImportError:
+        return None
+
+    @gluon.jit
+    def producer(desc, ring, ready, empty, out_ptr, n_blocks):
+        slots: gl.constexpr = ring.shape[0]
+        rows: gl.constexpr = ring.shape[1]
+        c = 0
+        for blk in range(gl.program_id(0), n_blocks, gl.num_programs(0)):
+            slot = c % slots
+            mbarrier.wait(empty.index(slot), ((c // slots) & 1) ^ 1, pred=c >= slots)
+            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc, [blk * rows, 0], ready.index(slot), ring.index(slot))
+            c += 1
+
+    @gluon.jit
+    def consumer(desc, ring, ready, empty, out_ptr, n_blocks):
+        """Waits for each block, sums its first :data:`TMA_CHECK_ROWS` rows (so a test can tell every
+        block arrived; a slice of the 128-byte swizzle takes whole groups of 8 rows) and frees its slot."""
+        slots: gl.constexpr = ring.shape[0]
+        cols: gl.constexpr = ring.shape[2]
+        check: gl.constexpr = 8
+        row_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+        pid = gl.program_id(0)
+        acc = gl.zeros([check, cols], gl.float32, row_l)
+        for c in range(gl.cdiv(n_blocks - pid, gl.num_programs(0))):
+            slot = c % slots
+            mbarrier.wait(ready.index(slot), (c // slots) & 1)
+            acc += ring.index(slot).slice(0, check, dim=0).load(row_l).to(gl.float32)
+            mbarrier.arrive(empty.index(slot), count=1)
+        gl.store(out_ptr + pid, gl.sum(gl.sum(acc, axis=1), axis=0))
+
+    @gluon.jit
+    def tma_read(desc, out_ptr, n_blocks, SLOTS: gl.constexpr):
+        """Grid ``(programs,)``: program i streams blocks i, i + P, ... of ``desc``'s tensor."""
+        rows: gl.constexpr = desc.block_type.shape[0]
+        cols: gl.constexpr = desc.block_type.shape[1]
+        ring = gl.allocate_shared_memory(desc.dtype, [SLOTS, rows, cols], desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        args = (desc, ring, ready, empty, out_ptr, n_blocks)
+        gl.warp_specialize([(consumer, args), (producer, args)], [1], [24])
+
+    return tma_read
+
+
+def tma_read_available() -> bool:
+    """Whether :func:`tma_stream_read` can run here: Gluon present and an sm_90 GPU."""
+    import torch
+
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and _tma_read_kernel() is not None)
+
+
+def tma_stream_read(x, programs: int):
+    """Read the 1-D bf16 tensor ``x`` (a multiple of 32 KB) once with ``programs`` persistent
+    programs through a TMA ring; returns their fp32 sums [programs] of each block's first
+    :data:`TMA_CHECK_ROWS` rows (their total is ``x.view(-1, 256, 64)[:, :8].sum()``; rows of
+    128 B, the widest a 128-byte swizzle takes)."""
+    import torch
+
+    if not tma_read_available():
+        raise NoGPUError("the TMA read needs triton's Gluon and an sm_90 GPU")
+    block = TMA_BLOCK_ROWS * TMA_ROW_ELEMENTS
+    if x.dim() != 1 or not x.is_contiguous() or x.dtype != torch.bfloat16 or x.numel() % block:
+        raise ValueError(f"x must be a contiguous 1-D bf16 tensor of a multiple of {block} elements, got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = x.view(-1, TMA_ROW_ELEMENTS)
+    box = [TMA_BLOCK_ROWS, TMA_ROW_ELEMENTS]
+    desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box,
+                            gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16))
+    out = torch.empty(programs, dtype=torch.float32, device=x.device)
+    _tma_read_kernel()[(programs,)](desc, out, rows.shape[0] // TMA_BLOCK_ROWS, SLOTS=TMA_SLOTS, num_warps=4)
+    return out
+
+
 def measure_read_by_sms(sm_counts=None, *, nbytes: int = 8 * 2**30, max_seconds: float = 1.0):
     """HBM read bandwidth from m SMs for each m of ``sm_counts`` (default :data:`READ_SMS` up to the
     device's SMs, and all of them): ``([(m, GB/s in all), ...], description)``. The buffer is
     ``nbytes`` (8 GiB, at most a quarter of the free memory); fewer than 16 SMs read a quarter of
-    it (a call still lasts tens of ms). Raises :class:`NoGPUError` without a GPU."""
+    it (a call still lasts tens of ms). Each count keeps the higher of the plain read and, where
+    :func:`tma_read_available`, the TMA ring read; the description gives both per count. Raises
+    :class:`NoGPUError` without a GPU."""
     _require_gpu()
     import torch
 
@@ -130,16 +236,25 @@ def measure_read_by_sms(sm_counts=None, *, nbytes: int = 8 * 2**30, max_seconds:
     free, _ = torch.cuda.mem_get_info()
     nbytes = int(min(nbytes, free // 4)) // READ_BLOCK_BYTES * READ_BLOCK_BYTES
     x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    out = []
+    readers = {"plain": stream_read}
+    if tma_read_available():
+        readers["TMA"] = tma_stream_read
+    out, per_reader = [], {name: [] for name in readers}
     for m in counts:
         part = x if m >= 16 else x[: x.numel() // 4]
-        timing = time_fn(lambda: stream_read(part, m), warmup=2, reps=20, min_reps=3, max_seconds=max_seconds,
-                         flush_l2=False, use_graph=False)
-        out.append((m, part.numel() * part.element_size() / (timing.median_us * 1e-6) / 1e9))
+        for name, read in readers.items():
+            timing = time_fn(lambda: read(part, m), warmup=2, reps=20, min_reps=3, max_seconds=max_seconds,
+                             flush_l2=False, use_graph=False)
+            per_reader[name].append(part.numel() * part.element_size() / (timing.median_us * 1e-6) / 1e9)
+        out.append((m, max(gbs[-1] for gbs in per_reader.values())))
     del x
-    return out, (f"Triton streaming read, one persistent program per SM ({READ_WARPS} warps, "
-                 f"{READ_BLOCK_BYTES // 1024} KB per iteration), {nbytes / 2**30:.1f} GiB buffer (a quarter below "
-                 "16 SMs), median per SM count")
+    detail = "; ".join(f"{name}: " + ", ".join(f"{m}: {g / m:,.0f}" for m, g in zip(counts, gbs))
+                       for name, gbs in per_reader.items())
+    how = (f"a plain Triton streaming read ({READ_WARPS} warps, {READ_BLOCK_BYTES // 1024} KB per iteration)"
+           + (f" and TMA copies of {TMA_BLOCK_ROWS * TMA_ROW_ELEMENTS * 2 // 1024} KB through a {TMA_SLOTS}-slot "
+              "shared-memory ring, the higher per count" if "TMA" in readers else ""))
+    return out, (f"one persistent program per SM: {how}; {nbytes / 2**30:.1f} GiB buffer (a quarter below 16 SMs), "
+                 f"median per SM count; GB/s per SM by count, {detail}")
 
 
 def measure_ceilings(*, copy_bytes: int = 2 * 2**30, matmul_n: int = 8192) -> Ceilings:
