@@ -13,8 +13,8 @@ import torch
 from mla_var3 import cli
 from mla_var3.analysis.devices import DeviceFileError, get_device, load_devices
 from mla_var3.runtime.ceilings import (
-    TMA_BLOCK_ROWS, TMA_CHECK_ROWS, TMA_ROW_ELEMENTS, NoGPUError, device_entry, measure_read_by_sms, stream_read, tma_read_available,
-    tma_stream_read,
+    TMA_BLOCK_ROWS, TMA_CHECK_ROWS, TMA_ROW_ELEMENTS, NoGPUError, device_entry, measure_read_by_sms, stream_read,
+    tma_read_available, tma_stream_read,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
