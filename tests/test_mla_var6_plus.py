@@ -471,6 +471,68 @@ def test_n0_runs_the_absorbed_kernel(b, h, s, t, causal, buffers, dtype):
     assert_close(R.decompress(o_latent, x.w_uv, o), R.decompress(ref_ol, x.w_uv, ref_o), dtype, name="final")
 
 
+def _valid_n0(dtype=torch.bfloat16):
+    x = R.make_inputs(MLADims(h=3, d=32, p=16, k=64), Problem(b=2, s=4, t=10, n=0), dtype=dtype, device=DEVICE)
+    return [x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new], x.scale
+
+
+def _with_grad(x):
+    return x.detach().clone().requires_grad_(True)
+
+
+def _set(index, bad):
+    """A change of one argument of a valid call."""
+    def mutate(args):
+        args[index] = bad(args[index])
+    return mutate
+
+
+def _too_short(args):
+    """O = 3 old tokens for S = 4 queries."""
+    args[3], args[4] = args[3][:, :3], args[4][:, :3]
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (_set(0, lambda x: x[0]), r"q must be \[B, H, S, D\]"),
+    (_set(1, lambda x: x[..., :8]), r"kpe must be .*P mismatch"),                    # qpe binds P first
+    (_set(2, lambda x: x[..., :32]), r"z_old must be .*K mismatch"),
+    (_set(3, lambda x: x[..., :32]), r"z_old must be \[B, O, K\]"),
+    (_too_short, r"S <= O \+ N"),
+    (_set(4, lambda x: x[:, :9]), r"kpe must be \[B, T, P\]"),
+    (_set(5, lambda x: x[:, :, :2]), r"k_new must be \[B, N, H, D\]"),
+    (_set(6, lambda x: torch.empty(x.shape[0], 1, *x.shape[2:], dtype=x.dtype, device=x.device)),
+     r"v_new must be \[B, N, H, D\]"),
+    (_set(3, lambda x: x.to(torch.float16)), r"z_old must have dtype"),
+    (_set(5, lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta")), r"k_new is on meta"),
+    (_set(6, _with_grad), r"inference only"),
+    (_set(0, _with_grad), r"inference only"),
+])
+def test_bad_inputs_at_n0(mutate, match):
+    """An N = 0 call skips the hybrid's checks only when it would pass them all
+    (``_absorbed_shaped``): every bad input still reaches the checked path and its error."""
+    from mla_var3.kernel import hybrid
+
+    args, scale = _valid_n0()
+    assert hybrid._absorbed_shaped(*args)
+    mutate(args)
+    assert not hybrid._absorbed_shaped(*args)
+    with pytest.raises(ValueError, match=match):
+        mla_var6_plus(*args, scale=scale)
+
+
+def test_n0_fast_path_checks_the_scale_and_widths():
+    """The N = 0 call without the hybrid's checks still refuses a bad scale (the absorbed call
+    checks it), and K or P not a power of two >= 16 stays on the hybrid's own latent part."""
+    from mla_var3.kernel import hybrid
+
+    args, scale = _valid_n0()
+    for bad in (-1.0, float("nan"), 0.0):
+        with pytest.raises(ValueError, match="scale"):
+            mla_var6_plus(*args, scale=bad)
+    x = R.make_inputs(MLADims(h=3, d=32, p=24, k=64), Problem(b=2, s=4, t=10, n=0), dtype=torch.bfloat16, device=DEVICE)
+    assert not hybrid._absorbed_shaped(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new)
+
+
 def test_n0_with_a_config_or_a_named_backend_runs_the_hybrids_latent_part(monkeypatch):
     """The absorbed path is the default call's: a portable config or a named backend keeps the
     hybrid's own latent kernel (what autotuning and the backend tests time)."""

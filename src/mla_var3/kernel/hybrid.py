@@ -61,8 +61,8 @@ from mla_var3.kernel import absorbed as _absorbed
 from mla_var3.kernel import backends
 from mla_var3.kernel import expanded as _fa
 from mla_var3.kernel._common import (
-    allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale, cuda_index, interpreting,
-    next_pow2,
+    CPU_DTYPES, GPU_DTYPES, allowed_dtypes, bind_output, bind_shape, cdiv, check_device, check_inference, check_scale,
+    cuda_index, interpreting, next_pow2,
 )
 from mla_var3.kernel._jit import LOG2E, LOG2E_C, finalize_lse, online_softmax_step, operand, split_key_range, to_storage
 from mla_var3.kernel._launch import CachedLaunch, int_classes
@@ -636,6 +636,37 @@ def _pow2_16(x: int) -> bool:
     return x >= 16 and not x & (x - 1)
 
 
+def _absorbed_shaped(q, qpe, qc, z_old, kpe, k_new, v_new) -> bool:
+    """Whether a call is an N = 0 call that every check of :func:`mla_var6_plus` passes (shapes,
+    one dtype the device takes, one device (CUDA, or the CPU under the interpreter), no gradient asked, K and P powers of two >= 16,
+    ``B H S`` and ``D`` nonzero, S <= T): such a call goes to :func:`_as_absorbed` without the
+    checks' cost (about half a decode call's host time at small batch). False on anything else,
+    and the checked path then raises or runs. The scale is checked by the absorbed call."""
+    tensor = torch.Tensor
+    if not (type(q) is tensor and type(qpe) is tensor and type(qc) is tensor and type(z_old) is tensor
+            and type(kpe) is tensor and type(k_new) is tensor and type(v_new) is tensor):
+        return False
+    if not (q.dim() == qpe.dim() == qc.dim() == k_new.dim() == v_new.dim() == 4 and z_old.dim() == kpe.dim() == 3):
+        return False
+    b, h, s, d = q.shape
+    o_len, k = z_old.shape[1], qc.shape[3]
+    p = qpe.shape[3]
+    if not (k_new.shape == v_new.shape == (b, 0, h, d) and qpe.shape[:3] == qc.shape[:3] == q.shape[:3]
+            and z_old.shape[0] == b and z_old.shape[2] == k and kpe.shape == (b, o_len, p) and b * h * s and d and s <= o_len
+            and _pow2_16(k) and _pow2_16(p)):
+        return False
+    dtype, device = q.dtype, q.device
+    if dtype not in (GPU_DTYPES if device.type == "cuda" else CPU_DTYPES if device.type == "cpu" and interpreting()
+                     else ()):
+        return False
+    for x in (qpe, qc, z_old, kpe, k_new, v_new):
+        if x.dtype != dtype or x.device != device:
+            return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or qpe.requires_grad or qc.requires_grad
+                                             or z_old.requires_grad or kpe.requires_grad or k_new.requires_grad
+                                             or v_new.requires_grad))
+
+
 def _as_absorbed(qc, qpe, z_old, kpe, *, scale, causal, out, out_latent, dv: int, decode: HybridDecode | None):
     """N = 0: the call *is* the absorbed design over the O = T latent keys, so it runs the public
     :func:`mla_var3.kernel.absorbed.flash_mla` (the device's best absorbed kernel: the seesaw with
@@ -687,6 +718,10 @@ def mla_var6_plus(q: torch.Tensor, qpe: torch.Tensor, qc: torch.Tensor, z_old: t
     normalised by the softmax over all O + N keys: the attention output is
     ``o + decompress(o_latent, w_uv)``.
     """
+    if (config is None and backend == "auto" and out is None and out_latent is None
+            and (decode is None or type(decode) is HybridDecode) and _absorbed_shaped(q, qpe, qc, z_old, kpe, k_new, v_new)):
+        return _as_absorbed(qc, qpe, z_old, kpe, scale=scale, causal=bool(causal), out=None, out_latent=None,
+                            dv=q.shape[3], decode=decode)
     check_inference(q, qpe, qc, z_old, kpe, k_new, v_new)
     if decode is not None and not isinstance(decode, HybridDecode):
         raise ValueError(f"decode must be a HybridDecode (mla_var3.kernel.hybrid), got {type(decode).__name__}")
