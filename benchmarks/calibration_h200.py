@@ -444,6 +444,14 @@ def calibrate_run() -> Calibration | None:
     return runs[-1] if runs else None
 
 
+def with_unmeasured(run: Calibration, shipped: Calibration) -> Calibration:
+    """``run`` with the shipped file's record of kernel changes not re-measured since the run
+    (``kernels["unmeasured"]``, kept by hand where host-only changes land)."""
+    if "unmeasured" not in (shipped.kernels or {}):
+        return run
+    return dataclasses.replace(run, kernels={**run.kernels, "unmeasured": shipped.kernels["unmeasured"]})
+
+
 def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     """``run`` with every point labelled with the kernel that ran it, refitted from its own points
     on ``base`` (``cli.calibrate.calibration_from_records``: the fit ``mla-var3 calibrate`` makes)
@@ -553,10 +561,10 @@ def main(argv=None) -> int:
     run = calibrate_run()
     if run is not None:
         run = kernels_that_ran(run, cal)
-        if not args.stamp_kernels:      # the shipped file's record of kernel changes not re-measured since the run
-            run = dataclasses.replace(run, kernels={**run.kernels, **{k: v for k, v in shipped.kernels.items()
-                                                                      if k == "unmeasured"}})
-    h100 = kernels_that_ran(load_calibration(H100_RUN), None)
+        if not args.stamp_kernels:
+            run = with_unmeasured(run, shipped)
+    h100 = with_unmeasured(kernels_that_ran(load_calibration(H100_RUN), None),
+                           load_calibration(CONF / "calibration-h100-sxm.json"))
     if not args.check:
         save_calibration(run or cal, CONF / "calibration-h200.json")
         save_calibration(seed, CONF / "calibration-rtx-5090-seed.json")
