@@ -191,13 +191,19 @@ class Calibration:
 
     @property
     def label(self) -> str:
-        """One line naming the calibration: device, measured commits, file."""
+        """One line naming the calibration: device, measured commits, file, and the commits of the
+        changes it records as not re-measured, grouped by what they affect (their reasons stay in
+        the file's ``kernels["unmeasured"]``, too long for a line that every prediction prints)."""
         if "label" not in self._memo:
             commits = ",".join(self.commits.get("measurements", [])) or "?"
             where = f" ({Path(self.path).name})" if self.path else ""
             cpu = "" if self.gpu else " · CPU interpreter timings, not a GPU's"
-            stale = "".join(f" · not re-measured since {c['commit']} ({c['affects']}: {c['why']})"
-                            for c in unmeasured_changes(self))
+            by_affects: dict[str, list[str]] = {}
+            for c in unmeasured_changes(self):
+                by_affects.setdefault(c["affects"], []).append(c["commit"])
+            why = f"; why: kernels.unmeasured in {Path(self.path).name}" if self.path else ""
+            stale = "".join(f" · not re-measured since {', '.join(commits)} ({affects}{why})"
+                            for affects, commits in by_affects.items())
             self._memo["label"] = f"{self.device} · measurements at {commits}{where}{cpu}{stale}"
         return self._memo["label"]
 
