@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mla_var3.kernel._common import cdiv
 from mla_var3.kernel import decode_plan
 from mla_var3.kernel import plan_reference as plan_reference_module
-from mla_var3.kernel.combine import combine_planned
+from mla_var3.kernel.combine import combine, combine_planned
 from mla_var3.kernel.decode_plan import (
     ITEM_PRICE, MAX_ITEM_BLOCKS, PACK_OVERHEAD, PACKED_PRICE, PLAN_BLOCK, KindReadback, auto_reference, item_makespan,
     kind_estimate, packed_makespan, packed_reference, packing_may_pay, plan_capacity, plan_decode, plan_reference,
@@ -378,6 +378,8 @@ def test_combine_planned_merges_many_items_and_ignores_those_without_keys():
     lse_part = (torch.randn(42, rows, generator=g) * 3).to(DEVICE)
     lse_part[3:30, 0] = float("-inf")
     o_part[3:30, 0] = float("nan")
+    lse_part[:9, 1] = float("-inf")                                # leading items without keys
+    o_part[:9, 1] = float("nan")
     lse_part[37:42, 5] = float("-inf")                             # row 5 of the second: no key at all
     o_part[37:42, 5] = float("nan")
     seqs = torch.tensor([[0, 37], [37, 5]], dtype=torch.int32, device=DEVICE)
@@ -385,14 +387,45 @@ def test_combine_planned_merges_many_items_and_ignores_those_without_keys():
     lse = torch.full((2, h, s), 7.0, device=DEVICE)
     combine_planned(o_part, lse_part, seqs, out, lse)
     for b, (f, n) in enumerate([(0, 37), (37, 5)]):
-        lp, op = lse_part[f:f + n].double(), torch.nan_to_num(o_part[f:f + n].double())
-        ref_l = torch.logsumexp(lp, dim=0)
-        w = torch.exp(lp - torch.where(torch.isinf(ref_l), 0.0, ref_l))
-        ref_o = (w[..., None] * op).sum(0)
+        ref_o, ref_l = _lse_mean(o_part[f:f + n], lse_part[f:f + n])
         got_o, got_l = out[b].reshape(rows, v).double(), lse[b].reshape(rows).double()
         assert torch.allclose(got_o, ref_o, atol=1e-5) and torch.equal(torch.isinf(got_l), torch.isinf(ref_l)), b
         assert torch.allclose(got_l[~torch.isinf(ref_l)], ref_l[~torch.isinf(ref_l)], atol=1e-5), b
     assert (out[1].reshape(rows, v)[5] == 0).all()
+
+
+def _lse_mean(o_part, lse_part):
+    """float64 log-sum-exp mean over dim 0, NaN partials of -inf splits ignored: (out, lse)."""
+    lp, op = lse_part.double(), torch.nan_to_num(o_part.double())
+    ref_l = torch.logsumexp(lp, dim=0)
+    w = torch.exp(lp - torch.where(torch.isinf(ref_l), 0.0, ref_l))
+    return (w[..., None] * op).sum(0), ref_l
+
+
+@pytest.mark.parametrize("ns", [1, 3, 8, 11, 64])
+def test_combine_merges_any_number_of_splits_in_steps(ns):
+    """The plain combine reads its splits several per step under a running maximum: at any count
+    (one split, fewer than a step, whole steps, a ragged last step) the float64 log-sum-exp mean;
+    splits that saw no key lead (the running maximum starts at -inf), the largest LSE comes last
+    (earlier sums rescaled by e^-40), rows no split saw get 0 and -inf; the output is a strided
+    bf16 view and nothing outside it is written."""
+    g = torch.Generator().manual_seed(ns)
+    rows, v = 20, 40
+    o_part = torch.randn(rows, ns, v, generator=g).to(DEVICE)
+    lse_part = (torch.randn(rows, ns, generator=g) * 3).to(DEVICE)
+    lead = min(ns - 1, 6)
+    lse_part[:5, :lead] = float("-inf")
+    o_part[:5, :lead] = float("nan")
+    lse_part[5, -1] = 40.0
+    lse_part[7] = float("-inf")
+    o_part[7] = float("nan")
+    store = torch.full((rows, 2 * v), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out, lse = combine(o_part, lse_part, out=store[:, ::2])
+    ref_o, ref_l = _lse_mean(o_part.transpose(0, 1), lse_part.transpose(0, 1))
+    assert torch.allclose(out.double(), ref_o, atol=2e-2, rtol=1e-2)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_l)) and (out[7] == 0).all()
+    assert torch.allclose(lse[~torch.isinf(ref_l)].double(), ref_l[~torch.isinf(ref_l)], atol=1e-5)
+    assert torch.isnan(store[:, 1::2].float()).all()
 
 
 def test_reference_with_a_forced_item_length_covers_every_sequence():

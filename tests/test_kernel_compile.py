@@ -44,10 +44,38 @@ def _flash_mla(b: int, s: int, paged: bool = False):
 
 
 def _combine(rows: int, splits: int, v: int):
+    from mla_var3.kernel.combine import _TARGET_PROGRAMS, _tiles
+
+    with _on_gpu():
+        block_r, block_v, chunk = _tiles(1, rows, v)
+    chunk = min(chunk, 1 << (splits - 1).bit_length())
     args = dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_out_ptr="*fp32",
                 M=rows, NS=splits, V=v, stride_pm=splits * v, stride_ps=v, stride_pv=1, stride_lm=splits,
-                stride_ls=1, stride_om=v, stride_ov=1, stride_lo=1, BLOCK_R=16, BLOCK_V=128, WRITE_LSE=True)
+                stride_ls=1, stride_om=v, stride_ov=1, stride_lo=1, BLOCK_R=block_r, BLOCK_V=block_v,
+                WRITE_LSE=True, CHUNK=chunk)
+    assert rows // block_r * v // block_v >= _TARGET_PROGRAMS or block_v == 32
     return args, 4, 2
+
+
+def _combine_planned(b: int, rows: int, v: int):
+    """The planned combine at ``b`` sequences of ``rows`` rows, its tiles as the launcher picks
+    them on a GPU (b = 1: 32-wide value tiles, 8 splits a step; b = 32: 128-wide, 2 a step)."""
+    from mla_var3.kernel.combine import _tiles
+
+    with _on_gpu():
+        block_r, block_v, chunk = _tiles(b, rows, v)
+    args = dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", seqs_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
+                ROWS=rows, S=1, H=rows, V=v, stride_ob=rows * v, stride_oh=v, stride_os=v, stride_ov=1,
+                stride_lb=rows, stride_lh=1, stride_ls=1, HEAD_MAJOR=True, BLOCK_R=block_r, BLOCK_V=block_v,
+                PDL=True, CHUNK=chunk)
+    return args, 4, 2
+
+
+def _on_gpu():
+    """The launchers' GPU choices, here where the interpreter may be on."""
+    from unittest import mock
+
+    return mock.patch("mla_var3.kernel.combine.interpreting", return_value=False)
 
 
 KERNELS = [
@@ -57,6 +85,12 @@ KERNELS = [
            lambda: _flash_mla(32, 1, paged=True)),
     Kernel("combine-v512", "mla_var3.kernel.combine", "_combine_kernel", lambda: _combine(32 * 128, 2, 512),
            hgmma=False),
+    Kernel("combine-v512-ns64", "mla_var3.kernel.combine", "_combine_kernel", lambda: _combine(128, 64, 512),
+           hgmma=False),
+    Kernel("combine_planned-b1", "mla_var3.kernel.combine", "_combine_planned_kernel",
+           lambda: _combine_planned(1, 128, 512), hgmma=False),
+    Kernel("combine_planned-b32", "mla_var3.kernel.combine", "_combine_planned_kernel",
+           lambda: _combine_planned(32, 128, 512), hgmma=False),
 ]
 
 

@@ -31,6 +31,45 @@ from mla_var3.kernel._jit import LOG2E_C as LOG2E
 
 
 @triton.jit
+def _merge_splits(o_ptr, lse_ptr, first, n, rows, cols, row_ok, col_ok,
+                  so_split, so_row, so_col, sl_split, sl_row, CHUNK: tl.constexpr):
+    """The LSE-weighted mean of splits ``first .. first + n - 1`` for the ``rows x cols`` tile:
+    ``(out [R, C] fp32, lse [R] fp32)``, ``lse = -inf`` and ``out = 0`` where no split saw a key.
+
+    Partial ``i``'s element ``(r, c)`` is at ``o_ptr + i*so_split + r*so_row + c*so_col``, its
+    LSE at ``lse_ptr + i*sl_split + r*sl_row``. ``CHUNK`` splits are read per step (an unrolled
+    step: their loads issue together) under a running maximum (one pass): a loop of one split
+    per step waits a memory latency per split, which at b = 1 and 64 splits was most of the
+    combine's time.
+    """
+    m = tl.full([rows.shape[0]], float("-inf"), tl.float32)
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    denom = tl.zeros([rows.shape[0]], tl.float32)
+    for c in range(0, n, CHUNK):
+        m_new = m
+        for j in tl.static_range(CHUNK):
+            lse_j = tl.load(lse_ptr + (first + c + j).to(tl.int64) * sl_split + rows * sl_row,
+                            mask=row_ok & (c + j < n), other=float("-inf"))
+            m_new = tl.maximum(m_new, lse_j)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m == float("-inf"), 0.0, tl.exp2((m - m_ref) * LOG2E))
+        acc = acc * alpha[:, None]
+        denom = denom * alpha
+        for j in tl.static_range(CHUNK):
+            slot = (first + c + j).to(tl.int64)
+            lse_j = tl.load(lse_ptr + slot * sl_split + rows * sl_row, mask=row_ok & (c + j < n), other=float("-inf"))
+            w = tl.exp2((lse_j - m_ref) * LOG2E)
+            o_j = tl.load(o_ptr + slot * so_split + rows[:, None] * so_row + cols[None, :] * so_col,
+                          mask=(row_ok & (c + j < n))[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.where(w[:, None] > 0, o_j * w[:, None], 0.0)
+            denom += w
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    lse = tl.where(denom > 0, m + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
+    return out, lse
+
+
+@triton.jit
 def _combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, lse_out_ptr,
     M, NS, V,
@@ -38,11 +77,12 @@ def _combine_kernel(
     stride_lm, stride_ls,
     stride_om, stride_ov,
     stride_lo,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, WRITE_LSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, WRITE_LSE: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """One program merges ``BLOCK_R`` rows x ``BLOCK_V`` value columns over all NS splits.
 
-    Reads NS * (BLOCK_R * BLOCK_V + BLOCK_R) fp32; writes BLOCK_R * BLOCK_V outputs (+ BLOCK_R lse).
+    Reads NS * (BLOCK_R * BLOCK_V + BLOCK_R) fp32, ``CHUNK`` splits per step; writes BLOCK_R * BLOCK_V
+    outputs (+ BLOCK_R lse).
     """
     pid_r = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -50,27 +90,11 @@ def _combine_kernel(
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < M
     col_ok = cols < V
-    # pass 1: the max LSE over splits (rows without any key stay -inf)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for i in range(NS):
-        lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
-        m = tl.maximum(m, lse_i)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    # pass 2: weighted sum of the partial outputs
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-    denom = tl.zeros([BLOCK_R], tl.float32)
-    for i in range(NS):
-        lse_i = tl.load(lse_part_ptr + rows * stride_lm + i * stride_ls, mask=row_ok, other=float("-inf"))
-        w = tl.exp2((lse_i - m_safe) * LOG2E)
-        o_i = tl.load(o_part_ptr + rows[:, None] * stride_pm + i * stride_ps + cols[None, :] * stride_pv,
-                      mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
-        denom += w
-    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    out, lse = _merge_splits(o_part_ptr, lse_part_ptr, tl.full([], 0, tl.int32), NS, rows, cols, row_ok, col_ok,
+                             stride_ps, stride_pm, stride_pv, stride_ls, stride_lm, CHUNK)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_ov,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     if WRITE_LSE:
-        lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
         tl.store(lse_out_ptr + rows * stride_lo, lse, mask=row_ok & (pid_v == 0))
 
 
@@ -125,18 +149,15 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor | No
     lse1 = _flat_view(lse_out, (m,))
     o_target = out2 if out2 is not None else torch.empty((m, v), dtype=out.dtype, device=out.device)
     l_target = lse1 if lse1 is not None else torch.empty((m,), dtype=torch.float32, device=out.device)
-    # the interpreter pays per program: few, wide programs there; on a GPU, enough programs
-    # to fill the SMs and tiles that stay in registers
-    if block_r is None:
-        block_r = 32 if interpreting() else 16
-    if block_v is None:
-        block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
+    auto_r, auto_v, _ = _tiles(1, m, v)
+    block_r, block_v = block_r or auto_r, block_v or auto_v
+    chunk = min(_chunk(block_r, block_v), next_pow2(max(ns, 1)))
     grid = (triton.cdiv(m, block_r), triton.cdiv(v, block_v))
     _combine_kernel[grid](
         p3, l2, o_target, l_target, m, ns, v,
         p3.stride(0), p3.stride(1), p3.stride(2), l2.stride(0), l2.stride(1),
         o_target.stride(0), o_target.stride(1), l_target.stride(0),
-        BLOCK_R=block_r, BLOCK_V=block_v, WRITE_LSE=True, num_warps=4,
+        BLOCK_R=block_r, BLOCK_V=block_v, WRITE_LSE=True, CHUNK=chunk, num_warps=4,
     )
     if out2 is None:
         out.copy_(o_target.view(out.shape))
@@ -160,6 +181,7 @@ def _combine_planned_kernel(
     stride_ob, stride_oh, stride_os, stride_ov,
     stride_lb, stride_lh, stride_ls,
     HEAD_MAJOR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Grid (B, row blocks, value blocks). With ``PDL`` (on a GPU) it is launched as a
     programmatic dependent launch, so its launch and start overlap the last programs of the
@@ -181,22 +203,8 @@ def _combine_planned_kernel(
         cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < ROWS
         col_ok = cols < V
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        for i in range(n):
-            lse_i = tl.load(lse_part_ptr + (first + i).to(tl.int64) * ROWS + rows, mask=row_ok, other=float("-inf"))
-            m = tl.maximum(m, lse_i)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        denom = tl.zeros([BLOCK_R], tl.float32)
-        for i in range(n):
-            slot = (first + i).to(tl.int64)
-            lse_i = tl.load(lse_part_ptr + slot * ROWS + rows, mask=row_ok, other=float("-inf"))
-            w = tl.exp2((lse_i - m_safe) * LOG2E)
-            o_i = tl.load(o_part_ptr + (slot * ROWS + rows[:, None]) * V + cols[None, :],
-                          mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += tl.where(w[:, None] > 0, o_i * w[:, None], 0.0)
-            denom += w
-        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        out, lse = _merge_splits(o_part_ptr, lse_part_ptr, first, n, rows, cols, row_ok, col_ok,
+                                 ROWS * V, V, 1, ROWS, 1, CHUNK)
         if HEAD_MAJOR:
             head = rows // S
             tok = rows % S
@@ -207,7 +215,6 @@ def _combine_planned_kernel(
         tl.store(out_ptr + o_rows[:, None] + cols[None, :] * stride_ov, out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
         if tl.program_id(2) == 0:
-            lse = tl.where(denom > 0, m_safe + tl.log2(tl.where(denom > 0, denom, 1.0)) / LOG2E, float("-inf"))
             tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok * stride_ls, lse, mask=row_ok)
 
 
@@ -240,14 +247,42 @@ def combine_planned(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Te
 def _planned_launch(o_part, lse_part, seqs, out, lse, head_major):
     """(key, grid, arguments, constexprs) of :func:`combine_planned`'s launch."""
     b, h, s, v = out.shape
-    block_r = 32 if interpreting() else 16
-    block_v = next_pow2(v) if interpreting() else min(next_pow2(v), 128)
+    block_r, block_v, chunk = _tiles(b, h * s, v)
     grid = (b, triton.cdiv(h * s, block_r), triton.cdiv(v, block_v))
     ints = (h * s, s, h, v, *out.stride(), *lse.stride())
-    key = (out.dtype, bool(head_major), ints, out.data_ptr() % 16, lse.data_ptr() % 16, o_part.data_ptr() % 16,
-           lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
+    key = (out.dtype, bool(head_major), ints, block_v, out.data_ptr() % 16, lse.data_ptr() % 16,
+           o_part.data_ptr() % 16, lse_part.data_ptr() % 16, seqs.data_ptr() % 16)
     return key, grid, (o_part, lse_part, seqs, out, lse, *ints), dict(HEAD_MAJOR=bool(head_major), BLOCK_R=block_r,
-                                                                       BLOCK_V=block_v, PDL=not interpreting())
+                                                                       BLOCK_V=block_v, PDL=not interpreting(),
+                                                                       CHUNK=chunk)
+
+
+#: programs a combine launch aims for on a GPU before it widens its value tiles (about four per
+#: SM of an H100 / H200): fewer, and a sequence's many splits are read by too few programs
+_TARGET_PROGRAMS = 512
+#: fp32 elements of one ``[CHUNK, BLOCK_R, BLOCK_V]`` load: 32 registers a thread at 4 warps
+_CHUNK_TILE = 4096
+
+
+def _tiles(groups: int, rows: int, v: int) -> tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_V, CHUNK)`` of a combine over ``groups`` launch groups of ``rows`` rows
+    of width ``v``. The interpreter pays per program: few, wide programs. On a GPU: 16 rows, the
+    widest value tile (32 .. 128) that still gives :data:`_TARGET_PROGRAMS` programs, and as
+    many splits per step as keep the loaded tile at :data:`_CHUNK_TILE` elements."""
+    if interpreting():
+        return 32, next_pow2(v), _chunk(32, next_pow2(v))
+    block_r = 16
+    block_v = min(next_pow2(v), 32)
+    while block_v < min(next_pow2(v), 128) and groups * triton.cdiv(rows, block_r) * triton.cdiv(v, 2 * block_v) \
+            >= _TARGET_PROGRAMS:
+        block_v *= 2
+    return block_r, block_v, _chunk(block_r, block_v)
+
+
+def _chunk(block_r: int, block_v: int) -> int:
+    """Splits a combine program loads per step: 4 under the interpreter (numpy pays per element,
+    not per load), else as many as keep the tile at :data:`_CHUNK_TILE` elements (at least 1)."""
+    return 4 if interpreting() else max(1, _CHUNK_TILE // (block_r * block_v))
 
 
 def combine_flat(o_part: torch.Tensor, lse_part: torch.Tensor, seqs: torch.Tensor, out: torch.Tensor,
