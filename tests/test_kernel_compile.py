@@ -59,7 +59,7 @@ def _combine(rows: int, splits: int, v: int):
 
 def _combine_planned(b: int, rows: int, v: int):
     """The planned combine at ``b`` sequences of ``rows`` rows, its tiles as the launcher picks
-    them on a GPU (b = 1: 32-wide value tiles, 8 splits a step; b = 32: 128-wide, 2 a step)."""
+    them on a GPU (b = 1: 8 rows x 32 columns, 16 splits a step; b = 32: 16 x 128, 2 a step)."""
     from mla_var3.kernel.combine import _tiles
 
     with _on_gpu():

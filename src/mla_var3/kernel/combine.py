@@ -266,16 +266,20 @@ _CHUNK_TILE = 4096
 
 def _tiles(groups: int, rows: int, v: int) -> tuple[int, int, int]:
     """``(BLOCK_R, BLOCK_V, CHUNK)`` of a combine over ``groups`` launch groups of ``rows`` rows
-    of width ``v``. The interpreter pays per program: few, wide programs. On a GPU: 16 rows, the
-    widest value tile (32 .. 128) that still gives :data:`_TARGET_PROGRAMS` programs, and as
-    many splits per step as keep the loaded tile at :data:`_CHUNK_TILE` elements."""
+    of width ``v``. The interpreter pays per program: few, wide programs. On a GPU: the widest
+    value tile (32 .. 128) that still gives :data:`_TARGET_PROGRAMS` programs of 16 rows; at 32
+    columns (few sequences, so many splits each) 8 rows, else 16; and as many splits per step as
+    keep the loaded tile at :data:`_CHUNK_TILE` elements (16 at 8 x 32, 2 at 16 x 128). Measured
+    alone on an H100 (``results/h100/combine/tiles*.json``): 8 x 32 x 16 merges b = 1's 64 splits
+    of 128 rows x 512 in 16.7 us (16 x 32 x 8: 30.3; one split a step: 55.4), 16 x 128 x 2 the
+    3 splits of b = 32 in 18.6 (8 x 32 x 16 there: 45.2)."""
     if interpreting():
         return 32, next_pow2(v), _chunk(32, next_pow2(v))
-    block_r = 16
     block_v = min(next_pow2(v), 32)
-    while block_v < min(next_pow2(v), 128) and groups * triton.cdiv(rows, block_r) * triton.cdiv(v, 2 * block_v) \
+    while block_v < min(next_pow2(v), 128) and groups * triton.cdiv(rows, 16) * triton.cdiv(v, 2 * block_v) \
             >= _TARGET_PROGRAMS:
         block_v *= 2
+    block_r = 8 if block_v == 32 else 16
     return block_r, block_v, _chunk(block_r, block_v)
 
 
