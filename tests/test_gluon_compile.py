@@ -225,11 +225,12 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mla_var3.kernel.combine import _combine_planned_kernel
+from mla_var3.kernel.combine import _combine_planned_kernel, _tiles
 sig = {"o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "seqs_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 sig.update({n: "i32" for n in ("ROWS", "S", "H", "V", "stride_ob", "stride_oh", "stride_os", "stride_ov",
                                "stride_lb", "stride_lh", "stride_ls")})
-const = dict(HEAD_MAJOR=True, BLOCK_R=16, BLOCK_V=32, PDL=True, CHUNK=8)
+block_r, block_v, chunk = _tiles(1, 128, 512)                  # b = 1: the launcher's tiles on a GPU
+const = dict(HEAD_MAJOR=True, BLOCK_R=block_r, BLOCK_V=block_v, PDL=True, CHUNK=chunk)
 sig.update({n: "constexpr" for n in const})
 c = triton.compile(ASTSource(fn=_combine_planned_kernel, signature=sig, constexprs=const),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})

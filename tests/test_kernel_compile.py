@@ -44,11 +44,10 @@ def _flash_mla(b: int, s: int, paged: bool = False):
 
 
 def _combine(rows: int, splits: int, v: int):
-    from mla_var3.kernel.combine import _TARGET_PROGRAMS, _tiles
+    from mla_var3.kernel.combine import _TARGET_PROGRAMS, _plain_tiles
 
     with _on_gpu():
-        block_r, block_v, chunk = _tiles(1, rows, v)
-    chunk = min(chunk, 1 << (splits - 1).bit_length())
+        block_r, block_v, chunk = _plain_tiles(rows, splits, v)
     args = dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_out_ptr="*fp32",
                 M=rows, NS=splits, V=v, stride_pm=splits * v, stride_ps=v, stride_pv=1, stride_lm=splits,
                 stride_ls=1, stride_om=v, stride_ov=1, stride_lo=1, BLOCK_R=block_r, BLOCK_V=block_v,

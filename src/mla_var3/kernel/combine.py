@@ -149,9 +149,7 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor | No
     lse1 = _flat_view(lse_out, (m,))
     o_target = out2 if out2 is not None else torch.empty((m, v), dtype=out.dtype, device=out.device)
     l_target = lse1 if lse1 is not None else torch.empty((m,), dtype=torch.float32, device=out.device)
-    auto_r, auto_v, _ = _tiles(1, m, v)
-    block_r, block_v = block_r or auto_r, block_v or auto_v
-    chunk = min(_chunk(block_r, block_v), next_pow2(max(ns, 1)))
+    block_r, block_v, chunk = _plain_tiles(m, ns, v, block_r, block_v)
     grid = (triton.cdiv(m, block_r), triton.cdiv(v, block_v))
     _combine_kernel[grid](
         p3, l2, o_target, l_target, m, ns, v,
@@ -281,6 +279,16 @@ def _tiles(groups: int, rows: int, v: int) -> tuple[int, int, int]:
         block_v *= 2
     block_r = 8 if block_v == 32 else 16
     return block_r, block_v, _chunk(block_r, block_v)
+
+
+def _plain_tiles(m: int, ns: int, v: int, block_r: int | None = None,
+                 block_v: int | None = None) -> tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_V, CHUNK)`` of :func:`combine` over ``m`` rows of ``ns`` splits: the
+    given tile sizes or :func:`_tiles`'s, and no more splits a step than ``ns`` (rounded up to a
+    power of two), which the plain combine knows on the host."""
+    auto_r, auto_v, _ = _tiles(1, m, v)
+    block_r, block_v = block_r or auto_r, block_v or auto_v
+    return block_r, block_v, min(_chunk(block_r, block_v), next_pow2(max(ns, 1)))
 
 
 def _chunk(block_r: int, block_v: int) -> int:
