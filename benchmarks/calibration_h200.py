@@ -444,12 +444,24 @@ def calibrate_run() -> Calibration | None:
     return runs[-1] if runs else None
 
 
+def _measured_by(change: dict, run: Calibration) -> bool:
+    """Whether the run timed the code of ``change`` (its commit is the run's or an ancestor)."""
+    commit = (run.kernels or {}).get("commit")
+    if not commit:
+        return False
+    done = subprocess.run(["git", "merge-base", "--is-ancestor", change["commit"], commit], cwd=ROOT,
+                          capture_output=True)
+    return done.returncode == 0
+
+
 def with_unmeasured(run: Calibration, shipped: Calibration) -> Calibration:
     """``run`` with the shipped file's record of kernel changes not re-measured since the run
-    (``kernels["unmeasured"]``, kept by hand where host-only changes land)."""
-    if "unmeasured" not in (shipped.kernels or {}):
-        return run
-    return dataclasses.replace(run, kernels={**run.kernels, "unmeasured": shipped.kernels["unmeasured"]})
+    (``kernels["unmeasured"]``, kept by hand where host-only changes land); the records of changes
+    the run itself timed (at or before its commit) are dropped."""
+    kept = [c for c in (shipped.kernels or {}).get("unmeasured") or [] if not _measured_by(c, run)]
+    if not kept:
+        return dataclasses.replace(run, kernels={k: v for k, v in run.kernels.items() if k != "unmeasured"})
+    return dataclasses.replace(run, kernels={**run.kernels, "unmeasured": kept})
 
 
 def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
