@@ -488,7 +488,8 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     changed = {g: sorted(k for k, p in run.parameters.items() if p.fitted and p.group == g and k in again.parameters
                          and not math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9))
                for g in ("host", "gpu")}
-    if not relabel and not changed["host"] and not changed["gpu"]:
+    added = sorted(k for k in again.parameters if k not in run.parameters)
+    if not relabel and not changed["host"] and not changed["gpu"] and not added:
         return run
     why = []
     if relabel:
@@ -505,6 +506,8 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     if changed["gpu"]:
         why.append(f"today's fit (its estimator and laws) gives these GPU parameters other values than the run's: "
                    f"{', '.join(changed['gpu'])}")
+    if added:
+        why.append(f"parameters the laws gained since the run, fitted from its points: {', '.join(added)}")
     note = f". Refitted from its points by benchmarks/calibration_h200.py: {'; '.join(why)}."
     return dataclasses.replace(again, kernels=run.kernels, notes=again.notes + note, path=run.path)
 

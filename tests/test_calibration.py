@@ -250,6 +250,8 @@ def _where(design: str, name: str) -> tuple[Problem, bool]:
         return Problem(b=1, s=1, t=256, n=128 if design == "mla_var6_plus" else None), True
     if name == "host_split_us":
         return Problem(b=1, s=1, t=4096), True
+    if name == "n0_host_us":
+        return Problem(b=1, s=1, t=256, n=0), True       # the absorbed kernel's tiny call: host-bound
     if name == "combine_us_per_split":
         return Problem(b=1, s=1, t=4096), False
     if name == "program_gbs_m16":
@@ -315,6 +317,32 @@ def test_host_costs_refit_alone():
         H200.parameters["flash_mla.gluon.host_us"], value=80.0)})
     pr = predict(new, "flash_mla", V3, Problem(b=16, s=1, t=4096))
     assert pr.time_s == pr.gpu_s < predict(slow, "flash_mla", V3, Problem(b=16, s=1, t=4096)).time_s
+
+
+def test_the_hybrids_host_time_at_n0_is_fitted_over_the_absorbed_calls():
+    """A hybrid call at n = 0 runs the absorbed kernel: its host time is that call's plus its own
+    check and zero output (n0_host_us, the lower quartile of the differences); the calls with a
+    window fit host_us alone. A file without n0_host_us (written before it existed) keeps its law
+    and predicts with the prior."""
+    rec = lambda name, b, s, t, host, n=None: {  # noqa: E731
+        "name": name, "kind": "design", "status": "ok", "model": "deepseek-v3", "b": b, "s": s, "t": t, "n": n,
+        "time_us": 500.0, "method": "cuda-events", "backend": "gluon", "extra": {"host_us": host}}
+    recs = [rec("flash_mla", 32, s, 4096, 40.0) for s in (2, 4, 16)]
+    recs += [rec("mla_var6_plus", 32, s, 4096, 40.0 + extra, n=0) for s, extra in ((2, 12.0), (4, 16.0), (16, 20.0))]
+    recs += [rec("mla_var6_plus", 32, 16, 4096, host, n=n) for n, host in ((1024, 300.0), (2048, 320.0))]
+    new = fit(recs, base=H200, only={"host"})
+    params = new.params_of("mla_var6_plus", "gluon")
+    assert new.params_of("flash_mla", "gluon")["host_us"] == 40.0
+    assert params["n0_host_us"] == 14.0                      # the lower quartile of 12, 16, 20
+    assert params["host_us"] == 305.0                        # the calls with a window only
+    assert "at n = 0 minus the absorbed call's host time" in new.parameters["mla_var6_plus.gluon.n0_host_us"].source
+    pb = Problem(b=32, s=4, t=4096, n=0)
+    assert predict(new, "mla_var6_plus", V3, pb).host_s == pytest.approx(54e-6)
+    # a file from before the parameter: the same law, its prior
+    old = dataclasses.replace(new, parameters={k: v for k, v in new.parameters.items() if not k.endswith("n0_host_us")})
+    assert old.has("mla_var6_plus", "gluon")
+    prior = next(s.prior for s in KL.SPECS[("mla_var6_plus", "gluon")] if s.name == "n0_host_us")
+    assert predict(old, "mla_var6_plus", V3, pb).host_s == pytest.approx((40.0 + prior) * 1e-6)
 
 
 def test_fit_recovers_known_parameters():
@@ -651,7 +679,8 @@ def test_hybrid_at_n0_costs_what_the_absorbed_kernel_costs(backend, b, s, t):
     absorbed = predict(H200, "flash_mla", V3, pb, backend=backend)
     zero = V3.w * b * V3.h * s * V3.dv / H200.machine().bytes_per_s
     assert hyb.gpu_s == pytest.approx(absorbed.gpu_s + zero, rel=1e-12)
-    assert hyb.host_s == absorbed.host_s
+    own = H200.params_of("mla_var6_plus", backend).get("n0_host_us", 20.0)   # the hybrid's check and zero output
+    assert hyb.host_s == pytest.approx(absorbed.host_s + own * 1e-6, rel=1e-12)
     assert KL.splits_of("mla_var6_plus", backend, V3, pb.with_n(0), 132) == KL.splits_of("flash_mla", backend, V3, pb, 132)
     # a window of one key runs the hybrid's two parts and merge: dearer than the absorbed call
     assert predict(H200, "mla_var6_plus", V3, pb, n=1, backend=backend).gpu_s > hyb.gpu_s

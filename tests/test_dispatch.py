@@ -102,9 +102,9 @@ def calibrated_times(dims, problem, cache: CacheInfo):
                   + roofline_time(_stage_cost(d, dims, problem, cache), ceil)[0])
     if cache.kind == "hybrid" and cache.window:
         n, pr = calibrated_split(cal, dims, problem, "h200", lo=0, hi=min(cache.window, problem.t))
-        # at n = 0 the hybrid call is the absorbed design (kernel.hybrid) and priced as it
-        out["hybrid"] = ((out["absorbed"] if n == 0 else pr.time_s + roofline_time(
-            _stage_cost("hybrid", dims, problem.with_n(n), cache), ceil)[0]), n)
+        # at n = 0 the hybrid call runs the absorbed kernel (kernel.hybrid) plus its own host work
+        # and zero output: its own calibrated prediction
+        out["hybrid"] = (pr.time_s + roofline_time(_stage_cost("hybrid", dims, problem.with_n(n), cache), ceil)[0], n)
     return out
 
 
@@ -493,12 +493,21 @@ def test_grid_check_lists_misses_with_their_cost(capsys, tmp_path):
 @pytest.mark.parametrize("dispatcher", [MODEL_ONLY, CALIBRATED], ids=["roofline", "calibrated"])
 @pytest.mark.parametrize("b,s,t", [(96, 2, 2048), (32, 1, 4096), (32, 16, 4096)])
 def test_the_hybrid_at_n0_is_priced_as_the_absorbed_design(dispatcher, b, s, t):
-    """A hybrid call with no window runs the absorbed kernel: the dispatcher prices it as the
-    absorbed design (and so never picks it over that design)."""
+    """A hybrid call with no window runs the absorbed kernel: the roofline prices it as the
+    absorbed design, the calibrated model as that kernel plus the hybrid's own host work and zero
+    output (``n0_host_us``); either way it is never picked over the absorbed design."""
     dec = dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t), design="hybrid", n=0)
     est = {e.design: e for e in dec.estimates}
-    assert est["hybrid"].n == 0 and est["hybrid"].predicted_s == est["absorbed"].predicted_s
-    assert (est["hybrid"].flops, est["hybrid"].bytes) == (est["absorbed"].flops, est["absorbed"].bytes)
+    assert est["hybrid"].n == 0
+    if dispatcher is MODEL_ONLY:
+        assert est["hybrid"].predicted_s == est["absorbed"].predicted_s
+    else:
+        absorbed = est["absorbed"]
+        own = CALIBRATED.resolve_calibration().params_of("mla_var6_plus", "gluon")["n0_host_us"] * 1e-6
+        assert est["hybrid"].kernel_host_s == pytest.approx(absorbed.kernel_host_s + own, rel=1e-12)
+        assert est["hybrid"].predicted_s >= absorbed.predicted_s
+    if dispatcher is MODEL_ONLY:
+        assert (est["hybrid"].flops, est["hybrid"].bytes) == (est["absorbed"].flops, est["absorbed"].bytes)
     assert dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t)).design != "hybrid" or \
         {e.design: e for e in dispatcher.decide(V3, Problem(b=b, s=s, t=t), CacheInfo("hybrid", t)).estimates}[
             "hybrid"].n > 0

@@ -217,7 +217,8 @@ class Calibration:
     def has(self, design: str, backend: str) -> bool:
         """Whether every parameter of (design, backend) and of the kernels it reads is present."""
         need = [(design, backend), *DEPENDS.get((design, backend), ())]
-        return all(f"{d}.{b}.{s.name}" in self.parameters for d, b in need for s in SPECS.get((d, b), ()))
+        return all(f"{d}.{b}.{s.name}" in self.parameters for d, b in need for s in SPECS.get((d, b), ())
+                   if not s.optional)
 
     def params_of(self, design: str, backend: str) -> dict[str, float]:
         """The law's parameters of (design, backend) by their short names (a fresh dict)."""
@@ -521,13 +522,21 @@ def law_breakdown(cal: Calibration, design: str, backend: str, dims: MLADims, pr
 
 def host_time_s(cal: Calibration, design: str, backend: str, dims: MLADims, problem: Problem) -> float:
     """Host time of one eager call: ``host_us`` plus ``host_split_us`` for a split-KV call (of the
-    kernel the call runs: a hybrid call with n = 0 is the absorbed kernel's, ``call_kernel``)."""
-    design, backend = call_kernel(design, backend, problem)
-    p = cal.params_of(design, backend)
+    kernel the call runs, ``call_kernel``); a hybrid call with n = 0 runs the absorbed kernel and
+    pays that kernel's host time plus its own ``n0_host_us`` (its check and zero output)."""
+    kernel = call_kernel(design, backend, problem)
+    p = cal.params_of(*kernel)
     host = p.get("host_us", 0.0)
-    if "host_split_us" in p and splits_of(design, backend, dims, problem, cal.sms) > 1:
+    if "host_split_us" in p and splits_of(*kernel, dims, problem, cal.sms) > 1:
         host += p["host_split_us"]
+    if kernel != (design, backend):
+        host += cal.params_of(design, backend).get("n0_host_us", _prior(design, backend, "n0_host_us"))
     return host * 1e-6
+
+
+def _prior(design: str, backend: str, name: str) -> float:
+    """The prior of an optional parameter a calibration file may lack (``Spec.optional``)."""
+    return next(s.prior for s in SPECS[(design, backend)] if s.name == name)
 
 
 def predict(calibration: Calibration | None, design: str, dims: MLADims, problem: Problem, *, n: int | None = None,

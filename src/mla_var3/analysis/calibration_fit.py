@@ -43,7 +43,7 @@ import numpy as np
 from mla_var3._io import check_field, load_json, show_path
 from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
 from mla_var3.analysis.devices import Device, get_device
-from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, splits_of
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, call_kernel, splits_of
 from mla_var3.shapes import Problem, get_preset
 
 #: an eager time this much above the GPU time means the call was host-bound.
@@ -386,9 +386,15 @@ def _fit_host(cal: Calibration, params: dict, design: str, backend: str, names: 
     :func:`low_quartile` of its calls): explicit host times when the records have them, else
     host-bound eager calls; else kept."""
     classes: dict[bool, list[tuple[float, Point]]] = {False: [], True: []}
+    # a hybrid call at n = 0 runs the absorbed kernel (kernel_laws.call_kernel): its host time is
+    # that kernel's (fitted before, kernel_laws.DEPENDS) plus n0_host_us, fitted from the difference
+    n0: list[tuple[float, Point]] = []
     explicit = [p for p in pts if p.host_us is not None]
     for p in explicit:
-        classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.host_us, p))
+        if call_kernel(design, backend, p.problem) != (design, backend):
+            n0.append((p.host_us, p))
+        else:
+            classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.host_us, p))
     how = "host times"
     if not explicit:
         how = f"host-bound eager calls (eager >= {HOST_BOUND} x GPU time)"
@@ -397,8 +403,19 @@ def _fit_host(cal: Calibration, params: dict, design: str, backend: str, names: 
                 continue
             gpu_us = p.gpu_us if p.gpu_us is not None else point_gpu_s(cal, p)[0] * 1e6
             if p.eager_us >= HOST_BOUND * gpu_us:
-                classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.eager_us, p))
+                if call_kernel(design, backend, p.problem) != (design, backend):
+                    n0.append((p.eager_us, p))
+                else:
+                    classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.eager_us, p))
     full = f"{design}.{backend}."
+    if "n0_host_us" in names and n0:
+        kernel = call_kernel(design, backend, n0[0][1].problem)
+        vals = [v - host_time_s(cal, *kernel, p.dims, p.problem) * 1e6 for v, p in n0]
+        spec = next(s for s in SPECS[(design, backend)] if s.name == "n0_host_us")
+        params[full + "n0_host_us"] = Parameter(
+            full + "n0_host_us", "us", max(0.0, low_quartile(vals)),
+            f"lower quartile of {len(vals)} {how} at n = 0 minus the absorbed call's host time: "
+            f"{_sources([p for _, p in n0])}", spec.meaning, True, "host")
     if "host_us" in names and classes[False]:
         vals = [v for v, _ in classes[False]]
         spec = next(s for s in SPECS[(design, backend)] if s.name == "host_us")

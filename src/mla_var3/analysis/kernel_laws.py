@@ -67,7 +67,8 @@ class Spec:
 
     ``group`` is ``"gpu"`` (fitted from GPU times: CUDA-graph replays) or ``"host"`` (fitted
     from eager and host times, re-fittable alone). ``fit=False`` holds the prior: the committed
-    data cannot identify it (``why`` says so).
+    data cannot identify it (``why`` says so). ``optional``: a calibration file written before
+    the parameter existed still holds the law, and predicts with its prior.
     """
 
     name: str
@@ -79,6 +80,7 @@ class Spec:
     group: str = "gpu"
     fit: bool = True
     why: str = ""
+    optional: bool = False
 
 
 def cdiv(a: int, b: int) -> int:
@@ -613,6 +615,11 @@ _FIX = "GPU time of the launch and drain, beyond the program waves"
 _COMB = "split-KV combine time per split (the combine walks a row's partials one after the other)"
 _HOST = "host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time, host time)"
 _HOST_SPLIT = "extra host time of a split-KV call (split plan, partial buffers, the combine's launch)"
+_HOST_N0 = ("extra host time of a call at n = 0 over the absorbed call it runs (the hybrid's own input check and its "
+            "zero expanded output); a call with a window does not pay it")
+#: the prior of n0_host_us: measured on an H100 at 27ac8f1 (results/h100/n0-host-27ac8f1/: 69-74 us of host time
+#: per call against the absorbed call's 46-51 at steady points)
+_N0_PRIOR_US = 20.0
 _WINDOW_WHY = ("measured alone on an H200 at cb4f406 (b = 32 and 96, n = 64-2,048, s = 1-32 on 44 programs; "
                "window/items-cb4f406.json): SM-time per (sequence, head) item = 1.0 + 0.044 s us plus "
                "0.00718 + 0.0000415 s us per key; held: the hybrid's times cannot identify them, the window's "
@@ -663,7 +670,8 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
         Spec("part_overlap", "1", "fraction of the shorter part (latent or window) hidden under the longer", 0.0, 0.0, 1.0),
         Spec("fixed_us", "us", "the call's own GPU time beyond its parts and merge", 0.0, 0.0, 1000.0, fit=False,
              why="confounded with latent_fixed_us and merge_us; held at 0"),
-        Spec("host_us", "us", _HOST, 150.0, 0.0, 5000.0, group="host"),
+        Spec("host_us", "us", _HOST + "; with a window", 150.0, 0.0, 5000.0, group="host"),
+        Spec("n0_host_us", "us", _HOST_N0, _N0_PRIOR_US, 0.0, 5000.0, group="host", optional=True),
     ),
     ("mla_var6_plus", "gluon"): (
         Spec("window_us_per_head_key", "us", "SM-time of the window kernel per (sequence, head, key), beyond its "
@@ -680,7 +688,8 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
              "partition: the window's stream under the latent part's MMAs (two streams: none)", 0.3, 0.0, 1.0),
         Spec("fixed_us", "us", "the call's own GPU time beyond its parts and merge", 0.0, 0.0, 1000.0, fit=False,
              why="confounded with merge_us; held at 0"),
-        Spec("host_us", "us", _HOST, 150.0, 0.0, 5000.0, group="host"),
+        Spec("host_us", "us", _HOST + "; with a window", 150.0, 0.0, 5000.0, group="host"),
+        Spec("n0_host_us", "us", _HOST_N0, _N0_PRIOR_US, 0.0, 5000.0, group="host", optional=True),
     ),
     ("flash_mla", "seed"): (
         Spec("compute_efficiency", "1", _EFF + " (the seed's kernel, assumed tiled as our portable one)", 0.5, 0.02, 1.5),

@@ -416,7 +416,9 @@ class Dispatcher:
                               kernel_gpu_s=k.gpu_s, kernel_host_s=k.host_s,
                               bound="host" if k.host_s is not None and k.host_s >= k.gpu_s else bound)
             estimates[d] = est
-        if n_h == 0 and not hybrid_why:   # no window: the hybrid call is the absorbed design (kernel.hybrid)
+        if n_h == 0 and not hybrid_why and not calibrated:
+            # no window: the hybrid call runs the absorbed design (kernel.hybrid); calibrated, it
+            # also pays its own host work (kernel_laws: n0_host_us)
             estimates["hybrid"] = replace(estimates["absorbed"], design="hybrid", n=0, why_not="")
         # ---- measured kernel times (plus the model's stage times)
         for m_design, m in self._measured_by_design(dims, problem, cache, rng, n_forced).items():
