@@ -464,6 +464,14 @@ def with_unmeasured(run: Calibration, shipped: Calibration) -> Calibration:
     return dataclasses.replace(run, kernels={**run.kernels, "unmeasured": kept})
 
 
+def _spec_of(full: str):
+    """The law's :class:`~mla_var3.analysis.kernel_laws.Spec` of ``<design>.<backend>.<name>``."""
+    from mla_var3.analysis.kernel_laws import SPECS
+
+    design, backend, name = full.split(".", 2)
+    return next(s for s in SPECS[(design, backend)] if s.name == name)
+
+
 def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     """``run`` with every point labelled with the kernel that ran it, refitted from its own points
     on ``base`` (``cli.calibrate.calibration_from_records``: the fit ``mla-var3 calibrate`` makes)
@@ -483,12 +491,20 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     when = re.search(r" at (\S+): \d+ default calls", run.notes)
     env = {**run.versions, "commit": run.commits["measurements"][0], "dirty": run.commits.get("dirty"),
            "device": run.device_name, "timestamp": when.group(1) if when else "?"}
-    again = calibration_from_records(records, env, get_device(run.device), gpu=True, shipped=base,
-                                     hold=tuple(k for k in TAIL if k not in run.parameters) if base else ())
+    held = tuple(k for k in TAIL if k not in run.parameters) if base else ()
+    again = calibration_from_records(records, env, get_device(run.device), gpu=True, shipped=base, hold=held)
     changed = {g: sorted(k for k, p in run.parameters.items() if p.fitted and p.group == g and k in again.parameters
                          and not math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9))
                for g in ("host", "gpu")}
-    added = sorted(k for k in again.parameters if k not in run.parameters)
+    # a parameter the laws gained after the run keeps its prior: the run's calls timed the code
+    # of its commit, which later changes (the file's "unmeasured" records) may have replaced
+    # (n0_host_us: the hybrid's n = 0 host path, replaced by 9855a32's fast path after both runs)
+    added = sorted(k for k in again.parameters if k not in run.parameters and k not in held)
+    if added:
+        again = again.with_parameters({k: dataclasses.replace(
+            again.parameters[k], value=_spec_of(k).prior, fitted=False,
+            source=f"prior, not fitted: the law gained this parameter after the run ({run.kernels.get('commit')})")
+            for k in added})
     if not relabel and not changed["host"] and not changed["gpu"] and not added:
         return run
     why = []
@@ -507,7 +523,7 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
         why.append(f"today's fit (its estimator and laws) gives these GPU parameters other values than the run's: "
                    f"{', '.join(changed['gpu'])}")
     if added:
-        why.append(f"parameters the laws gained since the run, fitted from its points: {', '.join(added)}")
+        why.append(f"parameters the laws gained since the run, held at their priors: {', '.join(added)}")
     note = f". Refitted from its points by benchmarks/calibration_h200.py: {'; '.join(why)}."
     return dataclasses.replace(again, kernels=run.kernels, notes=again.notes + note, path=run.path)
 

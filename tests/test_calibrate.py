@@ -74,7 +74,8 @@ def test_a_first_fit_takes_the_measured_ceilings_of_the_device_it_is_given():
 def test_a_first_fit_holds_what_it_runs_to_a_bound_at_the_priors():
     """The shipped H100 file is its calibrate run's points refitted with no shipped base: the
     parameters that fit ran to a bound keep their priors (and say so), the rest are fitted; the
-    same fit of the same points gives the same file."""
+    same fit of the same points gives the same file, but for the parameters the laws gained after
+    the run, which the shipped file holds at their priors (the run timed older code)."""
     from mla_var3.analysis.kernel_laws import SPECS
 
     h100 = load_calibration(device="h100-sxm")
@@ -86,8 +87,12 @@ def test_a_first_fit_holds_what_it_runs_to_a_bound_at_the_priors():
     assert "held at their priors" in h100.notes
     again = calibration_from_records(records_of_points(h100.points), {**ENV, "commit": "e253bf5"},
                                      get_device("h100-sxm"), gpu=True)
+    later = {n for n, p in h100.parameters.items() if "gained this parameter after the run" in p.source}
+    assert later == {"mla_var6_plus.gluon.n0_host_us"}
+    assert all(not h100.parameters[n].fitted and h100.parameters[n].value == priors[n] for n in later)
     for name, p in again.parameters.items():
-        assert p.value == pytest.approx(h100.parameters[name].value, rel=1e-6), name
+        if name not in later:
+            assert p.value == pytest.approx(h100.parameters[name].value, rel=1e-6), name
 
 
 def _records_from(cal, grid) -> list[Record]:
