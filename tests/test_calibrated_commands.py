@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -352,3 +354,94 @@ def test_a_calibration_calibrate_made_here_on_the_gpu_is_used(capsys, tmp_path, 
     text = out + ((tmp_path / "report" / "report.md").read_text() if name == "report" else "")
     assert code == 0 and "here001" not in text
     assert "calibration-h200.json: not used (CPU interpreter timings)" in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------ the held-out check suite
+
+HELDOUT = Path(__file__).resolve().parents[1] / "benchmarks" / "heldout_check.py"
+
+
+def _heldout_run(tmp_path, scale: dict) -> Path:
+    """A finished held-out run in ``tmp_path`` made from the shipped H200 calibration itself: the
+    predictions ``explain --json`` writes, and a results file whose default calls measure the
+    calibrated GPU and eager times times ``scale[design]`` (b = 20, s = 1 and 4, t = 10,240)."""
+    from mla_var3.analysis.calibration import host_time_s
+
+    cal = load_calibration(device="h200")
+    V3 = get_preset("deepseek-v3")
+    points, records = [], []
+    for s in (1, 4):
+        pb = Problem(b=20, s=s, t=10240)
+        code, out = _explain(["--device", "h200", "--b", "20", "--s", str(s), "--t", "10240"])
+        points.append({"h": 128, "b": 20, "s": s, "t": 10240, "explain": json.loads(out)})
+        for name in ("flash_mla", "flash_attention", "mla_var6_plus"):
+            n = 0 if name == "mla_var6_plus" else None
+            backend = cal.default_backend(name, pb)
+            gpu = predict(cal, name, V3, pb.with_n(n) if n is not None else pb, eager=False).time_s * 1e6
+            eager = predict(cal, name, V3, pb.with_n(n) if n is not None else pb).time_s * 1e6
+            host = host_time_s(cal, name, backend, V3, pb.with_n(n) if n is not None else pb) * 1e6
+            f = scale.get(name, 1.0)
+            records.append({"name": name, "kind": "design", "status": "ok", "model": "deepseek-v3", "b": 20, "s": s,
+                            "t": 10240, "n": n, "dtype": "bf16", "time_us": gpu * f, "method": "cuda-graph",
+                            "backend": backend, "extra": {"graph_us": gpu * f, "eager_us": eager * f, "host_us": host}})
+    run = tmp_path / "run"
+    (run / "h128-b20-t10240").mkdir(parents=True)
+    (run / "predicted-before-the-run.json").write_text(json.dumps({"device": "h200", "calibration_path": None,
+                                                                   "points": points}))
+    (run / "h128-b20-t10240" / "results.json").write_text(json.dumps(
+        {"meta": {"dims": {"h": 128}, "environment": {"commit": "test"}}, "records": records}))
+    return run
+
+
+def _explain(argv):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli.main(["explain", "--json", *argv])
+    return code, buf.getvalue()
+
+
+@pytest.mark.parametrize("scale,misses", [({}, 0), ({"flash_attention": 1.3}, 4), ({"flash_mla": 1.3}, 6)],
+                         ids=["exact", "expanded-slow", "absorbed-slow"])
+def test_the_heldout_check_scores_a_run_against_the_bar(tmp_path, scale, misses):
+    """``benchmarks/heldout_check.py --compare``: every default call's calibrated ÷ measured time
+    against its design's bounds and each pick against the fastest measured design. A run measured
+    exactly as the calibration says passes; one design measured 30 % off misses both its kind's
+    bound at every point (GPU and eager), and where that makes another design fastest, the pick."""
+    import subprocess
+    import sys
+
+    run = _heldout_run(tmp_path, scale)
+    proc = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(run)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}, timeout=300)
+    result = json.loads((run / "compared.json").read_text())
+    assert proc.returncode == (1 if misses else 0), proc.stderr
+    assert result["predictions"] == 12 and result["picks_measured"] == 2
+    assert result["misses"] == misses, (result["ratios"], result["picks"])
+    assert "predictions within bounds" in (run / "summary.md").read_text()
+    if not misses:
+        assert all(abs(r["ratio"] - 1) < 1e-9 for r in result["ratios"]) and result["picks_ok"] == 2
+
+
+def test_the_heldout_check_dry_run_writes_predictions_before_timing(tmp_path):
+    """``benchmarks/heldout_check.py --dry-run``: the plumbing on a CPU (one tiny shape, ``mla-var3
+    bench --interpret`` in its own process): the predictions file, then the shape's results and
+    the comparison; a second run into the same folder is refused (predictions are written once)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(HELDOUT), "--dry-run", "--out", str(out)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.stdout.index("before any timing") < proc.stdout.index("bench status 0")
+    predicted = json.loads((out / "predicted-before-the-run.json").read_text())
+    assert [(p["h"], p["b"], p["s"], p["t"]) for p in predicted["points"]] == [(16, 1, 1, 64)]
+    assert predicted["points"][0]["explain"]["design"] in ("absorbed", "expanded", "hybrid")
+    assert (out / "h16-b1-t64" / "results.json").is_file() and (out / "compared.json").is_file()
+    again = subprocess.run([sys.executable, str(HELDOUT), "--dry-run", "--out", str(out)], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert again.returncode == 2 and "written once" in again.stderr

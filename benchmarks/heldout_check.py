@@ -1,0 +1,240 @@
+"""The regime guide against held-out measurements on this GPU: predictions first, then timings, then the bar.
+
+    python benchmarks/heldout_check.py --out results/h200/heldout-<commit> [--shapes FILE] [--flash-mla DIR]
+    python benchmarks/heldout_check.py --compare results/h200/heldout-<commit>   # the table again, no GPU
+    python benchmarks/heldout_check.py --dry-run --out DIR                       # the plumbing on a CPU
+
+1. **Predictions, written before anything is timed**: ``mla-var3 explain --json`` for every
+   (heads, b, s, t) of the shapes (the guide's pick, each design's calibrated kernel time), in
+   ``predicted-before-the-run.json``, with the calibration's label.
+2. **Timings**: ``mla-var3 bench --no-n-sweep --baselines`` per (heads, b, t) over its s list, in
+   ``<tag>/results.json`` (each design's default call and the baselines interleaved: CUDA-graph,
+   eager and host time; official FlashMLA when ``--flash-mla`` holds it).
+3. **The bar** (``compared.json``, ``summary.md``; exit status 1 when a point misses): each
+   default call's calibrated ÷ measured GPU and eager time (``calibration_fit.compare`` with the
+   calibration the predictions used) within [0.85, 1.15] for the absorbed and expanded designs
+   and [0.8, 1.25] for the hybrid, and the pick's measured eager time within 5 % of the fastest
+   design's.
+
+Shapes (``--shapes``): one ``heads b s[,s...] t`` per line, ``#`` comments; the default is the set
+below, the edges of the guide's range (b = 1 to 256, t = 1k to 64k, TP 2 to 8) and where the
+expanded design and the hybrid compete, none of them a point of ``mla-var3 calibrate``'s grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import environment, stop_on_sigterm, write_json
+
+from mla_var3.analysis.calibration import load_calibration
+from mla_var3.analysis.calibration_fit import compare, points_from_results
+from mla_var3.cli import main as cli
+
+#: heads, b, s list, t
+DEFAULT_SHAPES = """\
+128 1 1,4 65536
+128 256 1,2 1024
+128 2 1,32 1024
+128 128 1 3072
+128 12 1,16 28672
+16 96 1,4 16384
+64 8 2 49152
+128 4 64,128 2048
+128 48 24,48 3072
+32 40 8 6144
+"""
+#: calibrated ÷ measured bounds per design (the guide's bar)
+BOUNDS = {"flash_mla": (0.85, 1.15), "flash_attention": (0.85, 1.15), "mla_var6_plus": (0.8, 1.25)}
+#: explain's design names -> the kernel a bench record names
+KERNEL = {"absorbed": "flash_mla", "expanded": "flash_attention", "hybrid": "mla_var6_plus"}
+#: the pick's measured eager time may exceed the fastest design's by this fraction
+PICK_SLACK = 0.05
+PREDICTIONS = "predicted-before-the-run.json"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, tuple[int, ...], int]]:
+    """``heads b s[,s...] t`` lines (``#`` comments, blank lines skipped) -> (h, b, (s, ...), t)."""
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        try:
+            h, b, s, t = int(parts[0]), int(parts[1]), tuple(int(x) for x in parts[2].split(",")), int(parts[3])
+        except (IndexError, ValueError):
+            raise SystemExit(f"shapes line {i}: expected 'heads b s[,s...] t', got {line!r}") from None
+        if len(parts) != 4 or min(h, b, t, *s) < 1 or max(s) > t:
+            raise SystemExit(f"shapes line {i}: expected 'heads b s[,s...] t' with 1 <= s <= t, got {line!r}")
+        out.append((h, b, s, t))
+    return out
+
+
+def tag(h: int, b: int, t: int) -> str:
+    return f"h{h}-b{b}-t{t}"
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """``mla-var3 argv`` in this process: (status, stdout)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli(argv)
+    return code, buf.getvalue()
+
+
+def predict_all(shapes, device: str, calibration: str | None) -> list[dict]:
+    """``explain --json`` for every point of ``shapes``."""
+    extra = ["--calibration", calibration] if calibration else []
+    rows = []
+    for h, b, ss, t in shapes:
+        for s in ss:
+            code, out = run_cli(["explain", "--json", "--device", device, "--h", str(h), "--b", str(b), "--s", str(s),
+                                 "--t", str(t), *extra])
+            if code:
+                raise SystemExit(f"explain failed for h={h} b={b} s={s} t={t} (status {code})")
+            rows.append({"h": h, "b": b, "s": s, "t": t, "explain": json.loads(out)})
+    return rows
+
+
+def bench_all(shapes, out: Path, *, max_seconds: float, interpret: bool, flash_mla: str | None) -> None:
+    """``mla-var3 bench`` per (h, b, t) over its s list, each in its own process (a shape that
+    crashes does not end the run; ``--interpret`` must set up Triton before it is imported) into
+    ``out/<tag>/``, its output in ``out/<tag>.log``."""
+    env = dict(os.environ)
+    if flash_mla:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [flash_mla, env.get("PYTHONPATH")]))
+    for i, (h, b, ss, t) in enumerate(shapes, 1):
+        argv = [sys.executable, "-m", "mla_var3", "bench", "--no-n-sweep", "--baselines", "--no-progress",
+                "--max-seconds", str(max_seconds), "--out", str(out / tag(h, b, t)),
+                "--h", str(h), "--b", str(b), "--s", ",".join(map(str, ss)), "--t", str(t)]
+        argv += ["--interpret"] if interpret else []
+        t0 = time.perf_counter()
+        with open(out / f"{tag(h, b, t)}.log", "w") as log:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        print(f"[{i}/{len(shapes)}] {tag(h, b, t)} s={','.join(map(str, ss))}: bench status {code} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def check(out: Path, calibration: str | None = None) -> dict:
+    """The bar over the run in ``out``: every prediction's ratio, every pick, and the misses."""
+    predicted = json.loads((out / PREDICTIONS).read_text())
+    device = predicted["device"]
+    cal = load_calibration(calibration or predicted.get("calibration_path") or None, device=device)
+    ratios, measured = [], {}
+    for res in sorted(out.glob("*/results.json")):
+        ratios += compare(cal, points_from_results(res, f"{res.parent.name}/results.json"))
+        data = json.loads(res.read_text())
+        h = data["meta"]["dims"]["h"]
+        for rec in data["records"]:
+            eager = (rec.get("extra") or {}).get("eager_us")
+            if rec.get("kind") == "design" and rec.get("status") == "ok" and eager:
+                measured.setdefault((h, rec["b"], rec["s"], rec["t"]), {})[rec["name"]] = eager
+    for r in ratios:
+        lo, hi = BOUNDS[r["design"]]
+        r["in_bounds"] = lo <= r["ratio"] <= hi
+    picks = []
+    for p in predicted["points"]:
+        times = measured.get((p["h"], p["b"], p["s"], p["t"]), {})
+        pick = KERNEL[p["explain"]["design"]]
+        if pick not in times:
+            picks.append({**{k: p[k] for k in "hbst"}, "pick": pick, "ok": None, "why": "the pick was not measured"})
+            continue
+        fastest = min(times, key=times.get)
+        picks.append({**{k: p[k] for k in "hbst"}, "pick": pick, "pick_us": times[pick], "fastest": fastest,
+                      "fastest_us": times[fastest], "ok": times[pick] <= (1 + PICK_SLACK) * times[fastest]})
+    misses = [r for r in ratios if not r["in_bounds"]] + [p for p in picks if p["ok"] is False]
+    return {"device": device, "calibration": cal.label if cal else None, "ratios": ratios, "picks": picks,
+            "in_bounds": sum(r["in_bounds"] for r in ratios), "predictions": len(ratios),
+            "picks_ok": sum(bool(p["ok"]) for p in picks), "picks_measured": sum(p["ok"] is not None for p in picks),
+            "misses": len(misses)}
+
+
+def summary(result: dict) -> str:
+    lines = [f"# Held-out check on {result['device']}", "", f"Calibration: {result['calibration']}", "",
+             f"- predictions within bounds: {result['in_bounds']} of {result['predictions']}",
+             f"- picks within {PICK_SLACK:.0%} of the fastest measured design (eager): {result['picks_ok']} of "
+             f"{result['picks_measured']} measured", "",
+             "| design | heads | b | s | t | n | kind | measured µs | predicted µs | ratio | |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["ratios"]:
+        lines.append(f"| {r['design']} | {r['h']} | {r['b']} | {r['s']} | {r['t']} | {r['n'] if r['n'] is not None else '-'}"
+                     f" | {r['kind']} | {r['measured_us']:,.1f} | {r['predicted_us']:,.1f} | {r['ratio']:.3f} | "
+                     f"{'' if r['in_bounds'] else 'miss'} |")
+    lines += ["", "| heads | b | s | t | pick | its eager µs | fastest | its eager µs | |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in result["picks"]:
+        if p["ok"] is None:
+            lines.append(f"| {p['h']} | {p['b']} | {p['s']} | {p['t']} | {p['pick']} | - | - | - | {p['why']} |")
+        else:
+            lines.append(f"| {p['h']} | {p['b']} | {p['s']} | {p['t']} | {p['pick']} | {p['pick_us']:,.1f} | "
+                         f"{p['fastest']} | {p['fastest_us']:,.1f} | {'' if p['ok'] else 'miss'} |")
+    return "\n".join(lines) + "\n"
+
+
+def finish(out: Path, calibration: str | None) -> int:
+    result = check(out, calibration)
+    write_json(out / "compared.json", result)
+    text = summary(result)
+    (out / "summary.md").write_text(text)
+    print(text)
+    return 1 if result["misses"] else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="folder of the run (predictions, one bench folder per shape, the comparison)")
+    ap.add_argument("--compare", metavar="DIR", help="compare a finished run again (no GPU) and stop")
+    ap.add_argument("--shapes", help="file of 'heads b s[,s...] t' lines (default: the set in this script's docstring)")
+    ap.add_argument("--device", help="device key the predictions ask about (default: the GPU's, see mla-var3 devices)")
+    ap.add_argument("--calibration", help="calibration file (default: the one shipped for the device)")
+    ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package (a baseline)")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="time budget of each shape's bench (default 60)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: one tiny shape, bench under the Triton interpreter")
+    args = ap.parse_args(argv)
+    if args.compare:
+        return finish(Path(args.compare), args.calibration)
+    if not args.out:
+        ap.error("--out is required (or --compare DIR)")
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if (out / PREDICTIONS).exists():
+        print(f"{out / PREDICTIONS} exists: a run's predictions are written once (use --compare, or another --out)",
+              file=sys.stderr)
+        return 2
+    stop_on_sigterm()
+    shapes = parse_shapes(Path(args.shapes).read_text() if args.shapes else
+                          "16 1 1 64\n" if args.dry_run else DEFAULT_SHAPES)
+    if args.device:
+        device = args.device
+    elif args.dry_run:
+        device = "h200"
+    else:
+        from mla_var3.analysis.devices import detect_device
+
+        device = detect_device()[0].key
+    out.mkdir(parents=True, exist_ok=True)
+    points = predict_all(shapes, device, args.calibration)
+    write_json(out / PREDICTIONS, {"device": device, "calibration_path": args.calibration,
+                                   "environment": environment(), "points": points})
+    print(f"predictions for {len(points)} points written to {out / PREDICTIONS} before any timing", flush=True)
+    try:
+        bench_all(shapes, out, max_seconds=args.max_seconds, interpret=args.dry_run, flash_mla=args.flash_mla)
+    except KeyboardInterrupt:
+        print("stopped: comparing the shapes timed so far", flush=True)
+    return finish(out, args.calibration)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
