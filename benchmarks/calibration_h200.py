@@ -59,7 +59,7 @@ from mla_var3.analysis.calibration import (  # noqa: E402
 )
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_results  # noqa: E402
 from mla_var3.analysis.devices import get_device  # noqa: E402
-from mla_var3.analysis.kernel_laws import HYBRID_PARTITION_MAX_S  # noqa: E402
+from mla_var3.analysis.kernel_laws import HYBRID_PARTITION_MAX_S, spec_of  # noqa: E402
 from mla_var3.analysis.cost import decompress  # noqa: E402
 from mla_var3.shapes import Problem, get_preset  # noqa: E402
 
@@ -464,14 +464,6 @@ def with_unmeasured(run: Calibration, shipped: Calibration) -> Calibration:
     return dataclasses.replace(run, kernels={**run.kernels, "unmeasured": kept})
 
 
-def _spec_of(full: str):
-    """The law's :class:`~mla_var3.analysis.kernel_laws.Spec` of ``<design>.<backend>.<name>``."""
-    from mla_var3.analysis.kernel_laws import SPECS
-
-    design, backend, name = full.split(".", 2)
-    return next(s for s in SPECS[(design, backend)] if s.name == name)
-
-
 def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     """``run`` with every point labelled with the kernel that ran it, refitted from its own points
     on ``base`` (``cli.calibrate.calibration_from_records``: the fit ``mla-var3 calibrate`` makes)
@@ -502,7 +494,7 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     added = sorted(k for k in again.parameters if k not in run.parameters and k not in held)
     if added:
         again = again.with_parameters({k: dataclasses.replace(
-            again.parameters[k], value=_spec_of(k).prior, fitted=False,
+            again.parameters[k], value=spec_of(k).prior, fitted=False,
             source=f"prior, not fitted: the law gained this parameter after the run ({run.kernels.get('commit')})")
             for k in added})
     if not relabel and not changed["host"] and not changed["gpu"] and not added:

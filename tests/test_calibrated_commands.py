@@ -361,7 +361,7 @@ def test_a_calibration_calibrate_made_here_on_the_gpu_is_used(capsys, tmp_path, 
 HELDOUT = Path(__file__).resolve().parents[1] / "benchmarks" / "heldout_check.py"
 
 
-def _heldout_run(tmp_path, scale: dict) -> Path:
+def _heldout_run(capsys, tmp_path, scale: dict) -> Path:
     """A finished held-out run in ``tmp_path`` made from the shipped H200 calibration itself: the
     predictions ``explain --json`` writes, and a results file whose default calls measure the
     calibrated GPU and eager times times ``scale[design]`` (b = 20, s = 1 and 4, t = 10,240)."""
@@ -372,7 +372,8 @@ def _heldout_run(tmp_path, scale: dict) -> Path:
     points, records = [], []
     for s in (1, 4):
         pb = Problem(b=20, s=s, t=10240)
-        code, out = _explain(["--device", "h200", "--b", "20", "--s", str(s), "--t", "10240"])
+        code, out, err = run(capsys, ["explain", "--json", "--device", "h200", "--b", "20", "--s", str(s), "--t", "10240"])
+        assert code == 0, err
         points.append({"h": 128, "b": 20, "s": s, "t": 10240, "explain": json.loads(out)})
         for name in ("flash_mla", "flash_attention", "mla_var6_plus"):
             n = 0 if name == "mla_var6_plus" else None
@@ -384,28 +385,18 @@ def _heldout_run(tmp_path, scale: dict) -> Path:
             records.append({"name": name, "kind": "design", "status": "ok", "model": "deepseek-v3", "b": 20, "s": s,
                             "t": 10240, "n": n, "dtype": "bf16", "time_us": gpu * f, "method": "cuda-graph",
                             "backend": backend, "extra": {"graph_us": gpu * f, "eager_us": eager * f, "host_us": host}})
-    run = tmp_path / "run"
-    (run / "h128-b20-t10240").mkdir(parents=True)
-    (run / "predicted-before-the-run.json").write_text(json.dumps({"device": "h200", "calibration_path": None,
+    folder = tmp_path / "run"
+    (folder / "h128-b20-t10240").mkdir(parents=True)
+    (folder / "predicted-before-the-run.json").write_text(json.dumps({"device": "h200", "calibration_path": None,
                                                                    "points": points}))
-    (run / "h128-b20-t10240" / "results.json").write_text(json.dumps(
+    (folder / "h128-b20-t10240" / "results.json").write_text(json.dumps(
         {"meta": {"dims": {"h": 128}, "environment": {"commit": "test"}}, "records": records}))
-    return run
-
-
-def _explain(argv):
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = cli.main(["explain", "--json", *argv])
-    return code, buf.getvalue()
+    return folder
 
 
 @pytest.mark.parametrize("scale,misses", [({}, 0), ({"flash_attention": 1.3}, 4), ({"flash_mla": 1.3}, 6)],
                          ids=["exact", "expanded-slow", "absorbed-slow"])
-def test_the_heldout_check_scores_a_run_against_the_bar(tmp_path, scale, misses):
+def test_the_heldout_check_scores_a_run_against_the_bar(capsys, tmp_path, scale, misses):
     """``benchmarks/heldout_check.py --compare``: every default call's calibrated ÷ measured time
     against its design's bounds and each pick against the fastest measured design. A run measured
     exactly as the calibration says passes; one design measured 30 % off misses both its kind's
@@ -413,14 +404,14 @@ def test_the_heldout_check_scores_a_run_against_the_bar(tmp_path, scale, misses)
     import subprocess
     import sys
 
-    run = _heldout_run(tmp_path, scale)
-    proc = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(run)], capture_output=True, text=True,
+    folder = _heldout_run(capsys, tmp_path, scale)
+    proc = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(folder)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}, timeout=300)
-    result = json.loads((run / "compared.json").read_text())
+    result = json.loads((folder / "compared.json").read_text())
     assert proc.returncode == (1 if misses else 0), proc.stderr
     assert result["predictions"] == 12 and result["picks_measured"] == 2
     assert result["misses"] == misses, (result["ratios"], result["picks"])
-    assert "predictions within bounds" in (run / "summary.md").read_text()
+    assert "predictions within bounds" in (folder / "summary.md").read_text()
     if not misses:
         assert all(abs(r["ratio"] - 1) < 1e-9 for r in result["ratios"]) and result["picks_ok"] == 2
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from mla_var3._io import InputFileError, check_field, json_type, parse_json, quote, read_bytes, show_path
 from mla_var3.analysis.cost import COST_MODELS, DESIGN_MODELS
 from mla_var3.analysis.devices import MAX_DEVICE_NUMBER, MIN_DEVICE_NUMBER, Device, get_device
-from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, call_kernel, splits_of
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, Breakdown, Machine, call_kernel, spec_of, splits_of
 from mla_var3.analysis.roofline import predict as roofline_predict
 from mla_var3.designs import DESIGNS as DESIGN_TABLE
 from mla_var3.shapes import MLADims, Problem
@@ -415,12 +415,8 @@ def _kernels_block(raw) -> dict:
 def _bounds(name: str) -> tuple[float, float]:
     """The range a parameter ``<design>.<backend>.<name>`` may take: its law's bounds, or
     [0, inf) for one no law declares (every parameter is a time or a fraction)."""
-    design, _, rest = name.partition(".")
-    backend, _, short = rest.partition(".")
-    for spec in SPECS.get((design, backend), ()):
-        if spec.name == short:
-            return spec.lo, spec.hi
-    return 0.0, math.inf
+    spec = spec_of(name)
+    return (spec.lo, spec.hi) if spec else (0.0, math.inf)
 
 
 def load_calibration(path: str | os.PathLike | None = None, device: str | Device | None = "h200") -> Calibration | None:
@@ -530,13 +526,8 @@ def host_time_s(cal: Calibration, design: str, backend: str, dims: MLADims, prob
     if "host_split_us" in p and splits_of(*kernel, dims, problem, cal.sms) > 1:
         host += p["host_split_us"]
     if kernel != (design, backend):
-        host += cal.params_of(design, backend).get("n0_host_us", _prior(design, backend, "n0_host_us"))
+        host += cal.params_of(design, backend).get("n0_host_us", spec_of(f"{design}.{backend}.n0_host_us").prior)
     return host * 1e-6
-
-
-def _prior(design: str, backend: str, name: str) -> float:
-    """The prior of an optional parameter a calibration file may lack (``Spec.optional``)."""
-    return next(s.prior for s in SPECS[(design, backend)] if s.name == name)
 
 
 def predict(calibration: Calibration | None, design: str, dims: MLADims, problem: Problem, *, n: int | None = None,

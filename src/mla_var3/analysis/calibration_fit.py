@@ -43,7 +43,7 @@ import numpy as np
 from mla_var3._io import check_field, load_json, show_path
 from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
 from mla_var3.analysis.devices import Device, get_device
-from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, call_kernel, splits_of
+from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, call_kernel, spec_of, splits_of
 from mla_var3.shapes import Problem, get_preset
 
 #: an eager time this much above the GPU time means the call was host-bound.
@@ -385,47 +385,40 @@ def _fit_host(cal: Calibration, params: dict, design: str, backend: str, names: 
     """host_us from unsplit calls, host_split_us = split calls' host time - host_us (each the
     :func:`low_quartile` of its calls): explicit host times when the records have them, else
     host-bound eager calls; else kept."""
+    samples = [(p.host_us, p) for p in pts if p.host_us is not None]
+    how = "host times"
+    if not samples:
+        how = f"host-bound eager calls (eager >= {HOST_BOUND} x GPU time)"
+        samples = [(p.eager_us, p) for p in pts if p.eager_us is not None and p.eager_us >= HOST_BOUND * (
+            p.gpu_us if p.gpu_us is not None else point_gpu_s(cal, p)[0] * 1e6)]
     classes: dict[bool, list[tuple[float, Point]]] = {False: [], True: []}
     # a hybrid call at n = 0 runs the absorbed kernel (kernel_laws.call_kernel): its host time is
     # that kernel's (fitted before, kernel_laws.DEPENDS) plus n0_host_us, fitted from the difference
     n0: list[tuple[float, Point]] = []
-    explicit = [p for p in pts if p.host_us is not None]
-    for p in explicit:
+    for v, p in samples:
         if call_kernel(design, backend, p.problem) != (design, backend):
-            n0.append((p.host_us, p))
+            n0.append((v, p))
         else:
-            classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.host_us, p))
-    how = "host times"
-    if not explicit:
-        how = f"host-bound eager calls (eager >= {HOST_BOUND} x GPU time)"
-        for p in pts:
-            if p.eager_us is None:
-                continue
-            gpu_us = p.gpu_us if p.gpu_us is not None else point_gpu_s(cal, p)[0] * 1e6
-            if p.eager_us >= HOST_BOUND * gpu_us:
-                if call_kernel(design, backend, p.problem) != (design, backend):
-                    n0.append((p.eager_us, p))
-                else:
-                    classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((p.eager_us, p))
+            classes[splits_of(design, backend, p.dims, p.problem, cal.sms) > 1].append((v, p))
     full = f"{design}.{backend}."
     if "n0_host_us" in names and n0:
         kernel = call_kernel(design, backend, n0[0][1].problem)
         vals = [v - host_time_s(cal, *kernel, p.dims, p.problem) * 1e6 for v, p in n0]
-        spec = next(s for s in SPECS[(design, backend)] if s.name == "n0_host_us")
+        spec = spec_of(full + "n0_host_us")
         params[full + "n0_host_us"] = Parameter(
             full + "n0_host_us", "us", max(0.0, low_quartile(vals)),
             f"lower quartile of {len(vals)} {how} at n = 0 minus the absorbed call's host time: "
             f"{_sources([p for _, p in n0])}", spec.meaning, True, "host")
     if "host_us" in names and classes[False]:
         vals = [v for v, _ in classes[False]]
-        spec = next(s for s in SPECS[(design, backend)] if s.name == "host_us")
+        spec = spec_of(full + "host_us")
         params[full + "host_us"] = Parameter(full + "host_us", "us", low_quartile(vals),
                                              f"lower quartile of {len(vals)} {how}: "
                                              f"{_sources([p for _, p in classes[False]])}", spec.meaning, True, "host")
     if "host_split_us" in names and classes[True]:
         vals = [v for v, _ in classes[True]]
         base_host = params[full + "host_us"]
-        spec = next(s for s in SPECS[(design, backend)] if s.name == "host_split_us")
+        spec = spec_of(full + "host_split_us")
         params[full + "host_split_us"] = Parameter(
             full + "host_split_us", "us", max(0.0, low_quartile(vals) - base_host.value),
             f"lower quartile of {len(vals)} split-KV {how} minus host_us: {_sources([p for _, p in classes[True]])}",

@@ -753,6 +753,13 @@ ABSORBED_AT_N0: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+def spec_of(full: str) -> Spec | None:
+    """The :class:`Spec` of parameter ``<design>.<backend>.<name>``, or None where no law declares it."""
+    design, _, rest = full.partition(".")
+    backend, _, name = rest.partition(".")
+    return next((s for s in SPECS.get((design, backend), ()) if s.name == name), None)
+
+
 def call_kernel(design: str, backend: str, pb: Problem) -> tuple[str, str]:
     """The (design, backend) whose launches a call runs: the absorbed kernel for a hybrid at n = 0
     (:data:`ABSORBED_AT_N0`), else the call's own. Its host costs and split count are the call's."""
