@@ -1,5 +1,5 @@
 """Check and time the hybrid (``mla_var6_plus``) on an sm_90 GPU (H100/H200), bf16, DeepSeek-V3
-dims: two suites, ``--suite check`` (the default) and ``--suite partition``.
+dims: three suites, ``--suite check`` (the default), ``--suite partition`` and ``--suite interference``.
 
 ``--suite check``:
 
@@ -39,10 +39,23 @@ First a correctness check of the partitioned hybrid against the fp32 reference a
 and 64 (small b and t); nothing is timed when it fails. Timing: ``time_fn`` (CUDA-graph
 replays, L2 flushed). Everything goes to ``--out`` as JSON; a table last.
 
+``--suite interference``: what each part of the partitioned hybrid loses to the other when they
+run together (b = 32, t = 4,096, causal; per ``s``, default 16, 32, 64, the window size of
+:data:`INTERFERENCE_N` on :func:`~mla_var3.kernel.hopper.hybrid_hopper.default_programs`
+programs). Each part alone, then both as the partition issues them (the window's persistent
+launch first, on its own stream; the latent part on another), eager, the L2 not flushed (each
+part streams more than it holds). Every repetition records an event before the parts and one
+after each, so the co-run gives each part's own finish time. Beside them: the window's GB/s per
+SM alone and together, the latent part's finish time with no interference (its SM-time alone,
+on the SMs the window leaves until it ends, then on all), the bytes both read per µs of the
+co-run, and the SM clock, memory clock, power and clock-event reasons sampled through NVML
+during each loop (:class:`mla_var3.runtime.telemetry.TelemetrySampler`).
+
     python benchmarks/hybrid_check.py --out benchmarks/results/h200/hybrid_check.json
     python benchmarks/hybrid_check.py --dry-run --out /tmp/hybrid_dry.json    # CPU plumbing check
     python benchmarks/hybrid_check.py --suite partition --out benchmarks/results/h200/hybrid/partition.json \
         --flash-mla DIR
+    python benchmarks/hybrid_check.py --suite interference --out benchmarks/results/h200/hybrid/interference.json
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -78,6 +92,8 @@ DRY_CHECKS = [(1, 2, 20, 5, True), (1, 2, 20, 0, True)]
 #: ``--suite partition``: per s, the window sizes n and window programs m timed
 PARTITION_GRID = {32: ((1536, 2048, 2560, 3072), (44, 66, 88)), 16: ((1024, 2048, 3072), (44, 66, 88)),
                   64: ((1024, 2048, 3072), (44, 66, 88))}
+#: ``--suite interference``: per s, the window size n (its programs: ``default_programs``)
+INTERFERENCE_N = {16: 1024, 32: 2048, 64: 2048}
 #: ``--suite partition``: its correctness checks, (b, s, t, n, programs)
 PARTITION_CHECKS = [(2, 32, 1024, 512, 8), (2, 64, 1200, 700, 12), (2, 16, 1024, 300, 20)]
 
@@ -567,27 +583,157 @@ def run_partition(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------
+# --suite interference
+
+
+def corun(parts, *, seconds: float = 0.3, warmup: int = 3, cuda_index: int = 0):
+    """Time ``parts`` (a list of ``(stream, fn)``) issued together, eager: each repetition records
+    an event on the current stream, issues every ``fn`` on its stream after it (in list order,
+    an event after each) and joins them. Repetitions are queued back to back for about
+    ``seconds`` while :class:`~mla_var3.runtime.telemetry.TelemetrySampler` samples the GPU.
+    Returns (each part's median µs from the common start to its end, the median µs of the whole,
+    the telemetry summary as a dict or None)."""
+    from mla_var3.runtime.telemetry import TelemetrySampler
+
+    main = torch.cuda.current_stream()
+
+    def once():
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(main)
+        ends = []
+        for st, fn in parts:
+            st.wait_event(start)
+            with torch.cuda.stream(st):
+                fn()
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(st)
+            ends.append(end)
+        for end in ends:
+            main.wait_event(end)
+        return start, ends
+
+    for _ in range(warmup):
+        once()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    once()
+    torch.cuda.synchronize()
+    reps = max(10, min(2000, int(seconds / max(time.perf_counter() - t0, 1e-6))))
+    with TelemetrySampler(cuda_index) as tel:
+        events = [once() for _ in range(reps)]
+        torch.cuda.synchronize()
+    per = [[start.elapsed_time(end) * 1e3 for end in ends] for start, ends in events]
+    summary = tel.summary()
+    return ([statistics.median(col) for col in zip(*per)], statistics.median(max(r) for r in per),
+            summary.as_dict() if summary else None)
+
+
+def latent_without_interference(latent_us: float, window_us: float, programs: int, sms: int) -> float:
+    """The latent part's finish time beside a window on ``programs`` SMs that ends at
+    ``window_us``, with no interference: its SM-time alone (``latent_us`` on all ``sms``) runs on
+    the ``sms - programs`` SMs the window leaves until the window ends, then on all of them."""
+    work = latent_us * sms
+    early = (sms - programs) * window_us
+    return work / (sms - programs) if work <= early else window_us + (work - early) / sms
+
+
+def run_interference(args) -> int:
+    """``--suite interference`` (the module docstring)."""
+    require_cuda()
+    from mla_var3.kernel.absorbed import flash_mla
+    from mla_var3.kernel.hopper.hybrid_hopper import default_programs
+    from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+
+    dtype, scale, batch = torch.bfloat16, (D + P) ** -0.5, args.b
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rand = randn("cuda", dtype)
+    info = environment()
+    checks, rows = [], []
+    if not check_partition(PARTITION_CHECKS[:1], checks, dtype):
+        write_json(args.out, dict(info=info, checks=checks, rows=rows))
+        print("the partition's check failed: nothing timed")
+        return 1
+    s_win, s_lat = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (int(v) for v in args.s.split(",")):
+        n = int(args.n.split(",")[0]) if args.n else INTERFERENCE_N.get(s, 2048)
+        o_len = T - n
+        m = int(args.programs.split(",")[0]) if args.programs else default_programs(s, o_len, n, sms)
+        q, qpe, qc = rand(batch, H, s, D), rand(batch, H, s, P), rand(batch, H, s, K, std=0.05)
+        z_old, kpe = rand(batch, o_len, K), rand(batch, T, P)
+        k_new, v_new = rand(batch, n, H, D), rand(batch, n, H, D)
+        kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
+
+        def window():
+            return expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=True, programs=m)
+
+        def latent():
+            return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
+
+        window_bytes = batch * n * (2 * H * D + P) * 2
+        latent_bytes = batch * o_len * (K + P) * 2
+        (w_alone,), _, tel_w = corun([(s_win, window)])
+        (l_alone,), _, tel_l = corun([(s_lat, latent)])
+        (w_co, l_co), total, tel_co = corun([(s_win, window), (s_lat, latent)])
+        ideal = latent_without_interference(l_alone, w_co, m, sms)
+        row = dict(b=batch, s=s, t=T, n=n, programs=m, sms=sms, window_bytes=window_bytes, latent_bytes=latent_bytes,
+                   window_alone_us=w_alone, latent_alone_us=l_alone, window_corun_us=w_co, latent_corun_us=l_co,
+                   corun_us=total, latent_ideal_us=ideal,
+                   window_gbps_per_sm_alone=window_bytes / w_alone / 1e3 / m,
+                   window_gbps_per_sm_corun=window_bytes / w_co / 1e3 / m,
+                   corun_gbps=(window_bytes + latent_bytes) / total / 1e3,
+                   window_slowdown=w_co / w_alone, latent_slowdown=l_co / ideal,
+                   telemetry=dict(window=tel_w, latent=tel_l, corun=tel_co))
+        rows.append(row)
+        print(f"s={s} n={n} m={m}: window {w_alone:.1f} -> {w_co:.1f} us, latent {l_alone:.1f} -> {l_co:.1f} us "
+              f"(no interference: {ideal:.1f}), together {total:.1f} us", flush=True)
+        del q, qpe, qc, z_old, kpe, k_new, v_new, kpe_old, kpe_new
+        torch.cuda.empty_cache()
+    write_json(args.out, dict(info=info, checks=checks, rows=rows))
+    clock = lambda tel: f"{tel['sm_mhz'][1]:.0f}" if tel else "-"  # noqa: E731
+    power = lambda tel: f"{tel['power_w'][1]:.0f}" if tel else "-"  # noqa: E731
+    print("\n| s | n | m | window µs alone → together | GB/s per SM | latent µs alone → together (no interf.) | "
+          "together µs | GB/s | SM MHz W / L / both | W W / L / both |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        tel = r["telemetry"]
+        print(f"| {r['s']} | {r['n']} | {r['programs']} | {r['window_alone_us']:.1f} → {r['window_corun_us']:.1f} | "
+              f"{r['window_gbps_per_sm_alone']:.1f} → {r['window_gbps_per_sm_corun']:.1f} | {r['latent_alone_us']:.1f} → "
+              f"{r['latent_corun_us']:.1f} ({r['latent_ideal_us']:.1f}) | {r['corun_us']:.1f} | {r['corun_gbps']:.0f} | "
+              f"{' / '.join(clock(tel[k]) for k in ('window', 'latent', 'corun'))} | "
+              f"{' / '.join(power(tel[k]) for k in ('window', 'latent', 'corun'))} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="hybrid_check.json")
-    ap.add_argument("--suite", choices=("check", "partition"), default="check",
-                    help="the checks, n sweep and s grid (default), or the hybrid on an SM partition")
+    ap.add_argument("--suite", choices=("check", "partition", "interference"), default="check",
+                    help="the checks, n sweep and s grid (default), the hybrid on an SM partition, or what its "
+                         "parts lose to each other together")
     ap.add_argument("--dry-run", action="store_true", help="check: tiny shapes on the CPU (interpreter): plumbing only")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds from the start after which no new timing starts (the run ends a few s later; "
                          "default 105 for check, 200 for partition)")
     ap.add_argument("--child-checks", metavar="PATH", help=argparse.SUPPRESS)
-    part = ap.add_argument_group("--suite partition")
+    part = ap.add_argument_group("--suite partition and --suite interference")
     part.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package")
-    part.add_argument("--s", default="32,16,64", help="query tokens per sequence, comma-separated")
+    part.add_argument("--s", default=None, help="query tokens per sequence, comma-separated (default 32,16,64 "
+                      "for partition, 16,32,64 for interference)")
     part.add_argument("--b", type=int, default=32, help="sequences (default 32)")
-    part.add_argument("--n", default=None, help="window sizes, comma-separated (default: the grid per s)")
-    part.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88)")
+    part.add_argument("--n", default=None, help="window sizes, comma-separated (default: the grid per s; "
+                      "interference: the first, default INTERFERENCE_N)")
+    part.add_argument("--programs", default=None, help="window programs, comma-separated (default: 44,66,88; "
+                      "interference: the first, default default_programs)")
     part.add_argument("--no-parts", action="store_true", help="time the hybrid only, not its parts alone")
     args = ap.parse_args()
-    if args.suite == "partition":
+    if args.suite in ("partition", "interference"):
         if args.dry_run:
-            ap.error("--dry-run: the partition suite runs the Gluon kernels (no interpreter)")
+            ap.error(f"--dry-run: the {args.suite} suite runs the Gluon kernels (no interpreter)")
+        if args.suite == "interference":
+            args.s = args.s or "16,32,64"
+            return run_interference(args)
+        args.s = args.s or "32,16,64"
         return run_partition(args)
     args.budget = 105.0 if args.budget is None else args.budget
     if args.dry_run:

@@ -8,6 +8,7 @@ It sits below the kernels and knows none of them: the launchers by name are
 ==================  ==========================================================
 ``timing``          :func:`time_fn` — the one timing primitive (CUDA graph + events, L2 flushed)
 ``environment``     device name, clocks as found, versions, project commit
+``telemetry``       the SM clock, memory clock and power sampled while something runs (NVML)
 ``ceilings``        measured copy bandwidth and bf16 matmul rate
 ``autotune``        config search and the on-disk cache of winners
 ``records``         the result record, results.json, Markdown table, plots
