@@ -1,6 +1,6 @@
 """The hybrid's window kernel against the ceilings it could hit, per SM count (sm_90).
 
-Six parts, in one process (`--parts` picks some), on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
+Seven parts, in one process (`--parts` picks some), on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
 kpe ``[B, N, P]``):
 
 1. **The ring probe**: a Gluon kernel that streams exactly the window kernel's TMA boxes (per
@@ -24,6 +24,10 @@ kpe ``[B, N, P]``):
    so they land where the fragment wants them), with and without L2 prefetch ahead, v as stored
    ``[B, N, H, D]`` or transposed ``[B, H, D, N]``: the loads and products of a window kernel
    whose only shared-memory bytes are the B operands.
+7. **The rows form** (``window_rows_gluon``): the query rows on the wgmma's M side, Q and P in
+   registers, k, kpe and v read once from shared memory as B operands, two independent pipelines
+   per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
+   s in {64, 48, 32} beside part 3's swap-AB kernel.
 
     python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
 
@@ -489,13 +493,14 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1344, help="window keys")
     ap.add_argument("--programs", default="8,16,44,66,132")
     ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
-    ap.add_argument("--parts", default="1,2,3,4,5,6", help="which parts to run (comma list of 1-6)")
+    ap.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run (comma list of 1-7)")
     args = ap.parse_args(argv)
     require_cuda()
     if not GLUON_AVAILABLE:
         print(f"needs triton's Gluon: {GLUON_IMPORT_ERROR}", file=sys.stderr)
         return 2
     from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
+    from mla_var3.kernel.hopper.window_rows_gluon import window_rows_gluon
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -509,7 +514,8 @@ def main(argv=None) -> int:
     k, v, kpe = rn(b, n, h, d), rn(b, n, h, d), rn(b, n, p)
     parts = {int(x) for x in args.parts.split(",")}
     record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "parts": sorted(parts),
-              "probe": [], "read": [], "window": [], "checks": [], "mma": [], "stream_mma": [], "reg_stream": []}
+              "probe": [], "read": [], "window": [], "checks": [], "mma": [], "stream_mma": [], "reg_stream": [],
+              "rows": []}
 
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
@@ -626,6 +632,33 @@ def main(argv=None) -> int:
                       f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
         write_json(args.out, record)
 
+    # 7. the rows form, checked first
+    for s_rows in (64, 48, 32) if 7 in parts else ():
+        q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
+        scale = (d + p) ** -0.5
+        for bn, stages in ((32, 4), (64, 2)):
+            o, lse = window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, block_n=bn,
+                                       stages=stages)
+            ref_o, ref_lse = R.flash_attention(q[:2], qpe[:2], k[:2], v[:2], kpe[:2], scale, True)
+            errs = [(o[:2].float() - ref_o.float()).abs().max().item(), (lse[:2] - ref_lse.float()).abs().max().item()]
+            ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
+            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, max_err=max(errs), ok=ok))
+            print(f"rows s={s_rows} bn={bn}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
+            if not ok:
+                continue
+            nbytes, flops = window_bytes(b, h, s_rows, n, d, p), window_flops(b, h, s_rows, n, d, p)
+            for m in programs:
+                t = time_fn(lambda: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
+                                                      block_n=bn, stages=stages),
+                            warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, us=t.median_us,
+                         gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
+                record["rows"].append(r)
+                print(f"rows s={s_rows} bn={bn} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s per SM "
+                      f"{r['tflops']:.1f} TFLOP/s", flush=True)
+        write_json(args.out, record)
+        del q, qpe
+
     def row(label: str, rows: list[dict], cell) -> None:
         by_programs = {r["programs"]: r for r in rows}
         print(f"| {label} | " + " | ".join(cell(by_programs[m]) if m in by_programs else "-" for m in programs) + " |")
@@ -650,6 +683,11 @@ def main(argv=None) -> int:
     for s in (16, 32, 64):
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
+    for s_rows in (64, 48, 32):
+        for bn, stages in ((32, 4), (64, 2)):
+            row(f"rows s={s_rows}, {bn} keys x {stages}",
+                [r for r in record["rows"] if (r["s"], r["block_n"]) == (s_rows, bn)],
+                lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     print("\n| TFLOP/s per SM, score MMAs | " + " | ".join(f"{m} SMs" for m in programs) + " |")
     print("|---" * (len(programs) + 1) + "|")
     for sp in (16, 32, 64):

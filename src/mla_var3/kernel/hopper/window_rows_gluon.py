@@ -1,0 +1,377 @@
+"""The hybrid's expanded window on Hopper (sm_90) with the query rows as the wgmma's M side: a
+persistent Gluon kernel for 33-64 query tokens, where :mod:`window_gluon`'s swap-AB form runs
+out of shared-memory bandwidth.
+
+Why another form. :mod:`window_gluon` puts the keys on the M side (``S^T = K . Q^T``) so that few
+query tokens do not pad a 64-row tile. Each key then crosses shared memory three times (the TMA
+write and the A operand of both products), and a wgmma re-reads its A operand for every N it
+multiplies; with N = 64 query columns that caps one SM at about 84 GB/s of keys at 1.98 GHz and
+its one ring stage per consumer leaves it at 20 GB/s per SM (measured on an H200; docs/kernels/
+mla-var6-plus/window.md). With 64 query tokens the rows fill an M = 64 tile anyway, so this
+kernel takes FlashAttention-3's orientation and keeps both A operands in registers:
+
+* ``S = Q . K^T + Qpe . Kpe^T`` (``[64, BLOCK_N]``): Q and Qpe are the A operand *in registers*,
+  loaded from shared memory once per item; k and kpe are the B operand, read once.
+* ``O += P . V`` (``[64, D]``): P in registers (the softmax's output, converted in place), v the
+  B operand, read once.
+
+A key's bytes cross shared memory twice (the TMA write and one B read) and nothing is re-read per
+block, about 40 KiB of shared-memory traffic per 20 KiB block of keys instead of three times that.
+The products are what bounds it instead: 2.6 MFLOP per 40 KiB of keys at s = 64 (about 115 GB/s
+per SM at the dense rate). Below 64 tokens the rows are padding (the same products for fewer
+tokens); :func:`mla_var3.kernel.hopper.window_gluon` stays the form there.
+
+* **Program.** Persistent over the ``B * H`` (sequence, head) items. Its two consumer warpgroups
+  take alternate items of the program (consumer ``W`` the items ``pid + (2 i + W) G``), each
+  with its own Q buffer, its own ring of ``STAGES`` buffers of ``BLOCK_N`` keys (k, kpe and v of a
+  block under one mbarrier) and its own producer warp, so the two pipelines share nothing but
+  the SM. An item's output is one consumer's: no hand-over, no merge.
+* **Consumer** (software-pipelined as FA3's intra-warpgroup overlap, the softmax of
+  :mod:`expanded_gluon`): in iteration ``j`` it issues block ``j``'s score products, then
+  ``P_{j-1} . V_{j-1}``, waits for the scores only, runs block ``j``'s softmax while the output
+  product runs, then waits for it, frees block ``j - 1``'s buffer and rescales. The Q buffer is
+  freed as soon as Q is in registers, so the producer loads the next item's queries under this
+  item's blocks.
+* **Epilogue.** ``o`` and ``lse`` stored from registers (rows past S masked; ``o`` rows contiguous).
+
+Shared memory (bf16, D = 128, P = 64, 64 rows, BLOCK_N = 32, 4 stages): per consumer Q + Qpe
+24 KiB and 4 x 20 KiB of keys, 208 KiB per program: one program per SM.
+
+Causal masking as :mod:`window_gluon`: query i of S sees window key j <= N - S + i, only in
+blocks that can hold a masked key; keys past N read as zeros (TMA) and are masked.
+
+Limits: 1 <= S <= 64 (N >= S when causal), D a multiple of 64 up to 128 (the output's registers),
+P a multiple of 16 (``P <= D``), bf16/fp16, TMA-addressable k / v / kpe.
+
+Example
+-------
+>>> o, lse = window_rows_gluon(q, qpe, k_new, v_new, kpe_new, scale=192 ** -0.5, programs=66)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale
+from mla_var3.kernel._launch import CachedLaunch
+from mla_var3.kernel.expanded import tma_compatible
+from mla_var3.kernel.hopper import _gluon as _base
+from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+    from mla_var3.kernel.hopper.expanded_gluon import _softmax
+
+__all__ = ["DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "ROWS", "compile_for_sm90", "rows_applies", "smem_bytes",
+           "window_rows_gluon"]
+
+DEFAULT_BLOCK_N = 32    # keys per block (the score product's N, the output product's K)
+DEFAULT_STAGES = 4      # ring depth per consumer
+ROWS = 64               # query rows per item tile: one wgmma's M
+MAX_S = ROWS
+#: the second consumer's registers (a worker partition); the first consumer is the default partition
+#: and gets what is left of the 64,512 (256). 224 + 256 with the producers' warp group at 24 fills it.
+_CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
+_PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
+
+
+def smem_bytes(d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
+               elem_bytes: int = 2) -> int:
+    """Shared memory of one program: per consumer its Q / Qpe tile (``ROWS`` rows) and ``stages``
+    buffers of k, v and kpe (``block_n`` keys)."""
+    return 2 * (ROWS * (d + p) + stages * block_n * (2 * d + p)) * elem_bytes
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _rows_producer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
+                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
+                       qk_scale_log2, strides, causal):
+        """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
+        the last ones in registers), then every block into the consumer's ring."""
+        NS: gl.constexpr = k_smem.shape[0] // 2
+        BN: gl.constexpr = k_smem.shape[2]
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = gl.cdiv(N, BN)
+        it = 0
+        c = 0
+        for item in range(pid + W * G, n_items, 2 * G):
+            b = item // H
+            h = item % H
+            mbarrier.wait(q_empty.index(W), (it & 1) ^ 1, pred=it > 0)
+            bar = q_ready.index(W)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [item, 0, 0], bar, q_smem.index(W))
+            tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(W))
+            for j in range(nb):
+                slot = W * NS + c % NS
+                mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=c >= NS)
+                bar = kv_ready.index(slot)
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
+                tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
+                tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+                c += 1
+            it += 1
+
+    @gluon.jit
+    def _rows_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
+                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
+                       qk_scale_log2, strides, causal):
+        """Consumer ``W``: its items whole (the module docstring's pipelined loop), then ``o`` and ``lse``."""
+        NS: gl.constexpr = k_smem.shape[0] // 2
+        BN: gl.constexpr = k_smem.shape[2]
+        D: gl.constexpr = k_smem.shape[4]
+        P: gl.constexpr = kr_smem.shape[3]
+        SP: gl.constexpr = q_smem.shape[2]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls = strides
+
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = gl.cdiv(N, BN)
+        rows = gl.arange(0, SP, layout=s_rows)
+        cols = gl.arange(0, BN, layout=s_cols)
+        # last window key each query row sees (rows past S: every key; they are not stored)
+        limit = gl.minimum(gl.where((causal != 0) & (rows < S), N - S + rows, N - 1), N - 1)
+        # keys [0, full_keys) are seen by every row
+        full_keys = gl.where(causal != 0, N - S + 1, N)
+        s_zero = gl.zeros([SP, BN], gl.float32, s_layout)
+        o_r = gl.arange(0, SP, layout=o_rows)
+        o_d = gl.arange(0, D, layout=o_cols)
+        it = 0
+        c = 0
+        for item in range(pid + W * G, n_items, 2 * G):
+            b = item // H
+            h = item % H
+            mbarrier.wait(q_ready.index(W), it & 1)
+            q_op = q_smem.index(W).reshape([SP, D]).load(q_layout)
+            qr_op = qr_smem.index(W).reshape([SP, P]).load(q_layout)
+            mbarrier.arrive(q_empty.index(W), count=1)
+            # block 0: scores and softmax; its P . V is issued in the next iteration
+            slot = W * NS + c % NS
+            mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+            tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                                is_async=True)
+            tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
+            raw = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
+            p, m_i, alpha = _softmax(raw, m_i, 0, full_keys, limit, cols, qk_scale_log2, BN)
+            l_i = gl.sum(p, axis=1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = gl.zeros([SP, D], gl.float32, o_layout)
+            prev = slot
+            c += 1
+            for j in range(1, nb):
+                slot = W * NS + c % NS
+                mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+                s_tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero,
+                                      use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), s_tok,
+                                      is_async=True)
+                o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
+                raw = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+                p, m_i, alpha = _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                mbarrier.arrive(kv_empty.index(prev), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                prev = slot
+                c += 1
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+            # ---- epilogue: lse, then o, straight from registers
+            l_ok = l_i > 0
+            lse = gl.where(l_ok, (m_i + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            gl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_ls, lse, mask=rows < S)
+            inv = gl.convert_layout(1.0 / gl.where(l_ok, l_i, 1.0), o_rows)
+            ptrs = o_ptr + b * stride_ob + h * stride_oh + o_r[:, None] * stride_os + o_d[None, :]
+            gl.store(ptrs, (acc * inv[:, None]).to(o_ptr.dtype.element_ty), mask=(o_r < S)[:, None])
+            it += 1
+
+    @gluon.jit
+    def _rows_consumer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
+                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
+        _rows_consumer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
+                       strides, causal)
+
+    @gluon.jit
+    def _rows_consumer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
+                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
+        _rows_consumer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
+                       strides, causal)
+
+    @gluon.jit
+    def _rows_producer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
+                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
+        _rows_producer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
+                       strides, causal)
+
+    @gluon.jit
+    def _rows_producer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
+                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
+        _rows_producer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
+                       strides, causal)
+
+    @gluon.jit
+    def _window_rows(
+        q_desc, qr_desc,        # TMA: [B*H, S, D], [B*H, S, P], boxes [1, ROWS, *]
+        k_desc, v_desc,         # TMA: [B, N, H, D], boxes [1, BLOCK_N, 1, D]
+        kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
+        o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
+        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    ):
+        """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        D: gl.constexpr = k_desc.block_type.shape[3]
+        P: gl.constexpr = kr_desc.block_type.shape[2]
+        SP: gl.constexpr = q_desc.block_type.shape[1]
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, D], q_desc.layout)
+        qr_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, P], qr_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], v_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+        for i in gl.static_range(2 * STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=1)
+        causal = gl.to_tensor(CAUSAL).to(gl.int32)
+        strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
+        args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
+        gl.warp_specialize([(_rows_consumer0, args), (_rows_consumer1, args), (_rows_producer0, args),
+                            (_rows_producer1, args)], [4, 1, 1], [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
+
+    #: the kernel's compiled launches, keyed by what it is specialised on
+    _ROWS_LAUNCH = CachedLaunch(_window_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+
+
+def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 kpe_new: torch.Tensor, causal: bool, *, block_n: int = DEFAULT_BLOCK_N,
+                 stages: int = DEFAULT_STAGES) -> bool:
+    """Whether :func:`window_rows_gluon` takes this call (see the module's limits)."""
+    b, h, s, d = q.shape
+    n, p = k_new.shape[1], qpe.shape[-1]
+    return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and 0 < s <= MAX_S and n > 0
+            and (n >= s or not causal) and d % 64 == 0 and d <= 128 and p % 16 == 0 and 0 < p <= d
+            and block_n in (32, 64) and stages >= 1
+            and smem_bytes(d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
+            and tma_compatible(k_new, v_new, kpe_new))
+
+
+def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                      kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
+                      block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
+                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
+    wgmma's M side), on ``programs`` persistent programs (sm_90).
+
+    Parameters
+    ----------
+    q : [B, H, S, D], qpe : [B, H, S, P]     queries (bf16/fp16)
+    k_new, v_new : [B, N, H, D]               the window's expanded keys and values
+    kpe_new : [B, N, P]                       the window's RoPE keys (shared by the heads)
+    scale : float                             softmax scale
+    causal : bool                             query i sees window key j <= N - S + i
+    programs : int                            persistent programs (at most one per SM runs)
+    block_n : int                             keys per block, 32 or 64
+    stages : int                              ring depth per consumer
+    out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
+                                              last stride is 1, else through a copy)
+
+    Returns ``(o [B, H, S, D] in q's dtype or ``out``, lse [B, H, S] float32)``; inputs must
+    satisfy :func:`rows_applies` (ValueError otherwise).
+    """
+    _base.require_gluon()
+    if q.device.type != "cuda":
+        raise ValueError(f"q is on {q.device}: the Gluon kernel needs CUDA tensors on an sm_90 GPU")
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    b, h, s, d = q.shape
+    n, p = k_new.shape[1], kpe_new.shape[-1]
+    if qpe.shape != (b, h, s, p) or k_new.shape != (b, n, h, d) or v_new.shape != (b, n, h, d) \
+            or kpe_new.shape != (b, n, p):
+        raise ValueError(f"shapes do not agree: q {tuple(q.shape)}, qpe {tuple(qpe.shape)}, k_new "
+                         f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}, kpe_new {tuple(kpe_new.shape)}")
+    if not rows_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=block_n, stages=stages):
+        raise ValueError("this call does not satisfy rows_applies (S, N, dtype, D/P, block, shared memory or TMA "
+                         "strides)")
+    scale = check_scale(scale)
+    # the kernel stores o rows with unit stride along D: an ``out`` with another layout is written through a copy
+    direct = out is None or out.stride(-1) == 1
+    o = torch.empty((b, h, s, d), dtype=q.dtype if out is None else out.dtype, device=q.device) if not direct or \
+        out is None else out
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    if b * h * s == 0:
+        return (o if direct else out), lse
+    q3 = _base.tma_operand(q).view(b * h, s, d)
+    qr3 = _base.tma_operand(qpe).view(b * h, s, p)
+    blocks = ([1, ROWS, d], [1, ROWS, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
+    descs = tuple(_base.descriptor(x, blk) for x, blk in zip((q3, qr3, k_new, v_new, kpe_new), blocks))
+    strides = (*o.stride()[:3], *lse.stride())
+    key = (q.dtype, d, p, block_n, stages, bool(causal), o.dtype)
+    _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, h, s, n, b * h, scale * _base.LOG2E, *strides),
+                 dict(STAGES=stages, CAUSAL=bool(causal)), num_warps=4)
+    if not direct:
+        out.copy_(o)
+        return out, lse
+    return o, lse
+
+
+def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
+                     dtype: str = "bf16", causal: bool = True, capability: int = 90):
+    """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
+    Must run in a process without ``TRITON_INTERPRET`` set."""
+    _base.require_gluon()
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(block: list[int]) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for(block, ty)
+        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+
+    signature = {
+        "q_desc": desc([1, ROWS, d]), "qr_desc": desc([1, ROWS, p]),
+        "k_desc": desc([1, block_n, 1, d]), "v_desc": desc([1, block_n, 1, d]), "kr_desc": desc([1, block_n, p]),
+        "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
+        "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
+        "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+    }
+    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
