@@ -151,3 +151,20 @@ def test_running_max_moving_across_blocks(rising):
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, True, None)
     assert_close(o, ref_o, torch.bfloat16, name="o")
     assert_close(lse, ref_lse, tol=LSE_TOLERANCE[torch.bfloat16], name="lse")
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_calls_that_differ_in_what_triton_specialises_on_each_run_their_kernel():
+    """One shape called causal and not, with window lengths that are and are not multiples of 16,
+    and with an output offset by one element: each call must run a kernel compiled for it (the
+    launch key carries the constexprs and Triton's integer and alignment classes)."""
+    scale = (D + P) ** -0.5
+    for causal, n, offset in ((False, 160, 0), (True, 160, 0), (True, 161, 0), (False, 161, 1), (True, 160, 1)):
+        q, qpe, k, v, kpe = _inputs(2, 4, 48, n, torch.bfloat16, "cuda", seed=n)
+        flat = torch.full((2 * 4 * 48 * D + offset,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = flat[offset:].view(2, 4, 48, D)
+        o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, programs=3, out=out)
+        ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, None)
+        what = f"causal={causal}, n={n}, offset={offset}"
+        assert_close(o, ref_o, torch.bfloat16, name=f"o ({what})")
+        assert_close(lse, ref_lse, tol=LSE_TOLERANCE[torch.bfloat16], name=f"lse ({what})")

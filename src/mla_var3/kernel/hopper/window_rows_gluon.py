@@ -54,7 +54,7 @@ import torch
 import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale
-from mla_var3.kernel._launch import CachedLaunch
+from mla_var3.kernel._launch import CachedLaunch, int_classes
 from mla_var3.kernel.expanded import tma_compatible
 from mla_var3.kernel.hopper import _gluon as _base
 from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
@@ -342,9 +342,13 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     qr3 = _base.tma_operand(qpe).view(b * h, s, p)
     blocks = ([1, ROWS, d], [1, ROWS, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
     descs = tuple(_base.descriptor(x, blk) for x, blk in zip((q3, qr3, k_new, v_new, kpe_new), blocks))
+    ints = (h, s, n, b * h)
     strides = (*o.stride()[:3], *lse.stride())
-    key = (q.dtype, d, p, block_n, stages, bool(causal), o.dtype)
-    _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, h, s, n, b * h, scale * _base.LOG2E, *strides),
+    # every constexpr and every class Triton specialises the integers and pointers on is in the key:
+    # a kernel compiled for one must never serve a call of another
+    key = (q.dtype, d, p, block_n, stages, bool(causal), o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
+           int_classes(ints + strides))
+    _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
                  dict(STAGES=stages, CAUSAL=bool(causal)), num_warps=4)
     if not direct:
         out.copy_(o)
