@@ -643,7 +643,7 @@ def run_interference(args) -> int:
     require_cuda()
     from mla_var3.kernel.absorbed import flash_mla
     from mla_var3.kernel.hopper.hybrid_hopper import default_programs
-    from mla_var3.kernel.hopper.window_gluon import expanded_window_gluon
+    from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
 
     dtype, scale, batch = torch.bfloat16, (D + P) ** -0.5, args.b
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -664,8 +664,11 @@ def run_interference(args) -> int:
         k_new, v_new = rand(batch, n, H, D), rand(batch, n, H, D)
         kpe_old, kpe_new = kpe[:, :o_len], kpe[:, o_len:]
 
+        bn, stages = choose_block(q, qpe, k_new, v_new, kpe_new, True)     # the hybrid's ring for this s
+
         def window():
-            return expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=True, programs=m)
+            return expanded_window_gluon(q, qpe, k_new, v_new, kpe_new, scale=scale, causal=True, programs=m,
+                                         block_n=bn, stages=stages)
 
         def latent():
             return flash_mla(qc, qpe, z_old, kpe_old, scale=scale, causal=False)
