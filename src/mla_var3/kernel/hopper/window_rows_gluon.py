@@ -222,34 +222,6 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_consumer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
-                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
-        _rows_consumer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
-                       strides, causal)
-
-    @gluon.jit
-    def _rows_consumer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
-                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
-        _rows_consumer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
-                       strides, causal)
-
-    @gluon.jit
-    def _rows_producer0(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
-                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
-        _rows_producer(0, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
-                       strides, causal)
-
-    @gluon.jit
-    def _rows_producer1(q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready,
-                        q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
-        _rows_producer(1, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                       q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2,
-                       strides, causal)
-
-    @gluon.jit
     def _window_rows(
         q_desc, qr_desc,        # TMA: [B*H, S, D], [B*H, S, P], boxes [1, ROWS, *]
         k_desc, v_desc,         # TMA: [B, N, H, D], boxes [1, BLOCK_N, 1, D]
@@ -283,8 +255,9 @@ if GLUON_AVAILABLE:
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
-        gl.warp_specialize([(_rows_consumer0, args), (_rows_consumer1, args), (_rows_producer0, args),
-                            (_rows_producer1, args)], [4, 1, 1], [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
+        gl.warp_specialize([(_rows_consumer, (0,) + args), (_rows_consumer, (1,) + args),
+                            (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1],
+                           [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
 
     #: the kernel's compiled launches, keyed by what it is specialised on
     _ROWS_LAUNCH = CachedLaunch(_window_rows)
