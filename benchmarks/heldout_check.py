@@ -1,6 +1,7 @@
 """The regime guide against held-out measurements on this GPU: predictions first, then timings, then the bar.
 
     python benchmarks/heldout_check.py --out results/h200/heldout-<commit> [--shapes FILE] [--flash-mla DIR]
+    python benchmarks/heldout_check.py --calibrate --out DIR ...   # calibrate this GPU first, predict with that
     python benchmarks/heldout_check.py --compare results/h200/heldout-<commit>   # the table again, no GPU
     python benchmarks/heldout_check.py --dry-run --out DIR                       # the plumbing on a CPU
 
@@ -15,6 +16,13 @@
    calibration the predictions used) within [0.85, 1.15] for the absorbed and expanded designs
    and [0.8, 1.25] for the hybrid, and the pick's measured eager time within 5 % of the fastest
    design's.
+
+With ``--calibrate`` the run starts with ``mla-var3 calibrate`` on this GPU (``DIR/calibrate.json``,
+its log in ``DIR/calibrate.log``) and predicts with that file: the whole bar in one command on a
+machine that has no calibration of the commit yet. The file is what gets committed and shipped
+(``benchmarks/calibration_h200.py``); ``--compare DIR`` then scores the same timings with the shipped
+file, or with the run's own when none is given (a calibration path in the predictions that is
+relative is read from the run's folder).
 
 Shapes (``--shapes``): one ``heads b s[,s...] t`` per line, ``#`` comments; the default is the set
 below, the edges of the guide's range (b = 1 to 256, t = 1k to 64k, TP 2 to 8) and where the
@@ -128,7 +136,10 @@ def check(out: Path, calibration: str | None = None) -> dict:
     """The bar over the run in ``out``: every prediction's ratio, every pick, and the misses."""
     predicted = json.loads((out / PREDICTIONS).read_text())
     device = predicted["device"]
-    cal = load_calibration(calibration or predicted.get("calibration_path") or None, device=device)
+    recorded = predicted.get("calibration_path")
+    if not calibration and recorded:
+        calibration = str(out / recorded) if not Path(recorded).is_absolute() else recorded
+    cal = load_calibration(calibration or None, device=device)
     ratios, measured = [], {}
     for res in sorted(out.glob("*/results.json")):
         ratios += compare(cal, points_from_results(res, f"{res.parent.name}/results.json"))
@@ -195,6 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", help="file of 'heads b s[,s...] t' lines (default: the set in this script's docstring)")
     ap.add_argument("--device", help="device key the predictions ask about (default: the GPU's, see mla-var3 devices)")
     ap.add_argument("--calibration", help="calibration file (default: the one shipped for the device)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="run mla-var3 calibrate on this GPU first (DIR/calibrate.json) and predict with it")
     ap.add_argument("--flash-mla", default=None, help="folder holding the official flash_mla package (a baseline)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="time budget of each shape's bench (default 60)")
     ap.add_argument("--dry-run", action="store_true", help="CPU: one tiny shape, bench under the Triton interpreter")
@@ -203,11 +216,14 @@ def main(argv=None) -> int:
         return finish(Path(args.compare), args.calibration)
     if not args.out:
         ap.error("--out is required (or --compare DIR)")
+    if args.calibrate and (args.dry_run or args.calibration):
+        ap.error("--calibrate makes the run's own calibration on a GPU: not with --dry-run or --calibration")
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
+
     out = Path(args.out)
     if (out / PREDICTIONS).exists():
         print(f"{out / PREDICTIONS} exists: a run's predictions are written once (use --compare, or another --out)",
@@ -225,8 +241,19 @@ def main(argv=None) -> int:
 
         device = detect_device()[0].key
     out.mkdir(parents=True, exist_ok=True)
+    recorded = args.calibration
+    if args.calibrate:
+        t0 = time.perf_counter()
+        with open(out / "calibrate.log", "w") as log:
+            code = subprocess.run([sys.executable, "-m", "mla_var3", "calibrate", "--out", str(out / "calibrate.json")],
+                                  stdout=log, stderr=subprocess.STDOUT).returncode
+        if code or not (out / "calibrate.json").is_file():
+            print(f"mla-var3 calibrate failed (status {code}; {out / 'calibrate.log'})", file=sys.stderr)
+            return 1
+        print(f"calibrated this GPU in {time.perf_counter() - t0:.0f} s: {out / 'calibrate.json'}", flush=True)
+        args.calibration, recorded = str(out / "calibrate.json"), "calibrate.json"
     points = predict_all(shapes, device, args.calibration)
-    write_json(out / PREDICTIONS, {"device": device, "calibration_path": args.calibration,
+    write_json(out / PREDICTIONS, {"device": device, "calibration_path": recorded,
                                    "environment": environment(), "points": points})
     print(f"predictions for {len(points)} points written to {out / PREDICTIONS} before any timing", flush=True)
     try:

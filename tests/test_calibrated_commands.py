@@ -436,3 +436,34 @@ def test_the_heldout_check_dry_run_writes_predictions_before_timing(tmp_path):
     again = subprocess.run([sys.executable, str(HELDOUT), "--dry-run", "--out", str(out)], capture_output=True,
                            text=True, env=env, timeout=120)
     assert again.returncode == 2 and "written once" in again.stderr
+
+
+def test_the_heldout_check_reads_a_calibration_the_run_made_from_its_folder(capsys, tmp_path):
+    """A run made with ``--calibrate`` records its calibration as ``calibrate.json``, relative to
+    the run's folder: ``--compare`` reads it from there (from any working directory) when no
+    ``--calibration`` is given. ``--calibrate`` is refused beside ``--dry-run`` or ``--calibration``."""
+    import shutil
+    import subprocess
+    import sys
+
+    from importlib import resources
+
+    from mla_var3.analysis.calibration import calibration_file_name
+
+    folder = _heldout_run(capsys, tmp_path, {})
+    shutil.copy(resources.files("mla_var3") / "conf" / calibration_file_name("h200"), folder / "calibrate.json")
+    predicted = json.loads((folder / "predicted-before-the-run.json").read_text())
+    (folder / "predicted-before-the-run.json").write_text(json.dumps({**predicted, "calibration_path": "calibrate.json"}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(folder)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((folder / "compared.json").read_text())["misses"] == 0
+    (folder / "calibrate.json").unlink()                       # the recorded file is the one read: gone, it fails
+    gone = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(folder)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert gone.returncode != 0 and "calibrate.json" in gone.stderr
+    for extra in (["--dry-run"], ["--calibration", "x.json"]):
+        bad = subprocess.run([sys.executable, str(HELDOUT), "--calibrate", "--out", str(tmp_path / "r"), *extra],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert bad.returncode == 2 and "--calibrate" in bad.stderr, (extra, bad.stderr)
