@@ -21,6 +21,11 @@ The products are what bounds it instead: 2.6 MFLOP per 40 KiB of keys at s = 64 
 per SM at the dense rate). Below 64 tokens the rows are padding (the same products for fewer
 tokens); :func:`mla_var3.kernel.hopper.window_gluon` stays the form there.
 
+Measured on an H100 (docs/kernels/mla-var6-plus/window.md, "The rows form"): 49-53 GB/s per SM at
+s = 64 on 8-66 SMs, 2.1-2.5x the swap-AB kernel, and level with it at s = 32; flat over the SM
+count at half the dense MMA rate, so its limit is inside the SM. Not on the hybrid's default path:
+no partition measured with it beats the expanded kernel at s = 64 yet.
+
 * **Program.** Persistent over the ``B * H`` (sequence, head) items. Its two consumer warpgroups
   take alternate items of the program (consumer ``W`` the items ``pid + (2 i + W) G``), each
   with its own Q buffer, its own ring of ``STAGES`` buffers of ``BLOCK_N`` keys (k, kpe and v of a
