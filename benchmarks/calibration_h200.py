@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from mla_var3.analysis.calibration import (  # noqa: E402
-    Calibration, Parameter, kernel_hashes, load_calibration, predict, save_calibration,
+    Calibration, Parameter, kernel_hashes, load_calibration, predict, save_calibration, stale_kernels,
 )
 from mla_var3.analysis.calibration_fit import Point, compare, fit, points_from_results  # noqa: E402
 from mla_var3.analysis.devices import get_device  # noqa: E402
@@ -488,16 +488,19 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
     changed = {g: sorted(k for k, p in run.parameters.items() if p.fitted and p.group == g and k in again.parameters
                          and not math.isclose(again.parameters[k].value, p.value, rel_tol=1e-9))
                for g in ("host", "gpu")}
-    # a parameter the laws gained after the run keeps its prior: the run's calls timed the code
-    # of its commit, which later changes (the file's "unmeasured" records) may have replaced
-    # (n0_host_us: the hybrid's n = 0 host path, replaced by 9855a32's fast path after both runs)
-    added = sorted(k for k in again.parameters if k not in run.parameters and k not in held)
+    # a parameter the laws gained after the run keeps its prior where a kernel file changed since the
+    # run: its calls timed the code of its commit, which later changes may have replaced (n0_host_us:
+    # the hybrid's n = 0 host path, replaced by 9855a32's fast path after the H200 run); a run of
+    # today's kernels fits it from its points
+    gained = sorted(k for k in again.parameters if k not in run.parameters and k not in held)
+    added = gained if stale_kernels(run) else []
+    fitted_new = [k for k in gained if k not in added]
     if added:
         again = again.with_parameters({k: dataclasses.replace(
             again.parameters[k], value=spec_of(k).prior, fitted=False,
             source=f"prior, not fitted: the law gained this parameter after the run ({run.kernels.get('commit')})")
             for k in added})
-    if not relabel and not changed["host"] and not changed["gpu"] and not added:
+    if not relabel and not changed["host"] and not changed["gpu"] and not gained:
         return run
     why = []
     if relabel:
@@ -516,6 +519,9 @@ def kernels_that_ran(run: Calibration, base: Calibration | None) -> Calibration:
                    f"{', '.join(changed['gpu'])}")
     if added:
         why.append(f"parameters the laws gained since the run, held at their priors: {', '.join(added)}")
+    if fitted_new:
+        why.append(f"parameters the laws gained since the run, fitted from its points (it timed today's kernel "
+                   f"files): {', '.join(fitted_new)}")
     note = f". Refitted from its points by benchmarks/calibration_h200.py: {'; '.join(why)}."
     return dataclasses.replace(again, kernels=run.kernels, notes=again.notes + note, path=run.path)
 

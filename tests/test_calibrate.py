@@ -195,3 +195,22 @@ def test_host_times_of_short_calls_are_timed_twice_and_the_lower_kept(monkeypatc
     assert [r.extra["host_us"] for r in recs] == [40.0, 60.0, 99.0]
     assert recs[0].extra["host_us_passes"] == [85.0, 40.0] and recs[1].extra["host_us_passes"] == [60.0, 90.0]
     assert "host_us_passes" not in recs[2].extra
+
+
+def test_the_eager_law_is_fitted_from_both_sides_of_the_balance():
+    """Records whose eager times follow eager = max(GPU + lead x host, host + tail x GPU) give back
+    lead (from the GPU-bound calls) and tail (from the host-bound ones) for the absorbed kernel;
+    the predictions then reproduce the eager times the law made."""
+    h100 = load_calibration(device="h100-sxm")
+    made = h100.with_parameters({f"flash_mla.gluon.{k}": dataclasses.replace(h100.parameters[f"flash_mla.gluon.{k}"],
+                                                                               value=v)
+                                 for k, v in (("eager_lead", 0.2), ("eager_tail", 0.15))})
+    records = [r for r in _records_from(made, GRID) if r.name == "flash_mla"]
+    cal = calibration_from_records(records, ENV, get_device("h100-sxm"), gpu=True, shipped=made)
+    assert cal.parameters["flash_mla.gluon.eager_lead"].value == pytest.approx(0.2, abs=0.02)
+    assert cal.parameters["flash_mla.gluon.eager_tail"].value == pytest.approx(0.15, abs=0.02)
+    assert "GPU-bound" in cal.parameters["flash_mla.gluon.eager_lead"].source
+    for r in records:
+        pb = Problem(b=r.b, s=r.s, t=r.t, n=r.n)
+        dims = V3 if "h" not in r.extra else V3.per_gpu(V3.h // r.extra["h"])
+        assert predict(cal, r.name, dims, pb).time_s * 1e6 == pytest.approx(r.extra["eager_us"], rel=0.06), r

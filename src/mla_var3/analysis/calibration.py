@@ -8,10 +8,13 @@ alone* (no query absorption, no output decompression), eager by default; without
 for the device (or for that design and backend) it falls back to the roofline and says so
 (``source="roofline"``), so every device in ``conf/devices.json`` gets an answer.
 
-Eager time = max(GPU time, host time): on the H200 the eager ÷ CUDA-graph time of the absorbed
-call is 0.94–1.07 wherever the GPU time exceeds the host time (no additive launch latency shows
-above that noise), and equals the host time where it does not (docs/cost-analysis.md, "Side by
-side (b = 32, t = 4096, causal; µs)").
+Eager time = max(GPU time + eager_lead × host time, host time + eager_tail × GPU time)
+(:func:`eager_time_s`): the host's work before the first kernel starts shows in front of a
+GPU-bound call, and the GPU work left after the last launch behind a host-bound one. At 0 and 0
+(a calibration without them) it is max(GPU time, host time), which held within 0.94–1.07 on the
+H200's absorbed calls at b = 32, t = 4096 (docs/cost-analysis.md, "Side by side (b = 32,
+t = 4096, causal; µs)"); near the balance of the two, and for host-bound calls, an H100's
+held-out calls read up to 13 % and 19 % above it.
 
 The package ships ``conf/calibration-h200.json`` (fitted by ``benchmarks/calibration_h200.py``
 from the committed H200 measurements); :func:`mla_var3.analysis.calibration_fit.fit` fits a new
@@ -472,7 +475,7 @@ class CalibratedPrediction:
     source : str
         ``"calibrated"`` or ``"roofline"`` (no calibration applies; ``note`` says why).
     time_s : float
-        Eager time (max of GPU and host time) or, with ``eager=False``, GPU time; the roofline
+        Eager time (:func:`eager_time_s` of the GPU and host time) or, with ``eager=False``, GPU time; the roofline
         time when ``source == "roofline"``.
     gpu_s, host_s : float or None
         GPU time (what a CUDA-graph replay measures) and host time of one eager call.
@@ -530,6 +533,16 @@ def host_time_s(cal: Calibration, design: str, backend: str, dims: MLADims, prob
     return host * 1e-6
 
 
+def eager_time_s(cal: Calibration, design: str, backend: str, problem: Problem, gpu_s: float, host_s: float) -> float:
+    """Eager time of one call from its GPU and host time: ``max(GPU + eager_lead x host, host +
+    eager_tail x GPU)`` with the parameters of the kernel the call runs (``call_kernel``; 0 where
+    the calibration has none: ``max(GPU, host)``). ``eager_lead``: the share of the host work done
+    before the first kernel starts; ``eager_tail``: the share of the GPU time left after the host
+    has issued the last launch."""
+    p = cal.params_of(*call_kernel(design, backend, problem))
+    return max(gpu_s + p.get("eager_lead", 0.0) * host_s, host_s + p.get("eager_tail", 0.0) * gpu_s)
+
+
 def predict(calibration: Calibration | None, design: str, dims: MLADims, problem: Problem, *, n: int | None = None,
             backend: str | None = None, device: str | Device | None = None, ceilings: str = "measured",
             eager: bool = True) -> CalibratedPrediction:
@@ -549,7 +562,7 @@ def predict(calibration: Calibration | None, design: str, dims: MLADims, problem
         of another device does not apply (roofline).
     ceilings : ``"measured"`` or ``"datasheet"`` — for the roofline numbers only.
     eager : bool
-        True: eager time = max(GPU, host); False: GPU time (a CUDA-graph replay).
+        True: eager time (:func:`eager_time_s`); False: GPU time (a CUDA-graph replay).
     """
     if n is not None:
         problem = problem.with_n(n)
@@ -571,7 +584,8 @@ def predict(calibration: Calibration | None, design: str, dims: MLADims, problem
     out = law_breakdown(calibration, design, backend, dims, problem)
     host = host_time_s(calibration, design, backend, dims, problem)
     roof = roofline_predict(design, dims, problem, dev, ceilings).time_s
-    time_s = max(out.gpu_s, host) if eager else out.gpu_s
-    note = "eager: max(GPU time, host time)" if eager else "GPU time (CUDA-graph replay)"
+    time_s = eager_time_s(calibration, design, backend, problem, out.gpu_s, host) if eager else out.gpu_s
+    note = ("eager: max(GPU time + lead x host time, host time + tail x GPU time)" if eager
+            else "GPU time (CUDA-graph replay)")
     return CalibratedPrediction(design, backend, dev.key, "calibrated", time_s, out.gpu_s, host, roof, out.terms,
                                 out.info, note, calibration.label)

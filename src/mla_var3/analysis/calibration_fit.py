@@ -41,7 +41,7 @@ from typing import Iterable
 import numpy as np
 
 from mla_var3._io import check_field, load_json, show_path
-from mla_var3.analysis.calibration import Calibration, Parameter, host_time_s, law_breakdown
+from mla_var3.analysis.calibration import Calibration, Parameter, eager_time_s, host_time_s, law_breakdown
 from mla_var3.analysis.devices import Device, get_device
 from mla_var3.analysis.kernel_laws import DEPENDS, LAWS, SPECS, call_kernel, spec_of, splits_of
 from mla_var3.shapes import Problem, get_preset
@@ -169,9 +169,10 @@ def point_gpu_s(cal: Calibration, pt: Point) -> tuple[float, int | None]:
 
 
 def point_eager_s(cal: Calibration, pt: Point, gpu_s: float | None = None) -> float:
-    """Predicted eager time: max(GPU time, host time)."""
+    """Predicted eager time (:func:`~mla_var3.analysis.calibration.eager_time_s`)."""
     gpu_s = point_gpu_s(cal, pt)[0] if gpu_s is None else gpu_s
-    return max(gpu_s, host_time_s(cal, pt.design, pt.backend, pt.dims, pt.problem))
+    return eager_time_s(cal, pt.design, pt.backend, pt.problem, gpu_s,
+                        host_time_s(cal, pt.design, pt.backend, pt.dims, pt.problem))
 
 
 def compare(cal: Calibration, points: Iterable[Point]) -> list[dict]:
@@ -423,7 +424,39 @@ def _fit_host(cal: Calibration, params: dict, design: str, backend: str, names: 
             full + "host_split_us", "us", max(0.0, low_quartile(vals) - base_host.value),
             f"lower quartile of {len(vals)} split-KV {how} minus host_us: {_sources([p for _, p in classes[True]])}",
             spec.meaning, True, "host")
+    if names & {"eager_lead", "eager_tail"}:
+        _fit_eager(cal.with_parameters(params), params, design, backend, names, pts)
     return cal.with_parameters(params), params
+
+
+#: the fewest calls on one side of the GPU/host balance that fit its eager parameter
+EAGER_MIN_CALLS = 2
+
+
+def _fit_eager(cal: Calibration, params: dict, design: str, backend: str, names: set, pts: list[Point]) -> None:
+    """eager_lead from the GPU-bound calls (measured GPU time at least the predicted host time):
+    the median of (eager - GPU) / host; eager_tail from the host-bound ones: the median of
+    (eager - host) / GPU; each clipped to [0, 1], fitted from at least :data:`EAGER_MIN_CALLS`
+    calls, else kept. Calls of this kernel with a measured GPU and eager time (a hybrid call at
+    n = 0 runs the absorbed kernel: not this kernel's)."""
+    full = f"{design}.{backend}."
+    sides: dict[str, list[tuple[float, Point]]] = {"eager_lead": [], "eager_tail": []}
+    for p in pts:
+        if p.gpu_us is None or p.eager_us is None or call_kernel(design, backend, p.problem) != (design, backend):
+            continue
+        host = host_time_s(cal, design, backend, p.dims, p.problem) * 1e6
+        if p.gpu_us >= host:
+            sides["eager_lead"].append((min(1.0, max(0.0, (p.eager_us - p.gpu_us) / host)) if host > 0 else 0.0, p))
+        else:
+            sides["eager_tail"].append((min(1.0, max(0.0, (p.eager_us - host) / p.gpu_us)), p))
+    for name, side in sides.items():
+        if name in names and len(side) >= EAGER_MIN_CALLS:
+            what = "GPU-bound calls: (eager - GPU) / host" if name == "eager_lead" else \
+                "host-bound calls: (eager - host) / GPU"
+            params[full + name] = Parameter(
+                full + name, "1", float(np.median([v for v, _ in side])),
+                f"median over {len(side)} {what}: {_sources([p for _, p in side])}", spec_of(full + name).meaning,
+                True, "host")
 
 
 def _quality(cal: Calibration, pts: list[Point]) -> dict:

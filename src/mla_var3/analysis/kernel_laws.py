@@ -613,8 +613,17 @@ _OVL = "fraction of the DRAM time (cost-model bytes at the copy rate) hidden und
 _PROG = "time a program spends outside its key loop (query load, pipeline fill, epilogue)"
 _FIX = "GPU time of the launch and drain, beyond the program waves"
 _COMB = "split-KV combine time per split (the combine walks a row's partials one after the other)"
-_HOST = "host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time, host time)"
+_HOST = ("host time of one eager call (input checks, descriptors, launches); eager time = max(GPU time + "
+         "eager_lead x host time, host time + eager_tail x GPU time)")
 _HOST_SPLIT = "extra host time of a split-KV call (split plan, partial buffers, the combine's launch)"
+_LEAD = ("fraction of the host time spent before the call's first kernel starts: eager time >= GPU time + this x "
+         "host time")
+_TAIL = ("fraction of the GPU time that runs after the host's last launch: eager time >= host time + this x GPU "
+         "time")
+#: eager time = max(GPU + eager_lead x host, host + eager_tail x GPU); at 0 and 0 (the priors, and what a
+#: calibration without them reads) it is max(GPU, host)
+_EAGER = (Spec("eager_lead", "1", _LEAD, 0.0, 0.0, 1.0, group="host", optional=True),
+          Spec("eager_tail", "1", _TAIL, 0.0, 0.0, 1.0, group="host", optional=True))
 _HOST_N0 = ("extra host time of a call at n = 0 over the absorbed call it runs (the hybrid's own input check and its "
             "zero expanded output); a call with a window does not pay it")
 #: the prior of n0_host_us: measured on an H100 at 27ac8f1 (results/h100/n0-host-27ac8f1/: 69-74 us of host time
@@ -636,6 +645,7 @@ def _latent_specs(eff: float) -> tuple[Spec, ...]:
         Spec("fixed_us", "us", _FIX, 2.0, 0.0, 200.0),
         Spec("host_us", "us", _HOST + "; without split-KV", 100.0, 0.0, 5000.0, group="host"),
         Spec("host_split_us", "us", _HOST_SPLIT, 100.0, 0.0, 5000.0, group="host"),
+        *_EAGER,
     )
 
 
@@ -654,6 +664,7 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
         Spec("combine_us_per_split", "us", _COMB, 0.3, 0.0, 20.0, fit=False, why="no committed point splits (b·h >= 132 everywhere)"),
         Spec("fixed_us", "us", _FIX, 0.0, 0.0, 200.0),
         Spec("host_us", "us", _HOST, 100.0, 0.0, 5000.0, group="host"),
+        *_EAGER,
     ),
     ("flash_attention", "gluon"): (
         Spec("compute_efficiency", "1", "fraction of the compute ceiling reached by the padded, visible FLOPs (128-row tiles)", 0.8, 0.02, 1.5),
@@ -661,6 +672,7 @@ SPECS: dict[tuple[str, str], tuple[Spec, ...]] = {
         Spec("memory_overlap", "1", "fraction of the shorter of compute and stream time hidden under the longer", 0.9, 0.0, 1.0),
         Spec("fixed_us", "us", _FIX, 0.0, 0.0, 200.0, fit=False, why=_NOT_SEEN),
         Spec("host_us", "us", _HOST, 100.0, 0.0, 5000.0, group="host"),
+        *_EAGER,
     ),
     ("mla_var6_plus", "triton"): (
         Spec("latent_compute_efficiency", "1", _EFF + " in the latent part (32 rows x 32 keys, mma.sync)", 0.2, 0.02, 1.5),
