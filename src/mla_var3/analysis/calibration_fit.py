@@ -24,7 +24,9 @@ What a record needs (other fields are ignored):
 ===============  ==============================================================================
 
 GPU-group parameters are fitted from GPU times, host-group ones from host times (or, without
-them, from host-bound eager calls: eager ≥ 1.25 × GPU time); ``fit(..., base=cal,
+them, from host-bound eager calls: eager ≥ 1.25 × GPU time), and the eager law's two shares
+(``eager_lead``, ``eager_tail``) from the eager times on each side of the GPU/host balance
+(:func:`_fit_eager`); ``fit(..., base=cal,
 only={"host"})`` re-fits the host costs alone. :func:`compare` lists predicted ÷ measured per
 point (the table of ``docs/cost-analysis.md``, "Fit quality and the bar").
 """
