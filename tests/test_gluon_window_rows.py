@@ -25,7 +25,7 @@ import triton  # noqa: E402
 from mla_var3 import reference as R  # noqa: E402
 from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
 from mla_var3.kernel.sass import compile_gluon_builds  # noqa: E402
-from mla_var3.testing import LSE_TOLERANCE, assert_close  # noqa: E402
+from mla_var3.testing import LSE_TOLERANCE, assert_close, poisoned  # noqa: E402
 
 D, P = 128, 64
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -114,7 +114,7 @@ def test_matches_reference(shape):
     b, h, s, n, causal, programs, (bn, stages) = shape
     dtype = torch.bfloat16 if bn == 32 else torch.float16
     q, qpe, k, v, kpe = _inputs(b, h, s, n, dtype, "cuda", seed=n)
-    out = torch.full((b, h, s, D), float("nan"), dtype=dtype, device="cuda")
+    out = poisoned((b, h, s, D), dtype, "cuda")
     scale = (D + P) ** -0.5
     o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, programs=programs, block_n=bn,
                                   stages=stages, out=out)
@@ -127,7 +127,7 @@ def test_matches_reference(shape):
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
 def test_an_out_with_strided_rows_is_written_through_a_copy():
     q, qpe, k, v, kpe = _inputs(1, 4, 64, 200, torch.bfloat16, "cuda", seed=5)
-    out = torch.full((1, 4, 64, 2 * D), float("nan"), dtype=torch.bfloat16, device="cuda")[..., ::2]
+    out = poisoned((1, 4, 64, 2 * D), torch.bfloat16, "cuda")[..., ::2]
     scale = (D + P) ** -0.5
     o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=2, out=out)
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, True, None)
@@ -145,7 +145,7 @@ def test_running_max_moving_across_blocks(rising):
     ramp = ramp if rising else ramp.flip(0)
     k = (k.float() * ramp[None, :, None, None]).to(torch.bfloat16)
     kpe = (kpe.float() * ramp[None, :, None]).to(torch.bfloat16)
-    out = torch.full((b, h, s, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = poisoned((b, h, s, D), torch.bfloat16, "cuda")
     scale = (D + P) ** -0.5
     o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=2, out=out)
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, True, None)
@@ -161,7 +161,7 @@ def test_calls_that_differ_in_what_triton_specialises_on_each_run_their_kernel()
     scale = (D + P) ** -0.5
     for causal, n, offset in ((False, 160, 0), (True, 160, 0), (True, 161, 0), (False, 161, 1), (True, 160, 1)):
         q, qpe, k, v, kpe = _inputs(2, 4, 48, n, torch.bfloat16, "cuda", seed=n)
-        flat = torch.full((2 * 4 * 48 * D + offset,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        flat = poisoned((2 * 4 * 48 * D + offset,), torch.bfloat16, "cuda")
         out = flat[offset:].view(2, 4, 48, D)
         o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, programs=3, out=out)
         ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, None)
