@@ -1,6 +1,6 @@
 """The hybrid's window kernel against the ceilings it could hit, per SM count (sm_90).
 
-Seven parts, in one process (`--parts` picks some), on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
+Eight parts, in one process (`--parts` picks some), on the window as the hybrid stores it (k, v ``[B, N, H, D]``,
 kpe ``[B, N, P]``):
 
 1. **The ring probe**: a Gluon kernel that streams exactly the window kernel's TMA boxes (per
@@ -28,6 +28,10 @@ kpe ``[B, N, P]``):
    registers, k, kpe and v read once from shared memory as B operands, two independent pipelines
    per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
    s in {64, 48, 32} beside part 3's swap-AB kernel.
+8. **The rows form's products alone**: part 7's program (its producers, ring and Q in
+   registers) with consumers that issue its two products per block in its order but skip the
+   softmax (P = the raw scores in bf16): what its loads and register-A products allow without the
+   max, exponentials, sums and rescale. Checked against torch on one item first.
 
     python benchmarks/window_ceiling.py --out benchmarks/results/h200/window/ceiling-<commit>.json
 
@@ -55,6 +59,7 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
+    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer
 
     @gluon.jit
     def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
@@ -217,6 +222,98 @@ if GLUON_AVAILABLE:
                 n_items, H, N)
         gl.warp_specialize([(_stream_mma_consumer0, args), (_stream_mma_consumer1, args),
                             (_stream_mma_producer, args)], [4, 1], [224, 24])
+
+
+    # 8. the rows form's products without its softmax: the rows kernel's producers and ring, and
+    # consumers that run its two products per block in its order (block j's scores with
+    # P_{j-1} . V_{j-1}, one wait for the scores, one for the output product) with P the raw
+    # scores converted to the operand's dtype and layout: no max, exp, sums or rescale.
+    @gluon.jit
+    def _rows_products_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem,
+                                v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr,
+                                S, qk_scale_log2, strides, causal):
+        NS: gl.constexpr = k_smem.shape[0] // 2
+        BN: gl.constexpr = k_smem.shape[2]
+        D: gl.constexpr = k_smem.shape[4]
+        P: gl.constexpr = kr_smem.shape[3]
+        SP: gl.constexpr = q_smem.shape[2]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nb = gl.cdiv(N, BN)
+        s_zero = gl.zeros([SP, BN], gl.float32, s_layout)
+        o_r = gl.arange(0, SP, layout=gl.SliceLayout(1, o_layout))
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        it = 0
+        c = 0
+        for item in range(pid + W * G, n_items, 2 * G):
+            mbarrier.wait(q_ready.index(W), it & 1)
+            q_op = q_smem.index(W).reshape([SP, D]).load(q_layout)
+            qr_op = qr_smem.index(W).reshape([SP, P]).load(q_layout)
+            mbarrier.arrive(q_empty.index(W), count=1)
+            acc = gl.zeros([SP, D], gl.float32, o_layout)
+            p_op = gl.zeros([SP, BN], dtype, p_layout)
+            prev = 0
+            for j in range(nb):
+                slot = W * NS + c % NS
+                mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+                s_tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero,
+                                      use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), s_tok,
+                                      is_async=True)
+                # block 0 has no P . V before it: a product of zeros with this block's (loaded) v
+                o_slot = gl.where(j > 0, prev, slot)
+                o_tok = warpgroup_mma(p_op, v_smem.index(o_slot).reshape([BN, D]), acc, use_acc=j > 0, is_async=True)
+                raw = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                mbarrier.arrive(kv_empty.index(prev), count=1, pred=j > 0)
+                p_op = gl.convert_layout(raw.to(dtype), p_layout)
+                prev = slot
+                c += 1
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))[0]
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+            ptrs = o_ptr + item * SP * D + o_r[:, None] * D + o_d[None, :]
+            gl.store(ptrs, acc.to(o_ptr.dtype.element_ty), mask=(o_r < S)[:, None])
+            it += 1
+
+    @gluon.jit
+    def _rows_products_probe(q_desc, qr_desc, k_desc, v_desc, kr_desc, o_ptr, H, S, N, n_items,
+                             STAGES: gl.constexpr):
+        """Grid ``(programs,)``: :mod:`window_rows_gluon`'s program (its producers, ring and shared
+        memory) with :func:`_rows_products_consumer` as its consumers."""
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        D: gl.constexpr = k_desc.block_type.shape[3]
+        P: gl.constexpr = kr_desc.block_type.shape[2]
+        SP: gl.constexpr = q_desc.block_type.shape[1]
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, D], q_desc.layout)
+        qr_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, P], qr_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], v_desc.layout)
+        kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+        for i in gl.static_range(2 * STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=1)
+        causal = gl.to_tensor(1).to(gl.int32)
+        strides = (0, 0, 0, 0, 0, 0)
+        args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal)
+        gl.warp_specialize([(_rows_products_consumer, (0,) + args), (_rows_products_consumer, (1,) + args),
+                            (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1], [224, 24, 24])
 
 
     # 6. the register-A form: k, kpe and v loaded from global memory straight into the wgmma's
@@ -441,6 +538,23 @@ def stream_mma_probe(k, v, kpe, programs: int, *, sp: int, slots: int = 4, block
     return out
 
 
+def rows_products_probe(q, qpe, k, v, kpe, programs: int, *, block_n: int = 32, stages: int = 4) -> "torch.Tensor":
+    """Launch :func:`_rows_products_probe` (part 8) on q [B, H, S, D], qpe [B, H, S, P], k, v
+    [B, N, H, D] and kpe [B, N, P] (bf16) on ``programs`` programs; returns its output rows
+    ``[B * H, 64, D]`` (rows past S unwritten)."""
+    from mla_var3.kernel.hopper import _gluon as base
+    from mla_var3.kernel.hopper.window_rows_gluon import ROWS
+
+    b, h, s, d = q.shape
+    n, p = k.shape[1], kpe.shape[-1]
+    out = torch.empty((b * h, ROWS, d), dtype=q.dtype, device=q.device)
+    q3, qr3 = base.tma_operand(q).view(b * h, s, d), base.tma_operand(qpe).view(b * h, s, p)
+    blocks = ([1, ROWS, d], [1, ROWS, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
+    descs = tuple(base.descriptor(x, blk) for x, blk in zip((q3, qr3, k, v, kpe), blocks))
+    _rows_products_probe[(min(programs, b * h),)](*descs, out, h, s, n, b * h, STAGES=stages, num_warps=4)
+    return out
+
+
 def _box_descs(k, v, kpe, block_n: int) -> tuple:
     """TMA descriptors of k, v [B, N, H, D] and kpe [B, N, P] in the window kernel's boxes."""
     def desc(x, block):
@@ -493,7 +607,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1344, help="window keys")
     ap.add_argument("--programs", default="8,16,44,66,132")
     ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
-    ap.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run (comma list of 1-7)")
+    ap.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run (comma list of 1-8)")
     args = ap.parse_args(argv)
     require_cuda()
     if not GLUON_AVAILABLE:
@@ -515,7 +629,7 @@ def main(argv=None) -> int:
     parts = {int(x) for x in args.parts.split(",")}
     record = {"environment": environment(), "shape": dict(b=b, n=n, h=h, d=d, p=p), "parts": sorted(parts),
               "probe": [], "read": [], "window": [], "checks": [], "mma": [], "stream_mma": [], "reg_stream": [],
-              "rows": []}
+              "rows": [], "rows_products": []}
 
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
@@ -659,6 +773,34 @@ def main(argv=None) -> int:
         write_json(args.out, record)
         del q, qpe
 
+    # 8. the rows form's products without its softmax, checked against the same products in torch
+    for s_rows in (64, 32) if 8 in parts else ():
+        q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
+        for bn, stages in ((32, 4), (64, 2)):
+            out = rows_products_probe(q, qpe, k, v, kpe, 44, block_n=bn, stages=stages)
+            # the probe's P is the raw scores in bf16, one block at a time
+            i0 = 0
+            sc = (q[0, 0].float() @ k[0, :, 0].float().T + qpe[0, 0].float() @ kpe[0].float().T)
+            ref = sc.to(torch.bfloat16).float() @ v[0, :, 0].float()
+            err = ((out[i0, :s_rows].float() - ref).abs().max() / ref.abs().max()).item()
+            ok = err < 2e-2
+            record["checks"].append(dict(form="rows products", s=s_rows, block_n=bn, stages=stages, max_rel_err=err,
+                                         ok=ok))
+            print(f"rows products s={s_rows} bn={bn}: max rel err {err:.2e} {'ok' if ok else 'FAILED'}", flush=True)
+            if not ok:
+                continue
+            nbytes, flops = window_bytes(b, h, s_rows, n, d, p), 2.0 * b * h * 64 * n * (2 * d + p)
+            for m in programs:
+                t = time_fn(lambda: rows_products_probe(q, qpe, k, v, kpe, m, block_n=bn, stages=stages),
+                            warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, us=t.median_us,
+                         gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
+                record["rows_products"].append(r)
+                print(f"rows products s={s_rows} bn={bn} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s per "
+                      f"SM {r['tflops']:.1f} TFLOP/s (64 rows)", flush=True)
+        write_json(args.out, record)
+        del q, qpe
+
     def row(label: str, rows: list[dict], cell) -> None:
         by_programs = {r["programs"]: r for r in rows}
         print(f"| {label} | " + " | ".join(cell(by_programs[m]) if m in by_programs else "-" for m in programs) + " |")
@@ -687,6 +829,11 @@ def main(argv=None) -> int:
         for bn, stages in ((32, 4), (64, 2)):
             row(f"rows s={s_rows}, {bn} keys x {stages}",
                 [r for r in record["rows"] if (r["s"], r["block_n"]) == (s_rows, bn)],
+                lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
+    for s_rows in (64, 32):
+        for bn, stages in ((32, 4), (64, 2)):
+            row(f"rows products, no softmax, s={s_rows}, {bn} keys x {stages}",
+                [r for r in record["rows_products"] if (r["s"], r["block_n"]) == (s_rows, bn)],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     print("\n| TFLOP/s per SM, score MMAs | " + " | ".join(f"{m} SMs" for m in programs) + " |")
     print("|---" * (len(programs) + 1) + "|")
