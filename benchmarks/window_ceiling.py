@@ -27,7 +27,8 @@ kpe ``[B, N, P]``):
 7. **The rows form** (``window_rows_gluon``): the query rows on the wgmma's M side, Q and P in
    registers, k, kpe and v read once from shared memory as B operands, two independent pipelines
    per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
-   s in {64, 48, 32} beside part 3's swap-AB kernel.
+   s in {64, 48, 32} beside part 3's swap-AB kernel, with each schedule of its consumers (free,
+   and ping-pong: their product issues alternate).
 8. **The rows form's products alone**: part 7's program (its producers, ring and Q in
    registers) with consumers that issue its two products per block in its order but skip the
    softmax (P = the raw scores in bf16): what its loads and register-A products allow without the
@@ -614,7 +615,7 @@ def main(argv=None) -> int:
         print(f"needs triton's Gluon: {GLUON_IMPORT_ERROR}", file=sys.stderr)
         return 2
     from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
-    from mla_var3.kernel.hopper.window_rows_gluon import window_rows_gluon
+    from mla_var3.kernel.hopper.window_rows_gluon import SCHEDULES, window_rows_gluon
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -746,30 +747,31 @@ def main(argv=None) -> int:
                       f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
         write_json(args.out, record)
 
-    # 7. the rows form, checked first
+    # 7. the rows form, checked first, with each schedule of its two consumers
     for s_rows in (64, 48, 32) if 7 in parts else ():
         q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
         scale = (d + p) ** -0.5
-        for bn, stages in ((32, 4), (64, 2)):
+        for (bn, stages), schedule in [(cfg, sc) for cfg in ((32, 4), (64, 2)) for sc in SCHEDULES]:
             o, lse = window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, block_n=bn,
-                                       stages=stages)
+                                       stages=stages, schedule=schedule)
             ref_o, ref_lse = R.flash_attention(q[:2], qpe[:2], k[:2], v[:2], kpe[:2], scale, True)
             errs = [(o[:2].float() - ref_o.float()).abs().max().item(), (lse[:2] - ref_lse.float()).abs().max().item()]
             ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
-            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, max_err=max(errs), ok=ok))
-            print(f"rows s={s_rows} bn={bn}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
+            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, schedule=schedule,
+                                         max_err=max(errs), ok=ok))
+            print(f"rows s={s_rows} bn={bn} {schedule}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
             if not ok:
                 continue
             nbytes, flops = window_bytes(b, h, s_rows, n, d, p), window_flops(b, h, s_rows, n, d, p)
             for m in programs:
                 t = time_fn(lambda: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
-                                                      block_n=bn, stages=stages),
+                                                      block_n=bn, stages=stages, schedule=schedule),
                             warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, us=t.median_us,
+                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, schedule=schedule, us=t.median_us,
                          gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
                 record["rows"].append(r)
-                print(f"rows s={s_rows} bn={bn} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s per SM "
-                      f"{r['tflops']:.1f} TFLOP/s", flush=True)
+                print(f"rows s={s_rows} bn={bn} {schedule} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s "
+                      f"per SM {r['tflops']:.1f} TFLOP/s", flush=True)
         write_json(args.out, record)
         del q, qpe
 
@@ -826,9 +828,9 @@ def main(argv=None) -> int:
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 48, 32):
-        for bn, stages in ((32, 4), (64, 2)):
-            row(f"rows s={s_rows}, {bn} keys x {stages}",
-                [r for r in record["rows"] if (r["s"], r["block_n"]) == (s_rows, bn)],
+        for (bn, stages), schedule in [(cfg, sc) for cfg in ((32, 4), (64, 2)) for sc in SCHEDULES]:
+            row(f"rows s={s_rows}, {bn} keys x {stages}, {schedule}",
+                [r for r in record["rows"] if (r["s"], r["block_n"], r.get("schedule")) == (s_rows, bn, schedule)],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 32):
         for bn, stages in ((32, 4), (64, 2)):

@@ -6,7 +6,9 @@ operands, no spills at the default block, shared memory as :func:`smem_bytes` sa
 side decides and validates. On a Hopper GPU: against the fp32 reference with the output
 NaN-poisoned, on s = 64, 33 and 1, ragged N, N = s (one block), not causal, an odd number of
 items per program (the second pipeline idle at the end), more programs than items, both block
-sizes, an ``out`` whose rows are not contiguous, and a running max that moves across blocks.
+sizes, an ``out`` whose rows are not contiguous, and a running max that moves across blocks; each
+with both schedules of the two consumers (free, and ping-pong: with an odd item count only the
+product issues both consumers have take turns).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuo
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 COMPILE_VARIANTS = [dict(block_n=32, stages=4, dtype="bf16", causal=True),
                     dict(block_n=32, stages=4, dtype="fp16", causal=False),
-                    dict(block_n=64, stages=2, dtype="bf16", causal=True)]
+                    dict(block_n=64, stages=2, dtype="bf16", causal=True),
+                    dict(block_n=32, stages=4, dtype="bf16", causal=True, schedule="pingpong")]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,9 @@ def test_compiles_rows_on_m_with_register_operands(builds, idx):
     # both products take their A operand from registers: no A descriptor on any HGMMA
     assert all(line.count("gdesc") == 1 for line in build.sass.splitlines() if "HGMMA." in line)
     assert "setmaxnreg.dec" in build.ptx and "setmaxnreg.inc" in build.ptx
+    # no wgmma serialised by ptxas (it would follow every HGMMA with its own WARPGROUP.DEPBAR):
+    # per consumer, block 0's score wait, the loop's two waits and the last output product's
+    assert build.sass.count("WARPGROUP.DEPBAR") == 2 * 4, build.sass.count("WARPGROUP.DEPBAR")
     if bn == wr.DEFAULT_BLOCK_N:
         assert build.stack_bytes == 0, f"spills: {build.stack_bytes} B per thread"
     assert 0 <= build.shared_bytes - wr.smem_bytes(D, P, bn, variant["stages"]) <= 1024, build.shared_bytes
@@ -73,6 +79,8 @@ def test_applies():
     assert wr.rows_applies(*_inputs(1, 2, 1, 100), True)
     assert not wr.rows_applies(*_inputs(1, 2, 65, 100), True)                # S > 64 rows
     assert not wr.rows_applies(*_inputs(1, 2, 64, 40), True)                 # causal N < S
+    assert wr.rows_applies(*_inputs(1, 2, 64, 100), True, schedule="pingpong")
+    assert not wr.rows_applies(*_inputs(1, 2, 64, 100), True, schedule="early")
     assert wr.rows_applies(*_inputs(1, 2, 64, 40), False)
     assert not wr.rows_applies(*(t.float() for t in _inputs(1, 2, 8, 100)), True)
     assert not wr.rows_applies(*_inputs(1, 2, 8, 100), True, block_n=16)
@@ -90,6 +98,8 @@ def test_launcher_rejects_cpu_tensors_and_bad_arguments():
             wr.window_rows_gluon(*xc, scale=0.1, programs=0)
         with pytest.raises(ValueError, match="rows_applies"):
             wr.window_rows_gluon(*xc, scale=0.1, programs=4, block_n=48)
+        with pytest.raises(ValueError, match="schedule"):
+            wr.window_rows_gluon(*xc, scale=0.1, programs=4, schedule="early")
         with pytest.raises(ValueError, match="shapes"):
             wr.window_rows_gluon(xc[0], xc[1], xc[2][:, :70], xc[3], xc[4], scale=0.1, programs=4)
 
@@ -110,14 +120,15 @@ SHAPES = [
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda sh: "b{}-h{}-s{}-n{}-c{:d}-m{}-bn{}x{}".format(*sh[:6], *sh[6]))
-def test_matches_reference(shape):
+@pytest.mark.parametrize("schedule", wr.SCHEDULES)
+def test_matches_reference(shape, schedule):
     b, h, s, n, causal, programs, (bn, stages) = shape
     dtype = torch.bfloat16 if bn == 32 else torch.float16
     q, qpe, k, v, kpe = _inputs(b, h, s, n, dtype, "cuda", seed=n)
     out = poisoned((b, h, s, D), dtype, "cuda")
     scale = (D + P) ** -0.5
     o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, programs=programs, block_n=bn,
-                                  stages=stages, out=out)
+                                  stages=stages, schedule=schedule, out=out)
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, None)
     assert o is out
     assert_close(o, ref_o, dtype, name="o")

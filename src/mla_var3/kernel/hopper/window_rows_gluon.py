@@ -69,10 +69,14 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-__all__ = ["DEFAULT_BLOCK_N", "DEFAULT_STAGES", "MAX_S", "ROWS", "compile_for_sm90", "rows_applies", "smem_bytes",
-           "window_rows_gluon"]
+__all__ = ["DEFAULT_BLOCK_N", "DEFAULT_SCHEDULE", "DEFAULT_STAGES", "MAX_S", "ROWS", "SCHEDULES", "compile_for_sm90",
+           "rows_applies", "smem_bytes", "window_rows_gluon"]
 
 DEFAULT_BLOCK_N = 32    # keys per block (the score product's N, the output product's K)
+#: the consumers' schedules: ``"free"`` (each issues its products when ready) or ``"pingpong"``
+#: (the two consumers' product issues alternate, :func:`_take_turn`)
+SCHEDULES = ("free", "pingpong")
+DEFAULT_SCHEDULE = "free"
 DEFAULT_STAGES = 4      # ring depth per consumer
 ROWS = 64               # query rows per item tile: one wgmma's M
 MAX_S = ROWS
@@ -108,9 +112,24 @@ if GLUON_AVAILABLE:
         return p, m_new, alpha
 
     @gluon.jit
+    def _take_turn(turn, W: gl.constexpr, g, shared, PINGPONG: gl.constexpr):
+        """Ping-pong: before consumer ``W``'s ``g``-th product issue, wait until the other consumer
+        issued its ``g - 1 + W``-th (consumer 0 goes first), so that the two consumers' products reach
+        the tensor cores in turn and each one's softmax runs under the other's products; only for
+        the first ``shared`` issues, which both consumers have."""
+        if PINGPONG:
+            mbarrier.wait(turn.index(W), (g + W + 1) & 1, pred=(g < shared) & ((W == 1) | (g > 0)))
+
+    @gluon.jit
+    def _pass_turn(turn, W: gl.constexpr, g, shared, PINGPONG: gl.constexpr):
+        """Ping-pong: after consumer ``W``'s ``g``-th product issue, the other consumer's turn."""
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - W), count=1, pred=g < shared)
+
+    @gluon.jit
     def _rows_producer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
                        kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal):
+                       qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
         """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
         the last ones in registers), then every block into the consumer's ring."""
         NS: gl.constexpr = k_smem.shape[0] // 2
@@ -142,7 +161,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _rows_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
                        kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal):
+                       qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop), then ``o`` and ``lse``."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
@@ -174,6 +193,11 @@ if GLUON_AVAILABLE:
         s_zero = gl.zeros([SP, BN], gl.float32, s_layout)
         o_r = gl.arange(0, SP, layout=o_rows)
         o_d = gl.arange(0, D, layout=o_cols)
+        # product issues both consumers have (an item issues nb + 1 times: block 0's scores, then
+        # block j's with P_{j-1} . V_{j-1}, then the last P . V), for the ping-pong
+        shared = gl.minimum(gl.cdiv(gl.maximum(n_items - pid, 0), 2 * G),
+                            gl.cdiv(gl.maximum(n_items - pid - G, 0), 2 * G)) * (nb + 1)
+        g = 0
         it = 0
         c = 0
         for item in range(pid + W * G, n_items, 2 * G):
@@ -186,9 +210,12 @@ if GLUON_AVAILABLE:
             # block 0: scores and softmax; its P . V is issued in the next iteration
             slot = W * NS + c % NS
             mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+            _take_turn(turn, W, g, shared, PINGPONG)
             tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
                                 is_async=True)
             tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
+            _pass_turn(turn, W, g, shared, PINGPONG)
+            g += 1
             raw = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
             p, m_i, alpha = _softmax(raw, m_i, 0, full_keys, limit, cols, qk_scale_log2, BN)
@@ -200,11 +227,14 @@ if GLUON_AVAILABLE:
             for j in range(1, nb):
                 slot = W * NS + c % NS
                 mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
+                _take_turn(turn, W, g, shared, PINGPONG)
                 s_tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero,
                                       use_acc=False, is_async=True)
                 s_tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), s_tok,
                                       is_async=True)
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
+                _pass_turn(turn, W, g, shared, PINGPONG)
+                g += 1
                 raw = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
                 p, m_i, alpha = _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN)
                 l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -214,7 +244,10 @@ if GLUON_AVAILABLE:
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 prev = slot
                 c += 1
+            _take_turn(turn, W, g, shared, PINGPONG)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
+            _pass_turn(turn, W, g, shared, PINGPONG)
+            g += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
             mbarrier.arrive(kv_empty.index(prev), count=1)
             # ---- epilogue: lse, then o, straight from registers
@@ -233,7 +266,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -250,16 +283,19 @@ if GLUON_AVAILABLE:
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
         for i in gl.static_range(2 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=1)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal,
+                turn, PINGPONG)
         gl.warp_specialize([(_rows_consumer, (0,) + args), (_rows_consumer, (1,) + args),
                             (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
@@ -274,13 +310,13 @@ if GLUON_AVAILABLE:
 
 def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  kpe_new: torch.Tensor, causal: bool, *, block_n: int = DEFAULT_BLOCK_N,
-                 stages: int = DEFAULT_STAGES) -> bool:
+                 stages: int = DEFAULT_STAGES, schedule: str = DEFAULT_SCHEDULE) -> bool:
     """Whether :func:`window_rows_gluon` takes this call (see the module's limits)."""
     b, h, s, d = q.shape
     n, p = k_new.shape[1], qpe.shape[-1]
     return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and 0 < s <= MAX_S and n > 0
             and (n >= s or not causal) and d % 64 == 0 and d <= 128 and p % 16 == 0 and 0 < p <= d
-            and block_n in (32, 64) and stages >= 1
+            and block_n in (32, 64) and stages >= 1 and schedule in SCHEDULES
             and smem_bytes(d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
             and tma_compatible(k_new, v_new, kpe_new))
 
@@ -288,7 +324,8 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
 def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      schedule: str = DEFAULT_SCHEDULE, out: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
     wgmma's M side), on ``programs`` persistent programs (sm_90).
 
@@ -302,6 +339,8 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     programs : int                            persistent programs (at most one per SM runs)
     block_n : int                             keys per block, 32 or 64
     stages : int                              ring depth per consumer
+    schedule : str                            ``"free"`` or ``"pingpong"`` (the two consumers' product
+                                              issues alternate)
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
@@ -319,6 +358,8 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
             or kpe_new.shape != (b, n, p):
         raise ValueError(f"shapes do not agree: q {tuple(q.shape)}, qpe {tuple(qpe.shape)}, k_new "
                          f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}, kpe_new {tuple(kpe_new.shape)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if not rows_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=block_n, stages=stages):
         raise ValueError("this call does not satisfy rows_applies (S, N, dtype, D/P, block, shared memory or TMA "
                          "strides)")
@@ -338,10 +379,11 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     strides = (*o.stride()[:3], *lse.stride())
     # every constexpr and every class Triton specialises the integers and pointers on is in the key:
     # a kernel compiled for one must never serve a call of another
-    key = (q.dtype, d, p, block_n, stages, bool(causal), o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
+    pingpong = schedule == "pingpong"
+    key = (q.dtype, d, p, block_n, stages, bool(causal), pingpong, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
            int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                 dict(STAGES=stages, CAUSAL=bool(causal)), num_warps=4)
+                 dict(STAGES=stages, CAUSAL=bool(causal), PINGPONG=pingpong), num_warps=4)
     if not direct:
         out.copy_(o)
         return out, lse
@@ -349,7 +391,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
 
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                     dtype: str = "bf16", causal: bool = True, capability: int = 90):
+                     dtype: str = "bf16", causal: bool = True, schedule: str = DEFAULT_SCHEDULE, capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _base.require_gluon()
@@ -368,6 +410,7 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+        "PINGPONG": "constexpr",
     }
-    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal})
+    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal, "PINGPONG": schedule == "pingpong"})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
