@@ -60,7 +60,7 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
-    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer
+    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer, _rows_state
 
     @gluon.jit
     def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
@@ -232,7 +232,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _rows_products_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem,
                                 v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr,
-                                S, qk_scale_log2, strides, causal):
+                                S, qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -289,30 +289,12 @@ if GLUON_AVAILABLE:
                              STAGES: gl.constexpr):
         """Grid ``(programs,)``: :mod:`window_rows_gluon`'s program (its producers, ring and shared
         memory) with :func:`_rows_products_consumer` as its consumers."""
-        BN: gl.constexpr = k_desc.block_type.shape[1]
-        D: gl.constexpr = k_desc.block_type.shape[3]
-        P: gl.constexpr = kr_desc.block_type.shape[2]
-        SP: gl.constexpr = q_desc.block_type.shape[1]
-        dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, D], q_desc.layout)
-        qr_smem = gl.allocate_shared_memory(dtype, [2, 1, SP, P], qr_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, 1, D], v_desc.layout)
-        kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
-        for i in gl.static_range(2 * STAGES):
-            mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=1)
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn = _rows_state(
+            q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(1).to(gl.int32)
         strides = (0, 0, 0, 0, 0, 0)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal)
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal, turn, False)
         gl.warp_specialize([(_rows_products_consumer, (0,) + args), (_rows_products_consumer, (1,) + args),
                             (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1], [224, 24, 24])
 

@@ -260,15 +260,10 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _window_rows(
-        q_desc, qr_desc,        # TMA: [B*H, S, D], [B*H, S, P], boxes [1, ROWS, *]
-        k_desc, v_desc,         # TMA: [B, N, H, D], boxes [1, BLOCK_N, 1, D]
-        kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
-        o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
-        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-    ):
-        """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
+    def _rows_state(q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES: gl.constexpr):
+        """A program's shared memory and barriers, initialised: per consumer its Q / Qpe buffer and
+        ``STAGES`` ring slots of k, v and kpe; ``q_ready`` / ``q_empty`` and ``kv_ready`` /
+        ``kv_empty`` per buffer, and the two consumers' ping-pong ``turn``."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
         D: gl.constexpr = k_desc.block_type.shape[3]
         P: gl.constexpr = kr_desc.block_type.shape[2]
@@ -291,6 +286,20 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(2 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=1)
+        return q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn
+
+    @gluon.jit
+    def _window_rows(
+        q_desc, qr_desc,        # TMA: [B*H, S, D], [B*H, S, P], boxes [1, ROWS, *]
+        k_desc, v_desc,         # TMA: [B, N, H, D], boxes [1, BLOCK_N, 1, D]
+        kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
+        o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
+        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+    ):
+        """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn = _rows_state(
+            q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
