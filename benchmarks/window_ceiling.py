@@ -60,7 +60,7 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
-    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer, _rows_state
+    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer, _rows_state, rows_mma_layout
 
     @gluon.jit
     def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
@@ -239,10 +239,8 @@ if GLUON_AVAILABLE:
         P: gl.constexpr = kr_smem.shape[3]
         SP: gl.constexpr = q_smem.shape[2]
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = rows_mma_layout(BN)
+        o_layout: gl.constexpr = rows_mma_layout(D)
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         pid = gl.program_id(0)

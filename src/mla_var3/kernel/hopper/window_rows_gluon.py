@@ -95,6 +95,11 @@ def smem_bytes(d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEF
 
 if GLUON_AVAILABLE:
 
+    @gluon.constexpr_function
+    def rows_mma_layout(n):
+        """The accumulator layout of a consumer's ``[64, n]`` wgmma product (one warpgroup)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
     @gluon.jit
     def _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN: gl.constexpr):
         """Scaled, masked (only in a block that can hold a masked key) scores of block ``j``;
@@ -169,10 +174,8 @@ if GLUON_AVAILABLE:
         P: gl.constexpr = kr_smem.shape[3]
         SP: gl.constexpr = q_smem.shape[2]
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = rows_mma_layout(BN)
+        o_layout: gl.constexpr = rows_mma_layout(D)
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
