@@ -27,8 +27,8 @@ kpe ``[B, N, P]``):
 7. **The rows form** (``window_rows_gluon``): the query rows on the wgmma's M side, Q and P in
    registers, k, kpe and v read once from shared memory as B operands, two independent pipelines
    per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
-   s in {64, 48, 32} beside part 3's swap-AB kernel, with each schedule of its consumers (free,
-   and ping-pong: their product issues alternate).
+   s in {64, 48, 32} beside part 3's swap-AB kernel, with one and (32-key blocks) two ring blocks
+   per softmax step.
 8. **The rows form's products alone**: part 7's program (its producers, ring and Q in
    registers) with consumers that issue its two products per block in its order but skip the
    softmax (P = the raw scores in bf16): what its loads and register-A products allow without the
@@ -230,9 +230,9 @@ if GLUON_AVAILABLE:
     # P_{j-1} . V_{j-1}, one wait for the scores, one for the output product) with P the raw
     # scores converted to the operand's dtype and layout: no max, exp, sums or rescale.
     @gluon.jit
-    def _rows_products_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem,
-                                v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr,
-                                S, qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
+    def _rows_products_consumer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem,
+                                qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N,
+                                o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -287,14 +287,15 @@ if GLUON_AVAILABLE:
                              STAGES: gl.constexpr):
         """Grid ``(programs,)``: :mod:`window_rows_gluon`'s program (its producers, ring and shared
         memory) with :func:`_rows_products_consumer` as its consumers."""
-        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn = _rows_state(
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = _rows_state(
             q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(1).to(gl.int32)
         strides = (0, 0, 0, 0, 0, 0)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal, turn, False)
-        gl.warp_specialize([(_rows_products_consumer, (0,) + args), (_rows_products_consumer, (1,) + args),
-                            (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1], [224, 24, 24])
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal)
+        gl.warp_specialize([(_rows_products_consumer, (0, 1) + args), (_rows_products_consumer, (1, 1) + args),
+                            (_rows_producer, (0, 1) + args), (_rows_producer, (1, 1) + args)], [4, 1, 1],
+                           [224, 24, 24])
 
 
     # 6. the register-A form: k, kpe and v loaded from global memory straight into the wgmma's
@@ -567,6 +568,10 @@ def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
     _ring_probe[(programs,)](*_box_descs(k, v, kpe, block_n), b * h, h, n, SLOTS=slots, num_warps=4)
 
 
+#: the rows form's configurations of part 7: (keys per block, ring slots per consumer, blocks per
+#: softmax step)
+ROWS_CONFIGS = ((32, 4, 1), (32, 4, 2), (64, 2, 1))
+
 def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
     """Bytes the window call must move: k and v per head, kpe once per token (or per head, as the
     kernel reads it), q / qpe and o."""
@@ -595,7 +600,7 @@ def main(argv=None) -> int:
         print(f"needs triton's Gluon: {GLUON_IMPORT_ERROR}", file=sys.stderr)
         return 2
     from mla_var3.kernel.hopper.window_gluon import choose_block, expanded_window_gluon
-    from mla_var3.kernel.hopper.window_rows_gluon import SCHEDULES, window_rows_gluon
+    from mla_var3.kernel.hopper.window_rows_gluon import window_rows_gluon
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -727,30 +732,31 @@ def main(argv=None) -> int:
                       f"{row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
         write_json(args.out, record)
 
-    # 7. the rows form, checked first, with each schedule of its two consumers
+    # 7. the rows form, checked first, with one and two ring blocks per softmax step
     for s_rows in (64, 48, 32) if 7 in parts else ():
         q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
         scale = (d + p) ** -0.5
-        for (bn, stages), schedule in [(cfg, sc) for cfg in ((32, 4), (64, 2)) for sc in SCHEDULES]:
+        for bn, stages, step in ROWS_CONFIGS:
             o, lse = window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, block_n=bn,
-                                       stages=stages, schedule=schedule)
+                                       stages=stages, step=step)
             ref_o, ref_lse = R.flash_attention(q[:2], qpe[:2], k[:2], v[:2], kpe[:2], scale, True)
             errs = [(o[:2].float() - ref_o.float()).abs().max().item(), (lse[:2] - ref_lse.float()).abs().max().item()]
             ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
-            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, schedule=schedule,
+            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, step=step,
                                          max_err=max(errs), ok=ok))
-            print(f"rows s={s_rows} bn={bn} {schedule}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
+            print(f"rows s={s_rows} bn={bn} step {step}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}",
+                  flush=True)
             if not ok:
                 continue
             nbytes, flops = window_bytes(b, h, s_rows, n, d, p), window_flops(b, h, s_rows, n, d, p)
             for m in programs:
                 t = time_fn(lambda: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
-                                                      block_n=bn, stages=stages, schedule=schedule),
+                                                      block_n=bn, stages=stages, step=step),
                             warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, schedule=schedule, us=t.median_us,
+                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, step=step, us=t.median_us,
                          gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
                 record["rows"].append(r)
-                print(f"rows s={s_rows} bn={bn} {schedule} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s "
+                print(f"rows s={s_rows} bn={bn} step {step} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s "
                       f"per SM {r['tflops']:.1f} TFLOP/s", flush=True)
         write_json(args.out, record)
         del q, qpe
@@ -808,9 +814,9 @@ def main(argv=None) -> int:
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 48, 32):
-        for (bn, stages), schedule in [(cfg, sc) for cfg in ((32, 4), (64, 2)) for sc in SCHEDULES]:
-            row(f"rows s={s_rows}, {bn} keys x {stages}, {schedule}",
-                [r for r in record["rows"] if (r["s"], r["block_n"], r.get("schedule")) == (s_rows, bn, schedule)],
+        for bn, stages, step in ROWS_CONFIGS:
+            row(f"rows s={s_rows}, {bn} keys x {stages}, step {step}",
+                [r for r in record["rows"] if (r["s"], r["block_n"], r.get("step")) == (s_rows, bn, step)],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 32):
         for bn, stages in ((32, 4), (64, 2)):

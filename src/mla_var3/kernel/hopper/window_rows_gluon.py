@@ -31,12 +31,14 @@ no partition measured with it beats the expanded kernel at s = 64 yet.
   with its own Q buffer, its own ring of ``STAGES`` buffers of ``BLOCK_N`` keys (k, kpe and v of a
   block under one mbarrier) and its own producer warp, so the two pipelines share nothing but
   the SM. An item's output is one consumer's: no hand-over, no merge.
-* **Consumer** (software-pipelined as FA3's intra-warpgroup overlap, the softmax of
-  :mod:`expanded_gluon`): in iteration ``j`` it issues block ``j``'s score products, then
-  ``P_{j-1} . V_{j-1}``, waits for the scores only, runs block ``j``'s softmax while the output
-  product runs, then waits for it, frees block ``j - 1``'s buffer and rescales. The Q buffer is
-  freed as soon as Q is in registers, so the producer loads the next item's queries under this
-  item's blocks.
+* **Consumer** (software-pipelined as FA3's intra-warpgroup overlap): in iteration ``j`` it
+  issues step ``j``'s score products, then ``P_{j-1} . V_{j-1}``, waits for the scores only, runs
+  step ``j``'s softmax while the output product runs, then waits for it, frees step ``j - 1``'s
+  buffers and rescales. A step is one ring block, or two (``step=2``: one running-max update, one
+  pair of row reductions and one rescale of the output per two 32-key blocks). The running max
+  is kept in raw score units, so the softmax scale costs one FFMA per score with the exponent's
+  subtraction. The Q buffer is freed as soon as Q is in registers, so the producer loads the next
+  item's queries under this item's blocks.
 * **Epilogue.** ``o`` and ``lse`` stored from registers (rows past S masked; ``o`` rows contiguous).
 
 Shared memory (bf16, D = 128, P = 64, 64 rows, BLOCK_N = 32, 4 stages): per consumer Q + Qpe
@@ -69,14 +71,14 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-__all__ = ["DEFAULT_BLOCK_N", "DEFAULT_SCHEDULE", "DEFAULT_STAGES", "MAX_S", "ROWS", "SCHEDULES", "compile_for_sm90",
+__all__ = ["DEFAULT_BLOCK_N", "DEFAULT_STAGES", "DEFAULT_STEP", "MAX_S", "ROWS", "STEPS", "compile_for_sm90",
            "rows_applies", "smem_bytes", "window_rows_gluon"]
 
 DEFAULT_BLOCK_N = 32    # keys per block (the score product's N, the output product's K)
-#: the consumers' schedules: ``"free"`` (each issues its products when ready) or ``"pingpong"``
-#: (the two consumers' product issues alternate, :func:`_take_turn`)
-SCHEDULES = ("free", "pingpong")
-DEFAULT_SCHEDULE = "free"
+#: ring blocks per softmax step (:func:`_step_softmax`): 1, or 2 (one max, rescale and set of row
+#: reductions per two blocks, from the same 32-key ring slots)
+STEPS = (1, 2)
+DEFAULT_STEP = 1
 DEFAULT_STAGES = 4      # ring depth per consumer
 ROWS = 64               # query rows per item tile: one wgmma's M
 MAX_S = ROWS
@@ -101,47 +103,69 @@ if GLUON_AVAILABLE:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
     @gluon.jit
-    def _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN: gl.constexpr):
-        """Scaled, masked (only in a block that can hold a masked key) scores of block ``j``;
-        returns ``(p, m_new, alpha)`` with ``p = exp2(score - m_new)`` in fp32. The block softmax of
-        :mod:`expanded_gluon`'s loop, whose file the shipped calibrations hash: it moves to a module
-        both import when this kernel joins the hybrid's default path (and the calibrations re-time it)."""
-        sc = raw * qk_scale_log2
+    def _masked(raw, j, full_keys, limit, cols, BN: gl.constexpr):
+        """Block ``j``'s raw scores with the keys a row does not see at -inf (only in a block that
+        can hold one: past ``full_keys``)."""
         if (j + 1) * BN > full_keys:
             keys = j * BN + cols
-            sc = gl.where(keys[None, :] <= limit[:, None], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(sc - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        return p, m_new, alpha
+            raw = gl.where(keys[None, :] <= limit[:, None], raw, float("-inf"))
+        return raw
 
     @gluon.jit
-    def _take_turn(turn, W: gl.constexpr, g, shared, PINGPONG: gl.constexpr):
-        """Ping-pong: before consumer ``W``'s ``g``-th product issue, wait until the other consumer
-        issued its ``g - 1 + W``-th (consumer 0 goes first), so that the two consumers' products reach
-        the tensor cores in turn and each one's softmax runs under the other's products; only for
-        the first ``shared`` issues, which both consumers have."""
-        if PINGPONG:
-            mbarrier.wait(turn.index(W), (g + W + 1) & 1, pred=(g < shared) & ((W == 1) | (g > 0)))
+    def _exp(raw, m_scaled, qk_scale_log2):
+        """``exp2(raw * scale - m_scaled)``: one FFMA and one MUFU per score (the scale is folded in)."""
+        return gl.exp2(raw * qk_scale_log2 - m_scaled[:, None])
 
     @gluon.jit
-    def _pass_turn(turn, W: gl.constexpr, g, shared, PINGPONG: gl.constexpr):
-        """Ping-pong: after consumer ``W``'s ``g``-th product issue, the other consumer's turn."""
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - W), count=1, pred=g < shared)
+    def _step_softmax(raw_a, raw_b, m_i, j, full_keys, limit, cols, qk_scale_log2, BN: gl.constexpr,
+                      STEP: gl.constexpr):
+        """The softmax of one step: block ``j``'s scores (``raw_a``), and with ``STEP = 2`` block
+        ``j + 1``'s (``raw_b``) under one running max. The max ``m_i`` is kept in raw score units
+        (the scale is positive), so the scale costs nothing apart from the FFMA of :func:`_exp`.
+        Returns ``(p_a, p_b, m_new, alpha, row_sum)`` (``p_b`` is ``p_a`` when ``STEP = 1``; ``row_sum``
+        the step's probabilities summed per row, one reduction for both blocks)."""
+        raw_a = _masked(raw_a, j, full_keys, limit, cols, BN)
+        if STEP == 2:
+            # one row reduction for both blocks
+            raw_b = _masked(raw_b, j + 1, full_keys, limit, cols, BN)
+            m_new = gl.maximum(m_i, gl.max(gl.maximum(raw_a, raw_b), axis=1))
+        else:
+            m_new = gl.maximum(m_i, gl.max(raw_a, axis=1))
+        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_new * qk_scale_log2)
+        p_a = _exp(raw_a, m_scaled, qk_scale_log2)
+        p_b = p_a
+        if STEP == 2:
+            p_b = _exp(raw_b, m_scaled, qk_scale_log2)
+        alpha = gl.exp2(m_i * qk_scale_log2 - m_scaled)
+        if STEP == 2:
+            row_sum = gl.sum(p_a + p_b, axis=1)
+        else:
+            row_sum = gl.sum(p_a, axis=1)
+        return p_a, p_b, m_new, alpha, row_sum
 
     @gluon.jit
-    def _rows_producer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
-                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
+    def _scores(q_op, qr_op, k_smem, kr_smem, slot, s_zero):
+        """Issue one block's score product ``Q . K^T + Qpe . Kpe^T`` (two wgmma groups)."""
+        BN: gl.constexpr = k_smem.shape[2]
+        D: gl.constexpr = k_smem.shape[4]
+        P: gl.constexpr = kr_smem.shape[3]
+        tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
+        return warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
+
+    @gluon.jit
+    def _rows_producer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
+                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
+                       qk_scale_log2, strides, causal):
         """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
-        the last ones in registers), then every block into the consumer's ring."""
+        the last ones in registers), then every block into the consumer's ring (a whole number of
+        steps: with ``STEP = 2`` and an odd block count, one more block past N, which TMA fills with
+        zeros and the consumer masks)."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
         G = gl.num_programs(0)
-        nb = gl.cdiv(N, BN)
+        nb = gl.cdiv(gl.cdiv(N, BN), STEP) * STEP
         it = 0
         c = 0
         for item in range(pid + W * G, n_items, 2 * G):
@@ -164,10 +188,11 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_consumer(W: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem,
-                       kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal, turn, PINGPONG: gl.constexpr):
-        """Consumer ``W``: its items whole (the module docstring's pipelined loop), then ``o`` and ``lse``."""
+    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
+                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
+                       qk_scale_log2, strides, causal):
+        """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
+        ``STEP`` blocks), then ``o`` and ``lse``."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -186,7 +211,7 @@ if GLUON_AVAILABLE:
 
         pid = gl.program_id(0)
         G = gl.num_programs(0)
-        nb = gl.cdiv(N, BN)
+        steps = gl.cdiv(gl.cdiv(N, BN), STEP)
         rows = gl.arange(0, SP, layout=s_rows)
         cols = gl.arange(0, BN, layout=s_cols)
         # last window key each query row sees (rows past S: every key; they are not stored)
@@ -196,11 +221,6 @@ if GLUON_AVAILABLE:
         s_zero = gl.zeros([SP, BN], gl.float32, s_layout)
         o_r = gl.arange(0, SP, layout=o_rows)
         o_d = gl.arange(0, D, layout=o_cols)
-        # product issues both consumers have (an item issues nb + 1 times: block 0's scores, then
-        # block j's with P_{j-1} . V_{j-1}, then the last P . V), for the ping-pong
-        shared = gl.minimum(gl.cdiv(gl.maximum(n_items - pid, 0), 2 * G),
-                            gl.cdiv(gl.maximum(n_items - pid - G, 0), 2 * G)) * (nb + 1)
-        g = 0
         it = 0
         c = 0
         for item in range(pid + W * G, n_items, 2 * G):
@@ -210,52 +230,62 @@ if GLUON_AVAILABLE:
             q_op = q_smem.index(W).reshape([SP, D]).load(q_layout)
             qr_op = qr_smem.index(W).reshape([SP, P]).load(q_layout)
             mbarrier.arrive(q_empty.index(W), count=1)
-            # block 0: scores and softmax; its P . V is issued in the next iteration
-            slot = W * NS + c % NS
-            mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
-            _take_turn(turn, W, g, shared, PINGPONG)
-            tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                                is_async=True)
-            tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
-            _pass_turn(turn, W, g, shared, PINGPONG)
-            g += 1
-            raw = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            # step 0: scores and softmax; its P . V is issued in the next iteration
+            slot_a = W * NS + c % NS
+            slot_b = W * NS + (c + 1) % NS
+            mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
+            tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
+            tok_b = tok_a
+            if STEP == 2:
+                mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
+                tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
+            raw_a, raw_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a, tok_b))
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
-            p, m_i, alpha = _softmax(raw, m_i, 0, full_keys, limit, cols, qk_scale_log2, BN)
-            l_i = gl.sum(p, axis=1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            p_a, p_b, m_i, alpha, l_i = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
+                                                      BN, STEP)
+            pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
+            pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
             acc = gl.zeros([SP, D], gl.float32, o_layout)
-            prev = slot
-            c += 1
-            for j in range(1, nb):
-                slot = W * NS + c % NS
-                mbarrier.wait(kv_ready.index(slot), (c // NS) & 1)
-                _take_turn(turn, W, g, shared, PINGPONG)
-                s_tok = warpgroup_mma(q_op, k_smem.index(slot).reshape([BN, D]).permute((1, 0)), s_zero,
-                                      use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), s_tok,
-                                      is_async=True)
-                o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
-                _pass_turn(turn, W, g, shared, PINGPONG)
-                g += 1
-                raw = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-                p, m_i, alpha = _softmax(raw, m_i, j, full_keys, limit, cols, qk_scale_log2, BN)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                mbarrier.arrive(kv_empty.index(prev), count=1)
+            prev_a = slot_a
+            prev_b = slot_b
+            c += STEP
+            for t in range(1, steps):
+                slot_a = W * NS + c % NS
+                slot_b = W * NS + (c + 1) % NS
+                mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
+                tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
+                tok_b = tok_a
+                if STEP == 2:
+                    mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
+                    tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
+                o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
+                if STEP == 2:
+                    o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
+                raw_a, raw_b = warpgroup_mma_wait(num_outstanding=STEP, deps=(tok_a, tok_b))
+                p_a, p_b, m_i, alpha, row_sum = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
+                                                              qk_scale_log2, BN, STEP)
+                l_i = l_i * alpha + row_sum
+                acc, pa_op, pb_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))
+                mbarrier.arrive(kv_empty.index(prev_a), count=1)
+                if STEP == 2:
+                    mbarrier.arrive(kv_empty.index(prev_b), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                prev = slot
-                c += 1
-            _take_turn(turn, W, g, shared, PINGPONG)
-            o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BN, D]), acc, is_async=True)
-            _pass_turn(turn, W, g, shared, PINGPONG)
-            g += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-            mbarrier.arrive(kv_empty.index(prev), count=1)
+                pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
+                pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
+                prev_a = slot_a
+                prev_b = slot_b
+                c += STEP
+            o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
+            if STEP == 2:
+                o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))[0]
+            mbarrier.arrive(kv_empty.index(prev_a), count=1)
+            if STEP == 2:
+                mbarrier.arrive(kv_empty.index(prev_b), count=1)
             # ---- epilogue: lse, then o, straight from registers
             l_ok = l_i > 0
-            lse = gl.where(l_ok, (m_i + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            lse = gl.where(l_ok, (m_i * qk_scale_log2 + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453,
+                           float("-inf"))
             gl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_ls, lse, mask=rows < S)
             inv = gl.convert_layout(1.0 / gl.where(l_ok, l_i, 1.0), o_rows)
             ptrs = o_ptr + b * stride_ob + h * stride_oh + o_r[:, None] * stride_os + o_d[None, :]
@@ -266,7 +296,7 @@ if GLUON_AVAILABLE:
     def _rows_state(q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES: gl.constexpr):
         """A program's shared memory and barriers, initialised: per consumer its Q / Qpe buffer and
         ``STAGES`` ring slots of k, v and kpe; ``q_ready`` / ``q_empty`` and ``kv_ready`` /
-        ``kv_empty`` per buffer, and the two consumers' ping-pong ``turn``."""
+        ``kv_empty`` per buffer."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
         D: gl.constexpr = k_desc.block_type.shape[3]
         P: gl.constexpr = kr_desc.block_type.shape[2]
@@ -281,15 +311,13 @@ if GLUON_AVAILABLE:
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
-            mbarrier.init(turn.index(i), count=1)
         for i in gl.static_range(2 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=1)
-        return q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn
+        return q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty
 
     @gluon.jit
     def _window_rows(
@@ -298,18 +326,17 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
-        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, turn = _rows_state(
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = _rows_state(
             q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
-                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal,
-                turn, PINGPONG)
-        gl.warp_specialize([(_rows_consumer, (0,) + args), (_rows_consumer, (1,) + args),
-                            (_rows_producer, (0,) + args), (_rows_producer, (1,) + args)], [4, 1, 1],
+                q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
+        gl.warp_specialize([(_rows_consumer, (0, STEP) + args), (_rows_consumer, (1, STEP) + args),
+                            (_rows_producer, (0, STEP) + args), (_rows_producer, (1, STEP) + args)], [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
 
     #: the kernel's compiled launches, keyed by what it is specialised on
@@ -322,13 +349,14 @@ if GLUON_AVAILABLE:
 
 def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  kpe_new: torch.Tensor, causal: bool, *, block_n: int = DEFAULT_BLOCK_N,
-                 stages: int = DEFAULT_STAGES, schedule: str = DEFAULT_SCHEDULE) -> bool:
+                 stages: int = DEFAULT_STAGES, step: int = DEFAULT_STEP) -> bool:
     """Whether :func:`window_rows_gluon` takes this call (see the module's limits)."""
     b, h, s, d = q.shape
     n, p = k_new.shape[1], qpe.shape[-1]
     return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and 0 < s <= MAX_S and n > 0
             and (n >= s or not causal) and d % 64 == 0 and d <= 128 and p % 16 == 0 and 0 < p <= d
-            and block_n in (32, 64) and stages >= 1 and schedule in SCHEDULES
+            and block_n in (32, 64) and stages >= 1 and step in STEPS and stages >= step
+            and (step == 1 or block_n == 32)
             and smem_bytes(d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
             and tma_compatible(k_new, v_new, kpe_new))
 
@@ -336,7 +364,7 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
 def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                      schedule: str = DEFAULT_SCHEDULE, out: torch.Tensor | None = None
+                      step: int = DEFAULT_STEP, out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
     wgmma's M side), on ``programs`` persistent programs (sm_90).
@@ -351,8 +379,8 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     programs : int                            persistent programs (at most one per SM runs)
     block_n : int                             keys per block, 32 or 64
     stages : int                              ring depth per consumer
-    schedule : str                            ``"free"`` or ``"pingpong"`` (the two consumers' product
-                                              issues alternate)
+    step : int                                ring blocks per softmax step, 1 or 2 (2: one running-max
+                                              update and rescale per two blocks; needs ``stages >= 2``)
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
@@ -370,9 +398,9 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
             or kpe_new.shape != (b, n, p):
         raise ValueError(f"shapes do not agree: q {tuple(q.shape)}, qpe {tuple(qpe.shape)}, k_new "
                          f"{tuple(k_new.shape)}, v_new {tuple(v_new.shape)}, kpe_new {tuple(kpe_new.shape)}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if not rows_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=block_n, stages=stages):
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if not rows_applies(q, qpe, k_new, v_new, kpe_new, causal, block_n=block_n, stages=stages, step=step):
         raise ValueError("this call does not satisfy rows_applies (S, N, dtype, D/P, block, shared memory or TMA "
                          "strides)")
     scale = check_scale(scale)
@@ -391,11 +419,10 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     strides = (*o.stride()[:3], *lse.stride())
     # every constexpr and every class Triton specialises the integers and pointers on is in the key:
     # a kernel compiled for one must never serve a call of another
-    pingpong = schedule == "pingpong"
-    key = (q.dtype, d, p, block_n, stages, bool(causal), pingpong, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
+    key = (q.dtype, d, p, block_n, stages, bool(causal), step, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
            int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                 dict(STAGES=stages, CAUSAL=bool(causal), PINGPONG=pingpong), num_warps=4)
+                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step), num_warps=4)
     if not direct:
         out.copy_(o)
         return out, lse
@@ -403,7 +430,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
 
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                     dtype: str = "bf16", causal: bool = True, schedule: str = DEFAULT_SCHEDULE, capability: int = 90):
+                     dtype: str = "bf16", causal: bool = True, step: int = DEFAULT_STEP, capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _base.require_gluon()
@@ -422,7 +449,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-        "PINGPONG": "constexpr",
+        "STEP": "constexpr",
     }
-    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal, "PINGPONG": schedule == "pingpong"})
+    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal,
+                                                                                   "STEP": step})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
