@@ -60,7 +60,7 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
     )
-    from mla_var3.kernel.hopper.window_rows_gluon import _rows_producer, _rows_state, rows_mma_layout
+    from mla_var3.kernel.hopper.window_rows_gluon import rows_mma_layout, rows_producer, rows_state
 
     @gluon.jit
     def _probe_producer(k_desc, v_desc, kr_desc, k_smem, v_smem, kr_smem, ready, empty, n_items, H, N):
@@ -287,14 +287,14 @@ if GLUON_AVAILABLE:
                              STAGES: gl.constexpr):
         """Grid ``(programs,)``: :mod:`window_rows_gluon`'s program (its producers, ring and shared
         memory) with :func:`_rows_products_consumer` as its consumers."""
-        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = _rows_state(
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
             q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(1).to(gl.int32)
         strides = (0, 0, 0, 0, 0, 0)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal)
         gl.warp_specialize([(_rows_products_consumer, (0, 1) + args), (_rows_products_consumer, (1, 1) + args),
-                            (_rows_producer, (0, 1) + args), (_rows_producer, (1, 1) + args)], [4, 1, 1],
+                            (rows_producer, (0, 1) + args), (rows_producer, (1, 1) + args)], [4, 1, 1],
                            [224, 24, 24])
 
 
@@ -524,27 +524,27 @@ def rows_products_probe(q, qpe, k, v, kpe, programs: int, *, block_n: int = 32, 
     """Launch :func:`_rows_products_probe` (part 8) on q [B, H, S, D], qpe [B, H, S, P], k, v
     [B, N, H, D] and kpe [B, N, P] (bf16) on ``programs`` programs; returns its output rows
     ``[B * H, 64, D]`` (rows past S unwritten)."""
-    from mla_var3.kernel.hopper import _gluon as base
     from mla_var3.kernel.hopper.window_rows_gluon import ROWS
 
     b, h, s, d = q.shape
     n, p = k.shape[1], kpe.shape[-1]
     out = torch.empty((b * h, ROWS, d), dtype=q.dtype, device=q.device)
-    q3, qr3 = base.tma_operand(q).view(b * h, s, d), base.tma_operand(qpe).view(b * h, s, p)
-    blocks = ([1, ROWS, d], [1, ROWS, p], [1, block_n, 1, d], [1, block_n, 1, d], [1, block_n, p])
-    descs = tuple(base.descriptor(x, blk) for x, blk in zip((q3, qr3, k, v, kpe), blocks))
+    q3, qr3 = q.contiguous().view(b * h, s, d), qpe.contiguous().view(b * h, s, p)
+    descs = (_desc(q3, [1, ROWS, d]), _desc(qr3, [1, ROWS, p]), *_box_descs(k, v, kpe, block_n))
     _rows_products_probe[(min(programs, b * h),)](*descs, out, h, s, n, b * h, STAGES=stages, num_warps=4)
     return out
 
 
+def _desc(x, block):
+    """A TMA descriptor of a bf16 tensor ``x`` (its own shape and strides) in boxes of ``block``."""
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
 def _box_descs(k, v, kpe, block_n: int) -> tuple:
     """TMA descriptors of k, v [B, N, H, D] and kpe [B, N, P] in the window kernel's boxes."""
-    def desc(x, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
-
-    return (desc(k, [1, block_n, 1, k.shape[-1]]), desc(v, [1, block_n, 1, v.shape[-1]]),
-            desc(kpe, [1, block_n, kpe.shape[-1]]))
+    return (_desc(k, [1, block_n, 1, k.shape[-1]]), _desc(v, [1, block_n, 1, v.shape[-1]]),
+            _desc(kpe, [1, block_n, kpe.shape[-1]]))
 
 
 def mma_probe(programs: int, *, sp: int, warpgroups: int, iters: int = 20000, d: int = 128,

@@ -154,9 +154,9 @@ if GLUON_AVAILABLE:
         return warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
 
     @gluon.jit
-    def _rows_producer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
-                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal):
+    def rows_producer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
+                      k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
+                      qk_scale_log2, strides, causal):
         """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
         the last ones in registers), then every block into the consumer's ring (a whole number of
         steps: with ``STEP = 2`` and an odd block count, one more block past N, which TMA fills with
@@ -293,7 +293,7 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_state(q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES: gl.constexpr):
+    def rows_state(q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES: gl.constexpr):
         """A program's shared memory and barriers, initialised: per consumer its Q / Qpe buffer and
         ``STAGES`` ring slots of k, v and kpe; ``q_ready`` / ``q_empty`` and ``kv_ready`` /
         ``kv_empty`` per buffer."""
@@ -329,14 +329,14 @@ if GLUON_AVAILABLE:
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
-        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = _rows_state(
+        q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
             q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
         gl.warp_specialize([(_rows_consumer, (0, STEP) + args), (_rows_consumer, (1, STEP) + args),
-                            (_rows_producer, (0, STEP) + args), (_rows_producer, (1, STEP) + args)], [4, 1, 1],
+                            (rows_producer, (0, STEP) + args), (rows_producer, (1, STEP) + args)], [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
 
     #: the kernel's compiled launches, keyed by what it is specialised on
