@@ -154,6 +154,22 @@ if GLUON_AVAILABLE:
         return warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
 
     @gluon.jit
+    def _step_scores(W: gl.constexpr, STEP: gl.constexpr, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero):
+        """Wait for the ring slots of the step that starts at block counter ``c`` of consumer ``W``
+        and issue their score products: ``(slot_a, slot_b, tok_a, tok_b)`` (``tok_b`` is ``tok_a``
+        when ``STEP = 1``)."""
+        NS: gl.constexpr = k_smem.shape[0] // 2
+        slot_a = W * NS + c % NS
+        slot_b = W * NS + (c + 1) % NS
+        mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
+        tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
+        tok_b = tok_a
+        if STEP == 2:
+            mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
+            tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
+        return slot_a, slot_b, tok_a, tok_b
+
+    @gluon.jit
     def rows_producer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
                       qk_scale_log2, strides, causal):
@@ -231,14 +247,7 @@ if GLUON_AVAILABLE:
             qr_op = qr_smem.index(W).reshape([SP, P]).load(q_layout)
             mbarrier.arrive(q_empty.index(W), count=1)
             # step 0: scores and softmax; its P . V is issued in the next iteration
-            slot_a = W * NS + c % NS
-            slot_b = W * NS + (c + 1) % NS
-            mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
-            tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
-            tok_b = tok_a
-            if STEP == 2:
-                mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
-                tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
+            slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero)
             raw_a, raw_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a, tok_b))
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
             p_a, p_b, m_i, alpha, l_i = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
@@ -250,14 +259,8 @@ if GLUON_AVAILABLE:
             prev_b = slot_b
             c += STEP
             for t in range(1, steps):
-                slot_a = W * NS + c % NS
-                slot_b = W * NS + (c + 1) % NS
-                mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
-                tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
-                tok_b = tok_a
-                if STEP == 2:
-                    mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
-                    tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
+                slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c,
+                                                            s_zero)
                 o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
                 if STEP == 2:
                     o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
