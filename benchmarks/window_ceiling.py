@@ -620,6 +620,17 @@ def main(argv=None) -> int:
     def per_sm(nbytes, us, m):
         return nbytes / (us * 1e-6) / 1e9 / m
 
+    def sweep(into: str, label: str, call, nbytes: float, flops: float, **fields) -> None:
+        """Time ``call(m)`` on each program count ``m``; one row per count in ``record[into]``
+        (``fields``, the time, GB/s per SM of ``nbytes`` and TFLOP/s of ``flops``), printed."""
+        for m in programs:
+            t = time_fn(lambda: call(m), warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
+            r = dict(fields, programs=m, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
+                     tflops=flops / (t.median_us * 1e-6) / 1e12)
+            record[into].append(r)
+            print(f"{label} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s per SM {r['tflops']:.1f} TFLOP/s",
+                  flush=True)
+
     # 1. the ring probe: the window kernel's boxes through rings of several depths
     probe_cfgs = [(64, 2), (64, 3), (64, 4), (64, 5), (32, 4), (32, 8), (32, 10)] if 1 in parts else []
     for bn, slots in probe_cfgs:
@@ -673,15 +684,9 @@ def main(argv=None) -> int:
             continue
         nbytes = window_bytes(b, h, s, n, d, p)
         flops = window_flops(b, h, s, n, d, p)
-        for m in programs:
-            t = time_fn(lambda: expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
-                                                     block_n=bn, stages=stages),
-                        warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-            row = dict(s=s, programs=m, block_n=bn, stages=stages, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
-                       tflops=flops / (t.median_us * 1e-6) / 1e12)
-            record["window"].append(row)
-            print(f"window s={s} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM "
-                  f"{row['tflops']:.1f} TFLOP/s", flush=True)
+        sweep("window", f"window s={s}", lambda m: expanded_window_gluon(q, qpe, k, v, kpe, scale=scale, causal=True,
+                                                                        programs=m, block_n=bn, stages=stages),
+              nbytes, flops, s=s, block_n=bn, stages=stages)
         del q, qpe, o, lse
     # 4. the MMA rate of the window's score MMAs (N = the padded query tokens) on 1 or 2 warpgroups
     for sp in (16, 32, 64) if 4 in parts else ():
@@ -698,13 +703,8 @@ def main(argv=None) -> int:
     nbytes = window_bytes(b, h, 0, n, d, p)
     for sp in (16, 32, 64) if 5 in parts else ():
         flops = 2.0 * b * h * n * sp * ((d + p) + d)
-        for m in programs:
-            t = time_fn(lambda: stream_mma_probe(k, v, kpe, m, sp=sp), warmup=2, reps=20, min_reps=3,
-                        max_seconds=args.max_seconds, flush_l2=False)
-            row = dict(sp=sp, programs=m, us=t.median_us, gbs_per_sm=per_sm(nbytes, t.median_us, m),
-                       tflops=flops / (t.median_us * 1e-6) / 1e12)
-            record["stream_mma"].append(row)
-            print(f"stream+mma n={sp} m={m}: {t.median_us:.1f} us {row['gbs_per_sm']:.1f} GB/s per SM", flush=True)
+        sweep("stream_mma", f"stream+mma n={sp}", lambda m: stream_mma_probe(k, v, kpe, m, sp=sp), nbytes, flops,
+              sp=sp)
     write_json(args.out, record)
     # 6. the register-A form: loads straight into the A operand's registers, the same products
     reg_cfgs = [(0, False, False), (0, True, False), (2, True, False), (4, True, False), (0, True, True),
@@ -749,15 +749,10 @@ def main(argv=None) -> int:
             if not ok:
                 continue
             nbytes, flops = window_bytes(b, h, s_rows, n, d, p), window_flops(b, h, s_rows, n, d, p)
-            for m in programs:
-                t = time_fn(lambda: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m,
-                                                      block_n=bn, stages=stages, step=step),
-                            warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, step=step, us=t.median_us,
-                         gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
-                record["rows"].append(r)
-                print(f"rows s={s_rows} bn={bn} step {step} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s "
-                      f"per SM {r['tflops']:.1f} TFLOP/s", flush=True)
+            sweep("rows", f"rows s={s_rows} bn={bn} step {step}",
+                  lambda m: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m, block_n=bn,
+                                              stages=stages, step=step),
+                  nbytes, flops, s=s_rows, block_n=bn, stages=stages, step=step)
         write_json(args.out, record)
         del q, qpe
 
@@ -766,11 +761,10 @@ def main(argv=None) -> int:
         q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
         for bn, stages in ((32, 4), (64, 2)):
             out = rows_products_probe(q, qpe, k, v, kpe, 44, block_n=bn, stages=stages)
-            # the probe's P is the raw scores in bf16, one block at a time
-            i0 = 0
+            # item 0 (sequence 0, head 0); the probe's P is the raw scores in bf16
             sc = (q[0, 0].float() @ k[0, :, 0].float().T + qpe[0, 0].float() @ kpe[0].float().T)
             ref = sc.to(torch.bfloat16).float() @ v[0, :, 0].float()
-            err = ((out[i0, :s_rows].float() - ref).abs().max() / ref.abs().max()).item()
+            err = ((out[0, :s_rows].float() - ref).abs().max() / ref.abs().max()).item()
             ok = err < 2e-2
             record["checks"].append(dict(form="rows products", s=s_rows, block_n=bn, stages=stages, max_rel_err=err,
                                          ok=ok))
@@ -778,14 +772,9 @@ def main(argv=None) -> int:
             if not ok:
                 continue
             nbytes, flops = window_bytes(b, h, s_rows, n, d, p), 2.0 * b * h * 64 * n * (2 * d + p)
-            for m in programs:
-                t = time_fn(lambda: rows_products_probe(q, qpe, k, v, kpe, m, block_n=bn, stages=stages),
-                            warmup=2, reps=20, min_reps=3, max_seconds=args.max_seconds, flush_l2=False)
-                r = dict(s=s_rows, programs=m, block_n=bn, stages=stages, us=t.median_us,
-                         gbs_per_sm=per_sm(nbytes, t.median_us, m), tflops=flops / (t.median_us * 1e-6) / 1e12)
-                record["rows_products"].append(r)
-                print(f"rows products s={s_rows} bn={bn} m={m}: {t.median_us:.1f} us {r['gbs_per_sm']:.1f} GB/s per "
-                      f"SM {r['tflops']:.1f} TFLOP/s (64 rows)", flush=True)
+            sweep("rows_products", f"rows products s={s_rows} bn={bn} (64 rows)",
+                  lambda m: rows_products_probe(q, qpe, k, v, kpe, m, block_n=bn, stages=stages), nbytes, flops,
+                  s=s_rows, block_n=bn, stages=stages)
         write_json(args.out, record)
         del q, qpe
 
