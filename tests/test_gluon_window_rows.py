@@ -85,6 +85,7 @@ def test_applies():
     assert not wr.rows_applies(*_inputs(1, 2, 64, 100), True, step=3)
     assert not wr.rows_applies(*_inputs(1, 2, 64, 100), True, block_n=64, stages=2, step=2)   # spills
     assert not wr.rows_applies(*_inputs(1, 2, 64, 100), True, stages=1, step=2)              # a step's slots
+    assert not wr.rows_applies(*_inputs(1, 2, 64, 100), True, stages=3, step=2)              # pairs of slots
     assert wr.rows_applies(*_inputs(1, 2, 64, 40), False)
     assert not wr.rows_applies(*(t.float() for t in _inputs(1, 2, 8, 100)), True)
     assert not wr.rows_applies(*_inputs(1, 2, 8, 100), True, block_n=16)

@@ -194,7 +194,8 @@ if GLUON_AVAILABLE:
             tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(W))
             for j in range(nb):
                 slot = W * NS + c % NS
-                mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=c >= NS)
+                # a step's blocks are freed together: their first slot's barrier (see _rows_consumer)
+                mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=(c >= NS) & (c % STEP == 0))
                 bar = kv_ready.index(slot)
                 mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kr_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
@@ -269,9 +270,8 @@ if GLUON_AVAILABLE:
                                                               qk_scale_log2, BN, STEP)
                 l_i = l_i * alpha + row_sum
                 acc, pa_op, pb_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))
+                # one release per step: the step's first slot's barrier frees all its blocks
                 mbarrier.arrive(kv_empty.index(prev_a), count=1)
-                if STEP == 2:
-                    mbarrier.arrive(kv_empty.index(prev_b), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
                 pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
@@ -283,8 +283,6 @@ if GLUON_AVAILABLE:
                 o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))[0]
             mbarrier.arrive(kv_empty.index(prev_a), count=1)
-            if STEP == 2:
-                mbarrier.arrive(kv_empty.index(prev_b), count=1)
             # ---- epilogue: lse, then o, straight from registers
             l_ok = l_i > 0
             lse = gl.where(l_ok, (m_i * qk_scale_log2 + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453,
@@ -358,7 +356,7 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
     n, p = k_new.shape[1], qpe.shape[-1]
     return (GLUON_AVAILABLE and q.dtype in (torch.bfloat16, torch.float16) and 0 < s <= MAX_S and n > 0
             and (n >= s or not causal) and d % 64 == 0 and d <= 128 and p % 16 == 0 and 0 < p <= d
-            and block_n in (32, 64) and stages >= 1 and step in STEPS and stages >= step
+            and block_n in (32, 64) and stages >= 1 and step in STEPS and stages % step == 0
             and (step == 1 or block_n == 32)
             and smem_bytes(d, p, block_n, stages) + 1024 <= _SMEM_LIMIT
             and tma_compatible(k_new, v_new, kpe_new))
@@ -383,7 +381,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     block_n : int                             keys per block, 32 or 64
     stages : int                              ring depth per consumer
     step : int                                ring blocks per softmax step, 1 or 2 (2: one running-max
-                                              update and rescale per two blocks; needs ``stages >= 2``)
+                                              update and rescale per two blocks; ``stages`` a multiple of it)
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
