@@ -53,8 +53,9 @@ def test_compiles_rows_on_m_with_register_operands(builds, idx):
     # per consumer, twice (step 0 before the loop, the loop), once per block of a step: S = Q . K^T
     # over D + P in k16 steps, 64 rows x bn keys; O += P . V: 64 rows x D over bn keys, in the loop
     # and after it
+    # and the row sums P . 1 beside it (64 rows x 8 columns of ones over bn keys)
     assert build.hgmma == {f"64x{bn}x16": 2 * 2 * step * (D + P) // 16,
-                           f"64x{D}x16": 2 * 2 * step * bn // 16}, build.hgmma
+                           f"64x{D}x16": 2 * 2 * step * bn // 16, "64x8x16": 2 * 2 * step * bn // 16}, build.hgmma
     # both products take their A operand from registers: no A descriptor on any HGMMA
     assert all(line.count("gdesc") == 1 for line in build.sass.splitlines() if "HGMMA." in line)
     assert "setmaxnreg.dec" in build.ptx and "setmaxnreg.inc" in build.ptx
@@ -90,7 +91,7 @@ def test_applies():
     assert not wr.rows_applies(*(t.float() for t in _inputs(1, 2, 8, 100)), True)
     assert not wr.rows_applies(*_inputs(1, 2, 8, 100), True, block_n=16)
     assert not wr.rows_applies(*_inputs(1, 2, 8, 100), True, stages=8)       # 8 x 20 KiB per consumer: too much
-    assert wr.smem_bytes(D, P) == 2 * (64 * 192 + 4 * 32 * 320) * 2
+    assert wr.smem_bytes(D, P) == (2 * (64 * 192 + 4 * 32 * 320) + 32 * 8) * 2
 
 
 def test_launcher_rejects_cpu_tensors_and_bad_arguments():

@@ -32,17 +32,20 @@ no partition measured with it beats the expanded kernel at s = 64 yet.
   block under one mbarrier) and its own producer warp, so the two pipelines share nothing but
   the SM. An item's output is one consumer's: no hand-over, no merge.
 * **Consumer** (software-pipelined as FA3's intra-warpgroup overlap): in iteration ``j`` it
-  issues step ``j``'s score products, then ``P_{j-1} . V_{j-1}``, waits for the scores only, runs
-  step ``j``'s softmax while the output product runs, then waits for it, frees step ``j - 1``'s
-  buffers and rescales. A step is one ring block, or two (``step=2``: one running-max update, one
-  pair of row reductions and one rescale of the output per two 32-key blocks). The running max
-  is kept in raw score units, so the softmax scale costs one FFMA per score with the exponent's
-  subtraction. The Q buffer is freed as soon as Q is in registers, so the producer loads the next
-  item's queries under this item's blocks.
+  issues step ``j``'s score products, then ``P_{j-1} . V_{j-1}`` and ``P_{j-1} . 1`` (the row sums,
+  on the tensor cores: a ``[BLOCK_N, 8]`` shared-memory tile of ones, so ``l`` is an ``[64, 8]``
+  accumulator rescaled with the output instead of a row reduction per step, and sums the same
+  rounded ``P`` the output product reads), waits for the scores only, runs step ``j``'s softmax
+  while the output products run, then waits for them, frees step ``j - 1``'s buffers (one
+  barrier per step) and rescales. A step is one ring block, or two (``step=2``: one running-max
+  update and one rescale of the output per two 32-key blocks). The running max is kept in raw
+  score units, so the softmax scale costs one FFMA per score with the exponent's subtraction.
+  The Q buffer is freed as soon as Q is in registers, so the producer loads the next item's
+  queries under this item's blocks.
 * **Epilogue.** ``o`` and ``lse`` stored from registers (rows past S masked; ``o`` rows contiguous).
 
 Shared memory (bf16, D = 128, P = 64, 64 rows, BLOCK_N = 32, 4 stages): per consumer Q + Qpe
-24 KiB and 4 x 20 KiB of keys, 208 KiB per program: one program per SM.
+24 KiB and 4 x 20 KiB of keys, 208 KiB per program (and the 512-byte tile of ones): one program per SM.
 
 Causal masking as :mod:`window_gluon`: query i of S sees window key j <= N - S + i, only in
 blocks that can hold a masked key; keys past N read as zeros (TMA) and are masked.
@@ -69,7 +72,8 @@ from mla_var3.kernel.hopper._gluon import GLUON_AVAILABLE
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
 
 __all__ = ["DEFAULT_BLOCK_N", "DEFAULT_STAGES", "DEFAULT_STEP", "MAX_S", "ROWS", "STEPS", "compile_for_sm90",
            "rows_applies", "smem_bytes", "window_rows_gluon"]
@@ -91,8 +95,8 @@ _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 def smem_bytes(d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                elem_bytes: int = 2) -> int:
     """Shared memory of one program: per consumer its Q / Qpe tile (``ROWS`` rows) and ``stages``
-    buffers of k, v and kpe (``block_n`` keys)."""
-    return 2 * (ROWS * (d + p) + stages * block_n * (2 * d + p)) * elem_bytes
+    buffers of k, v and kpe (``block_n`` keys); the row sums' ``[block_n, 8]`` tile of ones."""
+    return (2 * (ROWS * (d + p) + stages * block_n * (2 * d + p)) + block_n * 8) * elem_bytes
 
 
 if GLUON_AVAILABLE:
@@ -122,8 +126,8 @@ if GLUON_AVAILABLE:
         """The softmax of one step: block ``j``'s scores (``raw_a``), and with ``STEP = 2`` block
         ``j + 1``'s (``raw_b``) under one running max. The max ``m_i`` is kept in raw score units
         (the scale is positive), so the scale costs nothing apart from the FFMA of :func:`_exp`.
-        Returns ``(p_a, p_b, m_new, alpha, row_sum)`` (``p_b`` is ``p_a`` when ``STEP = 1``; ``row_sum``
-        the step's probabilities summed per row, one reduction for both blocks)."""
+        Returns ``(p_a, p_b, m_new, alpha)`` (``p_b`` is ``p_a`` when ``STEP = 1``); the row sums are
+        the tensor cores' (``P . 1`` beside ``P . V``, see :func:`_rows_consumer`)."""
         raw_a = _masked(raw_a, j, full_keys, limit, cols, BN)
         if STEP == 2:
             # one row reduction for both blocks
@@ -137,11 +141,7 @@ if GLUON_AVAILABLE:
         if STEP == 2:
             p_b = _exp(raw_b, m_scaled, qk_scale_log2)
         alpha = gl.exp2(m_i * qk_scale_log2 - m_scaled)
-        if STEP == 2:
-            row_sum = gl.sum(p_a + p_b, axis=1)
-        else:
-            row_sum = gl.sum(p_a, axis=1)
-        return p_a, p_b, m_new, alpha, row_sum
+        return p_a, p_b, m_new, alpha
 
     @gluon.jit
     def _scores(q_op, qr_op, k_smem, kr_smem, slot, s_zero):
@@ -207,7 +207,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
                        k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal):
+                       qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
         ``STEP`` blocks), then ``o`` and ``lse``."""
         NS: gl.constexpr = k_smem.shape[0] // 2
@@ -220,6 +220,9 @@ if GLUON_AVAILABLE:
         o_layout: gl.constexpr = rows_mma_layout(D)
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        l_layout: gl.constexpr = rows_mma_layout(8)
+        p8_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
+        l_rows: gl.constexpr = gl.SliceLayout(1, l_layout)
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -251,11 +254,12 @@ if GLUON_AVAILABLE:
             slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero)
             raw_a, raw_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a, tok_b))
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
-            p_a, p_b, m_i, alpha, l_i = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
-                                                      BN, STEP)
+            p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
+                                                 BN, STEP)
             pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
             pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
             acc = gl.zeros([SP, D], gl.float32, o_layout)
+            l_acc = gl.zeros([SP, 8], gl.float32, l_layout)
             prev_a = slot_a
             prev_b = slot_b
             c += STEP
@@ -263,25 +267,30 @@ if GLUON_AVAILABLE:
                 slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c,
                                                             s_zero)
                 o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
+                l_tok = warpgroup_mma(gl.convert_layout(pa_op, p8_layout), ones_smem, l_acc, is_async=True)
                 if STEP == 2:
                     o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
-                raw_a, raw_b = warpgroup_mma_wait(num_outstanding=STEP, deps=(tok_a, tok_b))
-                p_a, p_b, m_i, alpha, row_sum = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
-                                                              qk_scale_log2, BN, STEP)
-                l_i = l_i * alpha + row_sum
-                acc, pa_op, pb_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))
+                    l_tok = warpgroup_mma(gl.convert_layout(pb_op, p8_layout), ones_smem, l_tok, is_async=True)
+                raw_a, raw_b = warpgroup_mma_wait(num_outstanding=2 * STEP, deps=(tok_a, tok_b))
+                p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
+                                                     qk_scale_log2, BN, STEP)
+                acc, l_acc, pa_op, pb_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op))
                 # one release per step: the step's first slot's barrier frees all its blocks
                 mbarrier.arrive(kv_empty.index(prev_a), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
                 pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
                 pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
                 prev_a = slot_a
                 prev_b = slot_b
                 c += STEP
             o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
+            l_tok = warpgroup_mma(gl.convert_layout(pa_op, p8_layout), ones_smem, l_acc, is_async=True)
             if STEP == 2:
                 o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pa_op, pb_op))[0]
+                l_tok = warpgroup_mma(gl.convert_layout(pb_op, p8_layout), ones_smem, l_tok, is_async=True)
+            acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op))[:2]
+            l_i = gl.convert_layout(gl.max(l_acc, axis=1), s_rows)
             mbarrier.arrive(kv_empty.index(prev_a), count=1)
             # ---- epilogue: lse, then o, straight from registers
             l_ok = l_i > 0
@@ -333,10 +342,16 @@ if GLUON_AVAILABLE:
         q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
             q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES)
         causal = gl.to_tensor(CAUSAL).to(gl.int32)
+        BN: gl.constexpr = k_desc.block_type.shape[1]
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, 8], q_desc.dtype)
+        ones_smem = gl.allocate_shared_memory(q_desc.dtype, [BN, 8], ones_layout)
+        ones_smem.store(gl.full([BN, 8], 1.0, q_desc.dtype, gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])))
+        fence_async_shared()
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
-        gl.warp_specialize([(_rows_consumer, (0, STEP) + args), (_rows_consumer, (1, STEP) + args),
+        gl.warp_specialize([(_rows_consumer, (0, STEP) + args + (ones_smem,)),
+                            (_rows_consumer, (1, STEP) + args + (ones_smem,)),
                             (rows_producer, (0, STEP) + args), (rows_producer, (1, STEP) + args)], [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
 
