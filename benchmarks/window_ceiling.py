@@ -28,7 +28,7 @@ kpe ``[B, N, P]``):
    registers, k, kpe and v read once from shared memory as B operands, two independent pipelines
    per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
    s in {64, 48, 32} beside part 3's swap-AB kernel, with one and (32-key blocks) two ring blocks
-   per softmax step.
+   per softmax step, the latter also with keys and values on their own barriers (``split``).
 8. **The rows form's products alone**: part 7's program (its producers, ring and Q in
    registers) with consumers that issue its two products per block in its order but skip the
    softmax (P = the raw scores in bf16): what its loads and register-A products allow without the
@@ -294,7 +294,7 @@ if GLUON_AVAILABLE:
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, o_ptr, S, 1.0, strides, causal)
         gl.warp_specialize([(_rows_products_consumer, (0, 1) + args), (_rows_products_consumer, (1, 1) + args),
-                            (rows_producer, (0, 1) + args), (rows_producer, (1, 1) + args)], [4, 1, 1],
+                            (rows_producer, (0, 1, 0) + args), (rows_producer, (1, 1, 0) + args)], [4, 1, 1],
                            [224, 24, 24])
 
 
@@ -569,8 +569,8 @@ def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
 
 
 #: the rows form's configurations of part 7: (keys per block, ring slots per consumer, blocks per
-#: softmax step)
-ROWS_CONFIGS = ((32, 4, 1), (32, 4, 2), (64, 2, 1))
+#: softmax step, keys and values on their own barriers)
+ROWS_CONFIGS = ((32, 4, 1, False), (32, 4, 2, False), (32, 4, 2, True), (64, 2, 1, False))
 
 def window_bytes(b, h, s, n, d, p, kpe_per_head: bool = False) -> int:
     """Bytes the window call must move: k and v per head, kpe once per token (or per head, as the
@@ -736,23 +736,23 @@ def main(argv=None) -> int:
     for s_rows in (64, 48, 32) if 7 in parts else ():
         q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
         scale = (d + p) ** -0.5
-        for bn, stages, step in ROWS_CONFIGS:
+        for bn, stages, step, split in ROWS_CONFIGS:
             o, lse = window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, block_n=bn,
-                                       stages=stages, step=step)
+                                       stages=stages, step=step, split=split)
             ref_o, ref_lse = R.flash_attention(q[:2], qpe[:2], k[:2], v[:2], kpe[:2], scale, True)
             errs = [(o[:2].float() - ref_o.float()).abs().max().item(), (lse[:2] - ref_lse.float()).abs().max().item()]
             ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
-            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, step=step,
+            record["checks"].append(dict(form="rows", s=s_rows, block_n=bn, stages=stages, step=step, split=split,
                                          max_err=max(errs), ok=ok))
-            print(f"rows s={s_rows} bn={bn} step {step}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}",
-                  flush=True)
+            print(f"rows s={s_rows} bn={bn} step {step} split {split:d}: max err {max(errs):.2e} "
+                  f"{'ok' if ok else 'FAILED'}", flush=True)
             if not ok:
                 continue
             nbytes, flops = window_bytes(b, h, s_rows, n, d, p), window_flops(b, h, s_rows, n, d, p)
-            sweep("rows", f"rows s={s_rows} bn={bn} step {step}",
+            sweep("rows", f"rows s={s_rows} bn={bn} step {step} split {split:d}",
                   lambda m: window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=m, block_n=bn,
-                                              stages=stages, step=step),
-                  nbytes, flops, s=s_rows, block_n=bn, stages=stages, step=step)
+                                              stages=stages, step=step, split=split),
+                  nbytes, flops, s=s_rows, block_n=bn, stages=stages, step=step, split=split)
         write_json(args.out, record)
         del q, qpe
 
@@ -803,9 +803,10 @@ def main(argv=None) -> int:
         row(f"window s={s}", [r for r in record["window"] if r["s"] == s],
             lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 48, 32):
-        for bn, stages, step in ROWS_CONFIGS:
-            row(f"rows s={s_rows}, {bn} keys x {stages}, step {step}",
-                [r for r in record["rows"] if (r["s"], r["block_n"], r.get("step")) == (s_rows, bn, step)],
+        for bn, stages, step, split in ROWS_CONFIGS:
+            row(f"rows s={s_rows}, {bn} keys x {stages}, step {step}{', split' if split else ''}",
+                [r for r in record["rows"]
+                 if (r["s"], r["block_n"], r.get("step"), r.get("split", False)) == (s_rows, bn, step, split)],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 32):
         for bn, stages in ((32, 4), (64, 2)):

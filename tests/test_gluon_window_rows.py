@@ -8,7 +8,8 @@ NaN-poisoned, on s = 64, 33 and 1, ragged N, N = s (one block), not causal, an o
 items per program (the second pipeline idle at the end), more programs than items, both block
 sizes, an ``out`` whose rows are not contiguous, and a running max that moves across blocks; each
 with one and with two ring blocks per softmax step (two: an odd block count reads one block past
-N, zero-filled and masked).
+N, zero-filled and masked), and with the keys and values on one barrier per slot or their own
+(``split``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 COMPILE_VARIANTS = [dict(block_n=32, stages=4, dtype="bf16", causal=True),
                     dict(block_n=32, stages=4, dtype="fp16", causal=False),
                     dict(block_n=64, stages=2, dtype="bf16", causal=True),
-                    dict(block_n=32, stages=4, dtype="bf16", causal=True, step=2)]
+                    dict(block_n=32, stages=4, dtype="bf16", causal=True, step=2),
+                    dict(block_n=32, stages=4, dtype="bf16", causal=True, step=2, split=True),
+                    dict(block_n=32, stages=4, dtype="fp16", causal=False, step=1, split=True)]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,8 @@ SHAPES = [
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda sh: "b{}-h{}-s{}-n{}-c{:d}-m{}-bn{}x{}".format(*sh[:6], *sh[6]))
 @pytest.mark.parametrize("step", wr.STEPS)
-def test_matches_reference(shape, step):
+@pytest.mark.parametrize("split", [False, True], ids=["one-barrier", "split"])
+def test_matches_reference(shape, step, split):
     b, h, s, n, causal, programs, (bn, stages) = shape
     if step == 2 and bn != 32:
         pytest.skip("two-block steps are built for 32-key blocks")
@@ -137,7 +141,7 @@ def test_matches_reference(shape, step):
     out = poisoned((b, h, s, D), dtype, "cuda")
     scale = (D + P) ** -0.5
     o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=causal, programs=programs, block_n=bn,
-                                  stages=stages, step=step, out=out)
+                                  stages=stages, step=step, split=split, out=out)
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, causal, None)
     assert o is out
     assert_close(o, ref_o, dtype, name="o")
@@ -158,8 +162,9 @@ def test_an_out_with_strided_rows_is_written_through_a_copy():
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm_90) GPU")
 @pytest.mark.parametrize("step", wr.STEPS)
+@pytest.mark.parametrize("split", [False, True], ids=["one-barrier", "split"])
 @pytest.mark.parametrize("rising", [True, False], ids=["max-rises", "max-falls"])
-def test_running_max_moving_across_blocks(rising, step):
+def test_running_max_moving_across_blocks(rising, step, split):
     b, h, s, n = 1, 4, 64, 700
     q, qpe, k, v, kpe = _inputs(b, h, s, n, torch.bfloat16, "cuda", seed=7)
     ramp = torch.linspace(0.05, 6.0, n, device="cuda")
@@ -168,7 +173,8 @@ def test_running_max_moving_across_blocks(rising, step):
     kpe = (kpe.float() * ramp[None, :, None]).to(torch.bfloat16)
     out = poisoned((b, h, s, D), torch.bfloat16, "cuda")
     scale = (D + P) ** -0.5
-    o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=2, step=step, out=out)
+    o, lse = wr.window_rows_gluon(q, qpe, k, v, kpe, scale=scale, causal=True, programs=2, step=step, split=split,
+                                  out=out)
     ref_o, ref_lse = R.flash_attention(q, qpe, k, v, kpe, scale, True, None)
     assert_close(o, ref_o, torch.bfloat16, name="o")
     assert_close(lse, ref_lse, tol=LSE_TOLERANCE[torch.bfloat16], name="lse")

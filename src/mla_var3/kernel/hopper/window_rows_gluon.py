@@ -38,10 +38,13 @@ no partition measured with it beats the expanded kernel at s = 64 yet.
   rounded ``P`` the output product reads), waits for the scores only, runs step ``j``'s softmax
   while the output products run, then waits for them, frees step ``j - 1``'s buffers (one
   barrier per step) and rescales. A step is one ring block, or two (``step=2``: one running-max
-  update and one rescale of the output per two 32-key blocks). The running max is kept in raw
-  score units, so the softmax scale costs one FFMA per score with the exponent's subtraction.
-  The Q buffer is freed as soon as Q is in registers, so the producer loads the next item's
-  queries under this item's blocks.
+  update and one rescale of the output per two 32-key blocks). With ``split=True`` the keys and
+  the values of a slot have their own barriers: the keys are freed once the step's scores are
+  done, and the producer loads them one step ahead of the values (with two blocks per step and
+  one barrier per slot, a step's scores and the previous step's output product hold all four
+  slots of the ring). The running max is kept in raw score units, so the softmax scale costs
+  one FFMA per score with the exponent's subtraction. The Q buffer is freed as soon as Q is in
+  registers, so the producer loads the next item's queries under this item's blocks.
 * **Epilogue.** ``o`` and ``lse`` stored from registers (rows past S masked; ``o`` rows contiguous).
 
 Shared memory (bf16, D = 128, P = 64, 64 rows, BLOCK_N = 32, 4 stages): per consumer Q + Qpe
@@ -170,13 +173,35 @@ if GLUON_AVAILABLE:
         return slot_a, slot_b, tok_a, tok_b
 
     @gluon.jit
-    def rows_producer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
+    def _step_output(SPLIT: gl.constexpr, STEP: gl.constexpr, pa_op, pb_op, v_smem, ones_smem, kv_ready, slot_a,
+                     slot_b, c, acc, l_acc, p8_layout: gl.constexpr):
+        """Issue the output products of the step at block counter ``c`` (in slots ``slot_a`` /
+        ``slot_b``): ``P . V`` into ``acc`` and the row sums ``P . 1`` into ``l_acc``, each block's
+        after its values are in (``SPLIT``: their own barrier). Returns their tokens."""
+        NS: gl.constexpr = v_smem.shape[0] // 2
+        BN: gl.constexpr = v_smem.shape[2]
+        D: gl.constexpr = v_smem.shape[4]
+        if SPLIT:
+            mbarrier.wait(kv_ready.index(slot_a + 2 * NS), (c // NS) & 1)
+        o_tok = warpgroup_mma(pa_op, v_smem.index(slot_a).reshape([BN, D]), acc, is_async=True)
+        l_tok = warpgroup_mma(gl.convert_layout(pa_op, p8_layout), ones_smem, l_acc, is_async=True)
+        if STEP == 2:
+            if SPLIT:
+                mbarrier.wait(kv_ready.index(slot_b + 2 * NS), ((c + 1) // NS) & 1)
+            o_tok = warpgroup_mma(pb_op, v_smem.index(slot_b).reshape([BN, D]), o_tok, is_async=True)
+            l_tok = warpgroup_mma(gl.convert_layout(pb_op, p8_layout), ones_smem, l_tok, is_async=True)
+        return o_tok, l_tok
+
+    @gluon.jit
+    def rows_producer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
                       qk_scale_log2, strides, causal):
         """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
         the last ones in registers), then every block into the consumer's ring (a whole number of
         steps: with ``STEP = 2`` and an odd block count, one more block past N, which TMA fills with
-        zeros and the consumer masks)."""
+        zeros and the consumer masks). With ``SPLIT`` the keys (k, kpe) and the values go on their
+        own barriers (the values' at ``+ 2 * STAGES``) and the values follow one step behind the
+        keys, so a free key slot is refilled without waiting for a value slot."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         pid = gl.program_id(0)
@@ -192,24 +217,40 @@ if GLUON_AVAILABLE:
             mbarrier.expect(bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [item, 0, 0], bar, q_smem.index(W))
             tma.async_copy_global_to_shared(qr_desc, [item, 0, 0], bar, qr_smem.index(W))
-            for j in range(nb):
-                slot = W * NS + c % NS
-                # a step's blocks are freed together: their first slot's barrier (see _rows_consumer)
-                mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=(c >= NS) & (c % STEP == 0))
-                bar = kv_ready.index(slot)
-                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
-                tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
-                tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+            for j in range(nb + SPLIT * STEP):
+                if j < nb:
+                    slot = W * NS + c % NS
+                    # a step's blocks are freed together: their first slot's barrier (see _rows_consumer)
+                    mbarrier.wait(kv_empty.index(slot), ((c // NS) & 1) ^ 1, pred=(c >= NS) & (c % STEP == 0))
+                    bar = kv_ready.index(slot)
+                    if SPLIT:
+                        mbarrier.expect(bar, k_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+                    else:
+                        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                        + kr_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(v_desc, [b, j * BN, h, 0], bar, v_smem.index(slot))
+                    tma.async_copy_global_to_shared(k_desc, [b, j * BN, h, 0], bar, k_smem.index(slot))
+                    tma.async_copy_global_to_shared(kr_desc, [b, j * BN, 0], bar, kr_smem.index(slot))
+                if SPLIT:
+                    if j >= STEP:
+                        cv = c - STEP       # the values of block j - STEP
+                        vslot = W * NS + cv % NS
+                        mbarrier.wait(kv_empty.index(vslot + 2 * NS), ((cv // NS) & 1) ^ 1,
+                                      pred=(cv >= NS) & (cv % STEP == 0))
+                        bar = kv_ready.index(vslot + 2 * NS)
+                        mbarrier.expect(bar, v_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(v_desc, [b, (j - STEP) * BN, h, 0], bar, v_smem.index(vslot))
                 c += 1
+            c -= SPLIT * STEP
             it += 1
 
     @gluon.jit
-    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
+    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
                        k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
                        qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
-        ``STEP`` blocks), then ``o`` and ``lse``."""
+        ``STEP`` blocks), then ``o`` and ``lse``. With ``SPLIT`` (see :func:`rows_producer`) a step's
+        key slots are freed once its scores are done, its value slots once its output product is."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -253,6 +294,8 @@ if GLUON_AVAILABLE:
             # step 0: scores and softmax; its P . V is issued in the next iteration
             slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero)
             raw_a, raw_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a, tok_b))
+            if SPLIT:
+                mbarrier.arrive(kv_empty.index(slot_a), count=1)
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
             p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
                                                  BN, STEP)
@@ -266,17 +309,16 @@ if GLUON_AVAILABLE:
             for t in range(1, steps):
                 slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c,
                                                             s_zero)
-                o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
-                l_tok = warpgroup_mma(gl.convert_layout(pa_op, p8_layout), ones_smem, l_acc, is_async=True)
-                if STEP == 2:
-                    o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
-                    l_tok = warpgroup_mma(gl.convert_layout(pb_op, p8_layout), ones_smem, l_tok, is_async=True)
+                o_tok, l_tok = _step_output(SPLIT, STEP, pa_op, pb_op, v_smem, ones_smem, kv_ready, prev_a, prev_b,
+                                            c - STEP, acc, l_acc, p8_layout)
                 raw_a, raw_b = warpgroup_mma_wait(num_outstanding=2 * STEP, deps=(tok_a, tok_b))
+                if SPLIT:
+                    mbarrier.arrive(kv_empty.index(slot_a), count=1)
                 p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
                                                      qk_scale_log2, BN, STEP)
                 acc, l_acc, pa_op, pb_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op))
-                # one release per step: the step's first slot's barrier frees all its blocks
-                mbarrier.arrive(kv_empty.index(prev_a), count=1)
+                # one release per step: the step's first slot's barrier frees all its blocks (their values)
+                mbarrier.arrive(kv_empty.index(prev_a + SPLIT * 2 * NS), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
                 pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
@@ -284,14 +326,11 @@ if GLUON_AVAILABLE:
                 prev_a = slot_a
                 prev_b = slot_b
                 c += STEP
-            o_tok = warpgroup_mma(pa_op, v_smem.index(prev_a).reshape([BN, D]), acc, is_async=True)
-            l_tok = warpgroup_mma(gl.convert_layout(pa_op, p8_layout), ones_smem, l_acc, is_async=True)
-            if STEP == 2:
-                o_tok = warpgroup_mma(pb_op, v_smem.index(prev_b).reshape([BN, D]), o_tok, is_async=True)
-                l_tok = warpgroup_mma(gl.convert_layout(pb_op, p8_layout), ones_smem, l_tok, is_async=True)
+            o_tok, l_tok = _step_output(SPLIT, STEP, pa_op, pb_op, v_smem, ones_smem, kv_ready, prev_a, prev_b,
+                                        c - STEP, acc, l_acc, p8_layout)
             acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op))[:2]
             l_i = gl.convert_layout(gl.max(l_acc, axis=1), s_rows)
-            mbarrier.arrive(kv_empty.index(prev_a), count=1)
+            mbarrier.arrive(kv_empty.index(prev_a + SPLIT * 2 * NS), count=1)
             # ---- epilogue: lse, then o, straight from registers
             l_ok = l_i > 0
             lse = gl.where(l_ok, (m_i * qk_scale_log2 + gl.log2(gl.where(l_ok, l_i, 1.0))) * 0.6931471805599453,
@@ -305,8 +344,8 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def rows_state(q_desc, qr_desc, k_desc, v_desc, kr_desc, STAGES: gl.constexpr):
         """A program's shared memory and barriers, initialised: per consumer its Q / Qpe buffer and
-        ``STAGES`` ring slots of k, v and kpe; ``q_ready`` / ``q_empty`` and ``kv_ready`` /
-        ``kv_empty`` per buffer."""
+        ``STAGES`` ring slots of k, v and kpe; ``q_ready`` / ``q_empty`` per buffer and ``kv_ready`` /
+        ``kv_empty`` twice per slot (the second half the values' own, used with ``SPLIT``)."""
         BN: gl.constexpr = k_desc.block_type.shape[1]
         D: gl.constexpr = k_desc.block_type.shape[3]
         P: gl.constexpr = kr_desc.block_type.shape[2]
@@ -319,12 +358,12 @@ if GLUON_AVAILABLE:
         kr_smem = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, BN, P], kr_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [4 * STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [4 * STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
-        for i in gl.static_range(2 * STAGES):
+        for i in gl.static_range(4 * STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=1)
         return q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty
@@ -336,7 +375,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
@@ -350,9 +389,10 @@ if GLUON_AVAILABLE:
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
-        gl.warp_specialize([(_rows_consumer, (0, STEP) + args + (ones_smem,)),
-                            (_rows_consumer, (1, STEP) + args + (ones_smem,)),
-                            (rows_producer, (0, STEP) + args), (rows_producer, (1, STEP) + args)], [4, 1, 1],
+        gl.warp_specialize([(_rows_consumer, (0, STEP, SPLIT) + args + (ones_smem,)),
+                            (_rows_consumer, (1, STEP, SPLIT) + args + (ones_smem,)),
+                            (rows_producer, (0, STEP, SPLIT) + args), (rows_producer, (1, STEP, SPLIT) + args)],
+                           [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
 
     #: the kernel's compiled launches, keyed by what it is specialised on
@@ -380,7 +420,7 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
 def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                      step: int = DEFAULT_STEP, out: torch.Tensor | None = None
+                      step: int = DEFAULT_STEP, split: bool = False, out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
     wgmma's M side), on ``programs`` persistent programs (sm_90).
@@ -397,6 +437,10 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     stages : int                              ring depth per consumer
     step : int                                ring blocks per softmax step, 1 or 2 (2: one running-max
                                               update and rescale per two blocks; ``stages`` a multiple of it)
+    split : bool                              keys and values on their own barriers, the values loaded
+                                              one step behind the keys and each freed as soon as read
+                                              (for two blocks per step, where one barrier per slot
+                                              holds all four slots of the ring; see the devlog)
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
@@ -438,7 +482,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     key = (q.dtype, d, p, block_n, stages, bool(causal), step, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
            int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step), num_warps=4)
+                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split))), num_warps=4)
     if not direct:
         out.copy_(o)
         return out, lse
@@ -446,7 +490,8 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
 
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                     dtype: str = "bf16", causal: bool = True, step: int = DEFAULT_STEP, capability: int = 90):
+                     dtype: str = "bf16", causal: bool = True, step: int = DEFAULT_STEP, split: bool = False,
+                     capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _base.require_gluon()
@@ -465,8 +510,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-        "STEP": "constexpr",
+        "STEP": "constexpr", "SPLIT": "constexpr",
     }
-    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs={"STAGES": stages, "CAUSAL": causal,
-                                                                                   "STEP": step})
+    constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split))}
+    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
