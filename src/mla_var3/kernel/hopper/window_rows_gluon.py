@@ -23,8 +23,10 @@ tokens); :func:`mla_var3.kernel.hopper.window_gluon` stays the form there.
 
 Measured on an H100 (docs/kernels/mla-var6-plus/window.md, "The rows form"): 49-53 GB/s per SM at
 s = 64 on 8-66 SMs, 2.1-2.5x the swap-AB kernel, and level with it at s = 32; flat over the SM
-count at half the dense MMA rate, so its limit is inside the SM. Not on the hybrid's default path:
-no partition measured with it beats the expanded kernel at s = 64 yet.
+count at half the dense MMA rate, so its limit is inside the SM. That was 0cf0c90's kernel: the
+two-block steps, the raw-unit max, the row sums by MMA and ``split`` came after it and are not
+yet timed. Not on the hybrid's default path: no partition measured with it beats the expanded
+kernel at s = 64 yet.
 
 * **Program.** Persistent over the ``B * H`` (sequence, head) items. Its two consumer warpgroups
   take alternate items of the program (consumer ``W`` the items ``pid + (2 i + W) G``), each
