@@ -195,9 +195,9 @@ if GLUON_AVAILABLE:
         return o_tok, l_tok
 
     @gluon.jit
-    def rows_producer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
-                      k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                      qk_scale_log2, strides, causal):
+    def rows_producer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc,
+                      kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty,
+                      n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal):
         """Producer ``W``: for each of consumer ``W``'s items, its Q / Qpe (once the consumer holds
         the last ones in registers), then every block into the consumer's ring (a whole number of
         steps: with ``STEP = 2`` and an odd block count, one more block past N, which TMA fills with
@@ -247,9 +247,9 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem,
-                       k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S,
-                       qk_scale_log2, strides, causal, ones_smem):
+    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc,
+                       kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty,
+                       n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
         ``STEP`` blocks), then ``o`` and ``lse``. With ``SPLIT`` (see :func:`rows_producer`) a step's
         key slots are freed once its scores are done, its value slots once its output product is."""
