@@ -481,8 +481,8 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     strides = (*o.stride()[:3], *lse.stride())
     # every constexpr and every class Triton specialises the integers and pointers on is in the key:
     # a kernel compiled for one must never serve a call of another
-    key = (q.dtype, d, p, block_n, stages, bool(causal), step, o.dtype, o.data_ptr() % 16, lse.data_ptr() % 16,
-           int_classes(ints + strides))
+    key = (q.dtype, d, p, block_n, stages, bool(causal), step, bool(split), o.dtype, o.data_ptr() % 16,
+           lse.data_ptr() % 16, int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
                  dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split))), num_warps=4)
     if not direct:
