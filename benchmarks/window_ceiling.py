@@ -29,8 +29,9 @@ kpe ``[B, N, P]``):
    per program; checked against an fp32 reference first, then GB/s per SM and TFLOP/s at
    s in {64, 48, 32} beside part 3's swap-AB kernel, with one and (32-key blocks) two ring blocks
    per softmax step, the latter also with keys and values on their own barriers (``split``);
-   ``--rows-baseline FILE`` times another version of the kernel's file (an earlier commit's,
-   written out with ``git show``) beside them in the same process, at its defaults.
+   ``--rows-baseline FILE`` (repeatable) times other versions of the kernel's file (earlier
+   commits', written out with ``git show``) beside them in the same process, each at its defaults
+   and named by its file's stem.
 8. **The rows form's products alone**: part 7's program (its producers, ring and Q in
    registers) with consumers that issue its two products per block in its order but skip the
    softmax (P = the raw scores in bf16): what its loads and register-A products allow without the
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from pathlib import Path
 
 import torch
 
@@ -597,9 +599,10 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default="8,16,44,66,132")
     ap.add_argument("--max-seconds", type=float, default=0.3, help="timing budget per point")
     ap.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run (comma list of 1-8)")
-    ap.add_argument("--rows-baseline", metavar="FILE",
+    ap.add_argument("--rows-baseline", metavar="FILE", action="append", default=[],
                     help="part 7: another version of window_rows_gluon.py (e.g. `git show REV:src/mla_var3/kernel/"
-                         "hopper/window_rows_gluon.py > FILE`), timed beside this tree's at its defaults")
+                         "hopper/window_rows_gluon.py > FILE`), timed beside this tree's at its defaults and named "
+                         "by the file's stem; repeatable")
     args = ap.parse_args(argv)
     require_cuda()
     if not GLUON_AVAILABLE:
@@ -740,21 +743,24 @@ def main(argv=None) -> int:
 
     # 7. the rows form, checked first, with one and two ring blocks per softmax step (and another
     # version of the kernel at its defaults, ``--rows-baseline``, in the same process)
-    rows_forms = {"this": window_rows_gluon}
-    if args.rows_baseline and 7 in parts:
-        spec = importlib.util.spec_from_file_location("rows_baseline", args.rows_baseline)
-        baseline = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(baseline)
-        rows_forms["baseline"] = baseline.window_rows_gluon
-        record["rows_baseline"] = args.rows_baseline
+    rows_forms, baselines = {"this": window_rows_gluon}, {}
+    for path in args.rows_baseline if 7 in parts else ():
+        name = Path(path).stem
+        if name in baselines or name == "this":
+            raise SystemExit(f"--rows-baseline {path}: a second file named {name!r}")
+        spec = importlib.util.spec_from_file_location(f"rows_baseline_{len(baselines)}", path)
+        baselines[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(baselines[name])
+        rows_forms[name] = baselines[name].window_rows_gluon
+    if baselines:
+        record["rows_baselines"] = {name: path for name, path in zip(baselines, args.rows_baseline)}
     for s_rows in (64, 48, 32) if 7 in parts else ():
         q, qpe = rn(b, h, s_rows, d), rn(b, h, s_rows, p)
         scale = (d + p) ** -0.5
-        # (tree, its configuration, the call's options): the baseline runs at its own defaults
+        # (tree, its configuration, the call's options): a baseline runs at its own defaults
         configs = [("this", c, dict(block_n=c[0], stages=c[1], step=c[2], split=c[3])) for c in ROWS_CONFIGS]
-        if "baseline" in rows_forms:
-            configs.append(("baseline", (baseline.DEFAULT_BLOCK_N, baseline.DEFAULT_STAGES,
-                                         getattr(baseline, "DEFAULT_STEP", 1), False), {}))
+        configs += [(name, (mod.DEFAULT_BLOCK_N, mod.DEFAULT_STAGES, getattr(mod, "DEFAULT_STEP", 1), False), {})
+                    for name, mod in baselines.items()]
         for tree, (bn, stages, step, split), options in configs:
             form = rows_forms[tree]
             o, lse = form(q, qpe, k, v, kpe, scale=scale, causal=True, programs=44, **options)
@@ -762,7 +768,7 @@ def main(argv=None) -> int:
             errs = [(o[:2].float() - ref_o.float()).abs().max().item(), (lse[:2] - ref_lse.float()).abs().max().item()]
             ok = max(errs) < 2e-2 and bool(torch.isfinite(o).all())
             label = f"rows s={s_rows} bn={bn} step {step} split {split:d}" if tree == "this" else \
-                f"rows s={s_rows} baseline"
+                f"rows s={s_rows} {tree}"
             record["checks"].append(dict(form="rows", tree=tree, s=s_rows, block_n=bn, stages=stages, step=step,
                                          split=split, max_err=max(errs), ok=ok))
             print(f"{label}: max err {max(errs):.2e} {'ok' if ok else 'FAILED'}", flush=True)
@@ -826,9 +832,9 @@ def main(argv=None) -> int:
                 [r for r in record["rows"] if r.get("tree", "this") == "this"
                  and (r["s"], r["block_n"], r.get("step"), r.get("split", False)) == (s_rows, bn, step, split)],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
-        if "rows_baseline" in record:
-            row(f"rows s={s_rows}, baseline file's defaults",
-                [r for r in record["rows"] if r.get("tree") == "baseline" and r["s"] == s_rows],
+        for name in baselines:
+            row(f"rows s={s_rows}, {name} at its defaults",
+                [r for r in record["rows"] if r.get("tree") == name and r["s"] == s_rows],
                 lambda r: f"{r['gbs_per_sm']:.0f} ({r['tflops']:.0f} TF)")
     for s_rows in (64, 32):
         for bn, stages in ((32, 4), (64, 2)):
