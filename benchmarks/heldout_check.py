@@ -25,8 +25,10 @@ file, or with the run's own when none is given (a calibration path in the predic
 relative is read from the run's folder).
 
 Shapes (``--shapes``): one ``heads b s[,s...] t`` per line, ``#`` comments; the default is the set
-below, the edges of the guide's range (b = 1 to 256, t = 1k to 64k, TP 2 to 8) and where the
-expanded design and the hybrid compete, none of them a point of ``mla-var3 calibrate``'s grid.
+below, the edges of the guide's range (b = 2 to 224, t = 1k to 60k, TP 2 to 8) and where the
+expanded design and the hybrid compete, none of them a point of ``mla-var3 calibrate``'s grid nor
+of an earlier held-out run (:data:`USED_SHAPES`: the set of the H200 run at f3eeb86, after which
+the eager law's fit was changed, so its points no longer count as held out).
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ from mla_var3.cli import main as cli
 
 #: heads, b, s list, t
 DEFAULT_SHAPES = """\
+128 2 2,8 61440
+128 224 1 1152
+128 3 1,64 1280
+128 80 1,4 5120
+128 16 1,8 20480
+16 64 1,2 12288
+32 24 1,4 8192
+64 6 1,16 24576
+128 6 96,256 2560
+"""
+#: sets an earlier held-out run measured (heldout-f3eeb86 on the H200, heldout-4e5c4b4 on the H100)
+USED_SHAPES = """\
 128 1 1,4 65536
 128 256 1,2 1024
 128 2 1,32 1024
@@ -84,6 +98,17 @@ def parse_shapes(text: str) -> list[tuple[int, int, tuple[int, ...], int]]:
         if len(parts) != 4 or min(h, b, t, *s) < 1 or max(s) > t:
             raise SystemExit(f"shapes line {i}: expected 'heads b s[,s...] t' with 1 <= s <= t, got {line!r}")
         out.append((h, b, s, t))
+    return out
+
+
+def seen_before(shapes) -> list[tuple[int, int, tuple[int, ...], int]]:
+    """The points of ``shapes`` an earlier held-out run measured (:data:`USED_SHAPES`), by shape."""
+    used = {(h, b, s, t) for h, b, ss, t in parse_shapes(USED_SHAPES) for s in ss}
+    out = []
+    for h, b, ss, t in shapes:
+        hit = tuple(s for s in ss if (h, b, s, t) in used)
+        if hit:
+            out.append((h, b, hit, t))
     return out
 
 
@@ -232,6 +257,9 @@ def main(argv=None) -> int:
     stop_on_sigterm()
     shapes = parse_shapes(Path(args.shapes).read_text() if args.shapes else
                           "16 1 1 64\n" if args.dry_run else DEFAULT_SHAPES)
+    for h, b, ss, t in seen_before(shapes):
+        print(f"note: heads {h}, b {b}, t {t} (s {','.join(map(str, ss))}) was measured by an earlier held-out "
+              f"run (USED_SHAPES): not held out for a fit made after it", file=sys.stderr)
     if args.device:
         device = args.device
     elif args.dry_run:

@@ -467,3 +467,30 @@ def test_the_heldout_check_reads_a_calibration_the_run_made_from_its_folder(caps
         bad = subprocess.run([sys.executable, str(HELDOUT), "--calibrate", "--out", str(tmp_path / "r"), *extra],
                              capture_output=True, text=True, env=env, timeout=120)
         assert bad.returncode == 2 and "--calibrate" in bad.stderr, (extra, bad.stderr)
+
+
+def test_the_heldout_default_set_is_held_out():
+    """The default shapes of ``benchmarks/heldout_check.py`` share no (heads, b, s, t) with an
+    earlier held-out run (``USED_SHAPES``) nor with ``mla-var3 calibrate``'s grid, and the check
+    names the points of a set that an earlier run measured."""
+    import importlib.util
+    import sys
+
+    from mla_var3.cli.calibrate import GRID
+
+    bench = HELDOUT.parent
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("heldout_check", HELDOUT)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    default = mod.parse_shapes(mod.DEFAULT_SHAPES)
+    points = {(h, b, s, t) for h, b, ss, t in default for s in ss}
+    grid = {(h or 128, b, s, t) for _, b, s, t, _, h in GRID}
+    assert len(points) >= 17 and not points & grid
+    assert mod.seen_before(default) == []
+    used = mod.parse_shapes(mod.USED_SHAPES)
+    assert mod.seen_before(used) == used
+    assert mod.seen_before([(128, 1, (1, 2), 65536)]) == [(128, 1, (1,), 65536)]
