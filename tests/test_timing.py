@@ -116,12 +116,16 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
 
     def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup, back_to_back):
         seen.append((use_graph, back_to_back))
-        return {n: [1.0, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-"
+        floors = {n: (1.5, 1) for n in fns} if back_to_back and not use_graph else {}
+        return ({n: [1.5, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-",
+                floors)
 
     monkeypatch.setattr(T, "_time_cuda", fake_cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert T.time_fn(lambda: None).method == "cuda-graph"
-    assert T.time_fn(lambda: None, use_graph=False).method == "cuda-events"
+    graph = T.time_fn(lambda: None)
+    assert graph.method == "cuda-graph" and (graph.floor_us, graph.floored) == (None, 0)
+    eager = T.time_fn(lambda: None, use_graph=False)
+    assert eager.method == "cuda-events" and (eager.floor_us, eager.floored) == (1.5, 1)
     assert T.time_fn(lambda: None, setup=lambda: None).method == "cuda-events"
     # the back-to-back floor of plain launches: not with a setup between calls
     assert seen == [(True, True), (False, True), (False, False)]
@@ -161,6 +165,7 @@ def test_plain_launches_of_a_host_bound_call_read_its_host_time():
     eager = time_fn(call, use_graph=False, reps=20, warmup=2)
     graph = time_fn(call, reps=20, warmup=2)
     assert eager.method == "cuda-events" and eager.median_us >= 390.0
+    assert eager.floor_us >= 390.0 and 0 <= eager.floored <= eager.reps   # the floor recorded with the time
     assert graph.method == "cuda-graph" and graph.median_us < 100.0
 
 

@@ -210,7 +210,9 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
         records.append(Record(name=name, kind="design", model=dims.name, b=b, s=s, t=t, n=n, time_us=graph.median_us,
                               p10_us=graph.p10_us, p90_us=graph.p90_us, reps=graph.reps, method=graph.method,
                               gpu=graph.gpu, backend=backend, extra=extra))
-        log(f"{label} [{backend}]: graph {graph.median_us:,.1f} us, eager {eager.median_us:,.1f} us, "
+        floor = (f" (back-to-back {eager.floor_us:,.1f} us, raising {eager.floored} of {eager.reps} repetitions)"
+                 if eager.floor_us is not None else "")
+        log(f"{label} [{backend}]: graph {graph.median_us:,.1f} us, eager {eager.median_us:,.1f} us{floor}, "
             f"host {host:,.1f} us")
     if gpu:
         _retime_host(records, dims, device, log)

@@ -333,6 +333,9 @@ class Runner:
                 rec.extra.update(graph_us=graph[key].median_us if graph[key].method == "cuda-graph" else None,
                                  eager_us=eager[key].median_us, host_us=host_time_us(p.fn, calls=calls, warmup=1),
                                  host_calls=calls)
+                if eager[key].floor_us is not None:   # the eager time's back-to-back floor and how often it held
+                    rec.extra.update(eager_floor_us=eager[key].floor_us, eager_floored=eager[key].floored,
+                                     eager_reps=eager[key].reps)
             if fm is not None and key != fm and graph[key].gpu:
                 rec.extra["flashmla_ratio"] = graph.ratio(fm, key)
                 if eager is not None:

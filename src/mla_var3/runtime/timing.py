@@ -69,6 +69,12 @@ class Timing:
         True for a GPU timing (CUDA events); False for the CPU fallback.
     l2 : str
         How the L2 cache was kept cold between repetitions.
+    floor_us : float or None
+        A plain-launch GPU timing's back-to-back time, the floor no repetition reads below (None:
+        a graph replay, the CPU, or a ``setup`` between calls).
+    floored : int
+        Repetitions the floor raised: the eager time is the back-to-back time where most were
+        (host-bound), the time between events where none was.
     """
 
     median_us: float
@@ -79,6 +85,8 @@ class Timing:
     method: str
     gpu: bool
     l2: str
+    floor_us: float | None = None
+    floored: int = 0
 
     @property
     def spread(self) -> float:
@@ -103,8 +111,10 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str) -> Timing:
-    """A :class:`Timing` from raw per-repetition times in microseconds."""
+def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str, floor_us: float | None = None,
+              floored: int = 0) -> Timing:
+    """A :class:`Timing` from raw per-repetition times in microseconds (``floor_us``, ``floored``:
+    the back-to-back floor they were raised to, and how many of them were)."""
     if not samples_us:
         raise ValueError("no samples to summarize")
     return Timing(
@@ -116,6 +126,8 @@ def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str) -> Ti
         method=method,
         gpu=gpu,
         l2=l2,
+        floor_us=floor_us,
+        floored=floored,
     )
 
 
@@ -203,9 +215,9 @@ def _back_to_back_us(fn: Callable[[], object], device, calls: int = BACK_TO_BACK
 
 def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup,
                back_to_back: bool = True):
-    """``(samples_us per name, method per name, l2)``; with ``back_to_back`` no plain-launch
+    """``(samples_us per name, method per name, l2, floors)``; with ``back_to_back`` no plain-launch
     repetition reads below the callable's :func:`_back_to_back_us` (no setup may run between its
-    calls)."""
+    calls); ``floors``: name -> (that time, repetitions it raised), for the callables it applied to."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -248,13 +260,15 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
             events[name][rep][1].record()
     torch.cuda.synchronize(device)
     samples = {n: [s.elapsed_time(e) * 1e3 for s, e in events[n]] for n in names}
+    floors = {}
     if back_to_back:
         for n in names:
             if graphs[n] is None:
                 floor = _back_to_back_us(fns[n], device)
+                floors[n] = (floor, sum(x < floor for x in samples[n]))
                 samples[n] = [max(x, floor) for x in samples[n]]
     l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
-    return samples, methods, l2
+    return samples, methods, l2, floors
 
 
 @dataclass(frozen=True)
@@ -310,9 +324,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, r
         timings = {n: summarize(v, method="perf-counter", gpu=False, l2="not flushed (CPU fallback)")
                    for n, v in samples.items()}
         return Interleaved(timings, samples)
-    samples, methods, l2 = _time_cuda(fns, warmup, reps, min_reps, max_seconds, graphs_ok, flush_l2, device, setup,
-                                      back_to_back)
-    return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2) for n, v in samples.items()}, samples)
+    samples, methods, l2, floors = _time_cuda(fns, warmup, reps, min_reps, max_seconds, graphs_ok, flush_l2, device,
+                                              setup, back_to_back)
+    return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2, floor_us=floors.get(n, (None, 0))[0],
+                                     floored=floors.get(n, (None, 0))[1]) for n, v in samples.items()}, samples)
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
