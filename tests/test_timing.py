@@ -116,7 +116,7 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
 
     def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup, back_to_back):
         seen.append((use_graph, back_to_back))
-        floors = {n: (1.5, 1) for n in fns} if back_to_back and not use_graph else {}
+        floors = {n: {"floor_us": 1.5, "floored": 1} for n in fns} if back_to_back and not use_graph else {}
         return ({n: [1.5, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-",
                 floors)
 

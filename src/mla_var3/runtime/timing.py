@@ -217,7 +217,8 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
                back_to_back: bool = True):
     """``(samples_us per name, method per name, l2, floors)``; with ``back_to_back`` no plain-launch
     repetition reads below the callable's :func:`_back_to_back_us` (no setup may run between its
-    calls); ``floors``: name -> (that time, repetitions it raised), for the callables it applied to."""
+    calls); ``floors``: name -> ``{"floor_us": that time, "floored": repetitions it raised}`` (the
+    :class:`Timing` fields), for the callables it applied to."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -265,7 +266,7 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
         for n in names:
             if graphs[n] is None:
                 floor = _back_to_back_us(fns[n], device)
-                floors[n] = (floor, sum(x < floor for x in samples[n]))
+                floors[n] = {"floor_us": floor, "floored": sum(x < floor for x in samples[n])}
                 samples[n] = [max(x, floor) for x in samples[n]]
     l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
     return samples, methods, l2, floors
@@ -326,8 +327,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, r
         return Interleaved(timings, samples)
     samples, methods, l2, floors = _time_cuda(fns, warmup, reps, min_reps, max_seconds, graphs_ok, flush_l2, device,
                                               setup, back_to_back)
-    return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2, floor_us=floors.get(n, (None, 0))[0],
-                                     floored=floors.get(n, (None, 0))[1]) for n, v in samples.items()}, samples)
+    return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2, **floors.get(n, {}))
+                        for n, v in samples.items()}, samples)
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
