@@ -469,23 +469,13 @@ def test_the_heldout_check_reads_a_calibration_the_run_made_from_its_folder(caps
         assert bad.returncode == 2 and "--calibrate" in bad.stderr, (extra, bad.stderr)
 
 
-def test_the_heldout_default_set_is_held_out():
+def test_the_heldout_default_set_is_held_out(benchmark_module):
     """The default shapes of ``benchmarks/heldout_check.py`` share no (heads, b, s, t) with an
     earlier held-out run (``USED_SHAPES``) nor with ``mla-var3 calibrate``'s grid, and the check
     names the points of a set that an earlier run measured."""
-    import importlib.util
-    import sys
-
     from mla_var3.cli.calibrate import GRID
 
-    bench = HELDOUT.parent
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("heldout_check", HELDOUT)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench))
+    mod = benchmark_module("heldout_check")
     default = mod.parse_shapes(mod.DEFAULT_SHAPES)
     points = {(h, b, s, t) for h, b, ss, t in default for s in ss}
     grid = {(h or 128, b, s, t) for _, b, s, t, _, h in GRID}

@@ -1,16 +1,12 @@
 """The GPU telemetry sampler (``mla_var3.runtime.telemetry``) with a scripted reader, and the
 interference suite's no-interference finish time (``benchmarks/hybrid_check.py``)."""
 
-import importlib.util
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from mla_var3.runtime.telemetry import TelemetrySampler, nvml_reader
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def scripted(readings):
@@ -79,17 +75,10 @@ def test_bad_period():
         TelemetrySampler(reader=scripted([(1.0, 1.0, 1.0, 0)]), period_s=0)
 
 
-def test_the_latent_part_without_interference():
+def test_the_latent_part_without_interference(benchmark_module):
     """The latent part's SM-time alone (``latent_us`` on all SMs) runs on the SMs the window
     leaves until the window ends, then on all of them."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("hybrid_check", BENCH / "hybrid_check.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    f = mod.latent_without_interference
+    f = benchmark_module("hybrid_check").latent_without_interference
     # 1,000 us on 132 SMs = 132,000 SM-us; 66 SMs free for the window's 500 us do 33,000 of it,
     # the other 99,000 run on 132 SMs: 750 us more
     assert f(1000.0, 500.0, 66, 132) == pytest.approx(1250.0)
