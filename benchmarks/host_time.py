@@ -22,6 +22,15 @@ device synchronised before each, median):
   synchronisation; median of 20): an eager time below the host time means the timing loop hid
   host work behind queued GPU work, or the bursts overstate it.
 
+* with ``--eager``: beside each absorbed shape's host times, where an eager call's time above its
+  CUDA graph's comes from: each call's CUDA-graph time and eager time (``time_interleaved``, L2
+  flushed; the eager time is floored by the call's back-to-back time, ``Timing.floor_us``), the
+  back-to-back time of its graph's replays (the same kernels without the launch path: when it
+  reads the eager call's excess too, the GPU runs the call slower back to back, not the launch
+  path), and a ``torch.profiler`` trace of 4 back-to-back eager calls of ``dense none`` and
+  ``FlashMLA reused``: the CUDA runtime calls counted (a synchronisation or a copy there would
+  serialise host and GPU), the kernels per call and the idle gaps between kernels.
+
 Every call is checked first against official FlashMLA's output on the same inputs (or against
 the package's fp32 reference without it). The calls are timed in ``--rounds`` rounds, each
 round timing every call once in turn, so a noisy period of the host touches all of them; the
@@ -176,6 +185,62 @@ def window_calls(b: int, s: int, n: int, h: int, programs: int = 44) -> dict:
     return {"window flat launch": flat, "window, Triton's launcher": tritons}
 
 
+def captured(fn):
+    """One call of ``fn`` captured in a CUDA graph after a warm-up call on the capture stream (None
+    when capture fails)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        return graph
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+
+
+def eager_excess(calls: dict) -> dict:
+    """Each call's graph, eager and back-to-back times and its graph replays' back-to-back time
+    (µs), and a profile of 4 back-to-back eager calls of ``dense none`` and ``FlashMLA reused``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mla_var3.runtime.timing import time_interleaved
+
+    graph, eager = time_interleaved(calls), time_interleaved(calls, use_graph=False)
+    graphs = {name: captured(fn) for name, fn in calls.items()}
+    replays = time_interleaved({n: g.replay for n, g in graphs.items() if g is not None}, use_graph=False)
+    out = {name: dict(graph_us=graph[name].median_us, eager_us=eager[name].median_us,
+                      b2b_eager_us=eager[name].floor_us,
+                      b2b_replay_us=replays[name].floor_us if graphs[name] is not None else None)
+           for name in calls}
+    for name in ("dense none", "FlashMLA reused"):
+        if name not in calls:
+            continue
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                calls[name]()
+            torch.cuda.synchronize()
+        runtime, kernels = {}, []
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels.append((e.time_range.start, e.time_range.end, e.name[:80]))
+            elif e.name.startswith("cu"):
+                runtime[e.name] = runtime.get(e.name, 0) + 1
+        kernels.sort()
+        t0 = kernels[0][0] if kernels else 0
+        out[name]["profile"] = dict(runtime_calls=runtime,
+                                    kernels=[(round(a - t0, 1), round(b - a, 1), n) for a, b, n in kernels],
+                                    gaps_us=[round(kernels[i + 1][0] - kernels[i][1], 1)
+                                             for i in range(len(kernels) - 1)])
+    return out
+
+
 def _no_op(*args, **kwargs) -> None:
     """A launch hook that does nothing: installed, it sends a launch through Triton's launcher."""
 
@@ -193,6 +258,8 @@ def main() -> None:
     ap.add_argument("--window", action="store_true",
                     help="also the hybrid's window kernel alone at --hybrid-shape: its flat launch against "
                          "Triton's launcher")
+    ap.add_argument("--eager", action="store_true",
+                    help="also where each absorbed call's eager time above its graph time comes from")
     args = ap.parse_args()
     if args.rounds < 1 or args.calls < 8 or args.t < 64:
         raise SystemExit("--rounds >= 1, --calls >= 8 and --t >= 64 are required")
@@ -246,6 +313,15 @@ def main() -> None:
             info["eager_us"] = {name: eager[name].median_us for name in calls}
             info["graph_us"] = {name: graph[name].median_us for name in calls}
             info["issue_to_done_us"] = {name: issue_to_done_us(fn) for name, fn in calls.items()}
+        if info["kind"] == "absorbed" and args.eager:
+            info["eager_excess"] = eager_excess(calls)
+            for name, e in info["eager_excess"].items():
+                prof = e.get("profile")
+                print(f"  {name}: graph {e['graph_us']:.1f}, eager {e['eager_us']:.1f}, back to back: eager "
+                      f"{e['b2b_eager_us']:.1f}, graph replays "
+                      + (f"{e['b2b_replay_us']:.1f}" if e['b2b_replay_us'] is not None else "-") + " µs"
+                      + (f"; {len(prof['kernels']) / 4:g} kernels per call, runtime calls {prof['runtime_calls']}, "
+                         f"gaps {prof['gaps_us'][:8]} µs" if prof else ""), flush=True)
         info["rounds_us"] = rounds
         record["points"].append(info)
         print(f"{info['kind']} b{info['b']} s{info['s']} h{info['h']}: "
