@@ -281,7 +281,7 @@ HELD = {
 
 #: the committed ``mla-var3 calibrate`` run on an H100 (SXM5), shipped as ``calibration-h100-sxm.json``
 #: refitted from its own points by today's fit (:func:`kernels_that_ran`, no shipped base)
-H100_RUN = RES.parent / "h100" / "calibrate" / "calibrate-h100-4e5c4b4.json"
+H100_RUN = RES.parent / "h100" / "calibrate" / "calibrate-h100-4db0e9c.json"
 
 
 #: ``mla-var3 bench`` runs on an H200 at shapes no fit reads (issue 42's bar): compared, never fitted
