@@ -18,9 +18,9 @@ from here, measured the same way:
   other waits, max(host, GPU) per call. With several callables the back-to-back times are read
   twice, in the callables' order and in the reverse order, and each floor is its callable's
   lower reading: read once each in one order, the one after a heavy callable paid that one's
-  load (on an H100 the absorbed call's back-to-back time, read right after 16 expanded calls of
-  1.6–6.8 ms, stood 8–25 µs above its CUDA graph's, where the hybrid's n = 0 call, the same
-  kernel read next, stood 1–6 µs above); a host-bound call's host work is in both readings.
+  load (on an H100, two absorbed calls read right after 16 expanded calls of 1.6–6.8 ms stood
+  14 and 22 µs above their CUDA graph's, where the hybrid's n = 0 call, the same kernel read
+  next, stood 1 and 6 µs above); a host-bound call's host work is in both readings.
   The floor only raises a repetition: a call whose host
   work outlasts the flush but not its own GPU time can still read up to (host − flush) above
   max(host, GPU) between events (on an H200 an expanded call with 229 µs of host work and
