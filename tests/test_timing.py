@@ -145,31 +145,6 @@ def test_back_to_back_time_is_wall_time_per_call_between_synchronisations(monkey
     assert us == pytest.approx(300.0)
 
 
-def test_back_to_back_floors_of_several_callables_are_the_lower_of_two_orders(monkeypatch):
-    """Several callables' floors: read in their order and in the reverse order, each the lower of
-    its two readings, so the one read right after a heavy callable in one order (here ``b`` after
-    ``a``, 50 us too high) keeps its reading after another neighbour; a single callable is read
-    once."""
-    import mla_var3.runtime.timing as T
-
-    order = []
-    base = {"a": 900.0, "b": 100.0, "c": 200.0}
-
-    def reading(fn, device):
-        name = fn()
-        heavy_before = bool(order) and order[-1] == "a"
-        order.append(name)
-        return base[name] + (50.0 if heavy_before else 0.0)
-
-    monkeypatch.setattr(T, "_back_to_back_us", reading)
-    floors = T._back_to_back_floors({n: (lambda n=n: n) for n in "abc"}, None)
-    assert order == ["a", "b", "c", "c", "b", "a"]
-    assert floors == {"a": 900.0, "b": 100.0, "c": 200.0}
-    order.clear()
-    assert T._back_to_back_floors({"b": lambda: "b"}, None) == {"b": 100.0} and order == ["b"]
-    assert T._back_to_back_floors({}, None) == {}
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_plain_launches_of_a_host_bound_call_read_its_host_time():
     """A call with 400 us of host work and a tiny kernel: between events after the flush its

@@ -15,13 +15,7 @@ from here, measured the same way:
   work outlasts the flush before it would hide that work behind the flush's GPU time (measured
   on an H100: a hybrid call with about 330 µs of host work read 279 µs between events after the
   flush, 334 µs without it); the back-to-back time is what a caller issuing calls one after the
-  other waits, max(host, GPU) per call. With several callables the back-to-back times are read
-  twice, in the callables' order and in the reverse order, and each floor is its callable's
-  lower reading: read once each in one order, the one after a heavy callable paid that one's
-  load (on an H100, two absorbed calls read right after 16 expanded calls of 1.6–6.8 ms stood
-  14 and 22 µs above their CUDA graph's, where the hybrid's n = 0 call, the same kernel read
-  next, stood 1 and 6 µs above); a host-bound call's host work is in both readings.
-  The floor only raises a repetition: a call whose host
+  other waits, max(host, GPU) per call. The floor only raises a repetition: a call whose host
   work outlasts the flush but not its own GPU time can still read up to (host − flush) above
   max(host, GPU) between events (on an H200 an expanded call with 229 µs of host work and
   461 µs in a graph read 689 µs eager).
@@ -219,19 +213,6 @@ def _back_to_back_us(fn: Callable[[], object], device, calls: int = BACK_TO_BACK
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def _back_to_back_floors(fns: dict, device) -> dict[str, float]:
-    """Each callable's back-to-back time (:func:`_back_to_back_us`), in microseconds: one reading
-    for a single callable; for several, the lower of two readings, one round in the callables'
-    order and one in the reverse order, so that each is read once after another neighbour (the
-    first and last keep the timing loop and one neighbour)."""
-    names = list(fns)
-    readings = {n: [] for n in names}
-    for order in ([names, names[::-1]] if len(names) > 1 else [names]):
-        for n in order:
-            readings[n].append(_back_to_back_us(fns[n], device))
-    return {n: min(v) for n, v in readings.items()}
-
-
 def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup,
                back_to_back: bool = True):
     """``(samples_us per name, method per name, l2, floors)``; with ``back_to_back`` no plain-launch
@@ -281,10 +262,12 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
     torch.cuda.synchronize(device)
     samples = {n: [s.elapsed_time(e) * 1e3 for s, e in events[n]] for n in names}
     floors = {}
-    plain = [n for n in names if graphs[n] is None] if back_to_back else []
-    for n, floor in _back_to_back_floors({n: fns[n] for n in plain}, device).items():
-        floors[n] = {"floor_us": floor, "floored": sum(x < floor for x in samples[n])}
-        samples[n] = [max(x, floor) for x in samples[n]]
+    if back_to_back:
+        for n in names:
+            if graphs[n] is None:
+                floor = _back_to_back_us(fns[n], device)
+                floors[n] = {"floor_us": floor, "floored": sum(x < floor for x in samples[n])}
+                samples[n] = [max(x, floor) for x in samples[n]]
     l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
     return samples, methods, l2, floors
 
