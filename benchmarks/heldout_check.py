@@ -22,7 +22,8 @@ its log in ``DIR/calibrate.log``) and predicts with that file: the whole bar in 
 machine that has no calibration of the commit yet. The file is what gets committed and shipped
 (``benchmarks/calibration_h200.py``); ``--compare DIR`` then scores the same timings with the shipped
 file, or with the run's own when none is given (a calibration path in the predictions that is
-relative is read from the run's folder).
+relative is read from the run's folder). Scored with a ``--calibration``, the outcome is written
+beside the run's own (``compared-<stem>.json``, ``summary-<stem>.md``), which stays as it was.
 
 Shapes (``--shapes``): one ``heads b s[,s...] t`` per line, ``#`` comments; the default is the set
 below, the edges of the guide's range (b = 2 to 224, t = 1k to 60k, TP 2 to 8) and where the
@@ -215,12 +216,20 @@ def summary(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def finish(out: Path, calibration: str | None) -> int:
+def finish(out: Path, calibration: str | None, *, rescore: bool = False) -> int:
+    """Score the run in ``out`` and write the outcome: ``compared.json`` and ``summary.md``, the
+    run's own; with ``rescore`` (``--compare`` with another ``--calibration``) beside them as
+    ``compared-<calibration's stem>.json`` and ``summary-<stem>.md``, the run's own left as they
+    were."""
     result = check(out, calibration)
-    write_json(out / "compared.json", result)
+    tail = f"-{Path(calibration).stem}" if rescore else ""
+    write_json(out / f"compared{tail}.json", result)
     text = summary(result)
-    (out / "summary.md").write_text(text)
+    (out / f"summary{tail}.md").write_text(text)
     print(text)
+    if rescore:
+        print(f"scored with {calibration}: {out / f'compared{tail}.json'}, {out / f'summary{tail}.md'} (the run's "
+              f"own compared.json and summary.md are unchanged)")
     return 1 if result["misses"] else 0
 
 
@@ -238,7 +247,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU: one tiny shape, bench under the Triton interpreter")
     args = ap.parse_args(argv)
     if args.compare:
-        return finish(Path(args.compare), args.calibration)
+        return finish(Path(args.compare), args.calibration, rescore=bool(args.calibration))
     if not args.out:
         ap.error("--out is required (or --compare DIR)")
     if args.calibrate and (args.dry_run or args.calibration):

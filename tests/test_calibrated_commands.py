@@ -463,6 +463,15 @@ def test_the_heldout_check_reads_a_calibration_the_run_made_from_its_folder(caps
     gone = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(folder)], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
     assert gone.returncode != 0 and "calibrate.json" in gone.stderr
+    own = (folder / "compared.json").read_bytes(), (folder / "summary.md").read_bytes()
+    other = resources.files("mla_var3") / "conf" / calibration_file_name("h200")
+    again = subprocess.run([sys.executable, str(HELDOUT), "--compare", str(folder), "--calibration", str(other)],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr               # another calibration's score is written beside
+    stem = Path(str(other)).stem
+    assert json.loads((folder / f"compared-{stem}.json").read_text())["misses"] == 0
+    assert (folder / f"summary-{stem}.md").is_file()
+    assert ((folder / "compared.json").read_bytes(), (folder / "summary.md").read_bytes()) == own
     for extra in (["--dry-run"], ["--calibration", "x.json"]):
         bad = subprocess.run([sys.executable, str(HELDOUT), "--calibrate", "--out", str(tmp_path / "r"), *extra],
                              capture_output=True, text=True, env=env, timeout=120)
