@@ -114,9 +114,12 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
 
     seen = []
 
-    def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup, back_to_back):
-        seen.append((use_graph, back_to_back))
+    def fake_cuda(fns, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup, back_to_back,
+                  replays):
+        seen.append((use_graph, back_to_back, replays))
         floors = {n: {"floor_us": 1.5, "floored": 1} for n in fns} if back_to_back and not use_graph else {}
+        if replays and use_graph:
+            floors = {n: {"replays_b2b_us": 2.5} for n in fns}
         return ({n: [1.5, 2.0] for n in fns}, {n: "cuda-graph" if use_graph else "cuda-events" for n in fns}, "-",
                 floors)
 
@@ -127,8 +130,9 @@ def test_graphs_are_asked_for_unless_a_setup_runs_between_calls(monkeypatch):
     eager = T.time_fn(lambda: None, use_graph=False)
     assert eager.method == "cuda-events" and (eager.floor_us, eager.floored) == (1.5, 1)
     assert T.time_fn(lambda: None, setup=lambda: None).method == "cuda-events"
-    # the back-to-back floor of plain launches: not with a setup between calls
-    assert seen == [(True, True), (False, True), (False, False)]
+    assert graph.replays_b2b_us is None and T.time_fn(lambda: None, replays=True).replays_b2b_us == 2.5
+    # the back-to-back floor of plain launches: not with a setup between calls; replays only when asked
+    assert seen == [(True, True, False), (False, True, False), (False, False, False), (True, True, True)]
 
 
 def test_back_to_back_time_is_wall_time_per_call_between_synchronisations(monkeypatch):
@@ -143,6 +147,19 @@ def test_back_to_back_time_is_wall_time_per_call_between_synchronisations(monkey
     us = T._back_to_back_us(lambda: log.append("call"), None)
     assert log == ["sync"] + ["call"] * T.BACK_TO_BACK_CALLS + ["sync"]
     assert us == pytest.approx(300.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_graph_timing_reads_its_replays_back_to_back_when_asked():
+    """``replays=True``: a CUDA-graph timing also reads its graph's replays issued back to back,
+    a positive time of the same order as the graph's; a plain-launch timing has none."""
+    from mla_var3.runtime.timing import time_fn
+
+    x = torch.zeros(1 << 22, device="cuda")
+    graph = time_fn(lambda: x.mul_(1.0001), reps=20, warmup=2, replays=True)
+    assert graph.method == "cuda-graph" and graph.replays_b2b_us is not None
+    assert 0.2 * graph.median_us < graph.replays_b2b_us < 5 * graph.median_us + 50
+    assert time_fn(lambda: x.mul_(1.0001), reps=5, use_graph=False, replays=True).replays_b2b_us is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -114,7 +114,7 @@ def _time_point(name: str, dims, problem: Problem, dtype: str, device: str, budg
 
     gpu = device.startswith("cuda")
     graph = time_fn(call, warmup=3 if gpu else 1, reps=100 if gpu else 3, min_reps=5 if gpu else 1,
-                    max_seconds=budget_s)
+                    max_seconds=budget_s, replays=gpu)
     eager = time_fn(call, warmup=1, reps=100 if gpu else 3, min_reps=5 if gpu else 1, max_seconds=budget_s,
                     use_graph=False) if gpu else graph
     host = host_time_us(call, calls=100 if gpu else 2, warmup=3 if gpu else 0)
@@ -206,12 +206,14 @@ def run_calibration(*, quick: bool = False, max_seconds: float = 150.0, point_se
             if gpu:
                 torch.cuda.empty_cache()
         extra = {"graph_us": graph.median_us, "eager_us": eager.median_us, "host_us": host, "causal": pb.causal,
+                 **({"graph_b2b_us": graph.replays_b2b_us} if graph.replays_b2b_us is not None else {}),
                  "source": f"mla-var3 calibrate ({env['commit'][:7]})", **({"h": h} if h else {})}
         records.append(Record(name=name, kind="design", model=dims.name, b=b, s=s, t=t, n=n, time_us=graph.median_us,
                               p10_us=graph.p10_us, p90_us=graph.p90_us, reps=graph.reps, method=graph.method,
                               gpu=graph.gpu, backend=backend, extra=extra))
-        floor = (f" (back-to-back {eager.floor_us:,.1f} us, raising {eager.floored} of {eager.reps} repetitions)"
-                 if eager.floor_us is not None else "")
+        floor = (f" (back-to-back {eager.floor_us:,.1f} us, raising {eager.floored} of {eager.reps} repetitions"
+                 + (f"; the graph's replays back to back {graph.replays_b2b_us:,.1f} us"
+                    if graph.replays_b2b_us is not None else "") + ")" if eager.floor_us is not None else "")
         log(f"{label} [{backend}]: graph {graph.median_us:,.1f} us, eager {eager.median_us:,.1f} us{floor}, "
             f"host {host:,.1f} us")
     if gpu:

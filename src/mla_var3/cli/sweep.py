@@ -316,7 +316,8 @@ class Runner:
         spec = self.spec
         fns = {str(i): p.fn for i, p in enumerate(live)}
         budget = spec.point_seconds * len(fns)
-        graph = time_interleaved(fns, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps, max_seconds=budget)
+        graph = time_interleaved(fns, warmup=spec.warmup, reps=spec.reps, min_reps=spec.min_reps, max_seconds=budget,
+                                 replays=spec.eager)
         eager = time_interleaved(fns, warmup=0, reps=spec.reps, min_reps=spec.min_reps, max_seconds=budget,
                                  use_graph=False) if spec.eager else None
         names = [p.point.name for p in live]
@@ -336,6 +337,8 @@ class Runner:
                 if eager[key].floor_us is not None:   # the eager time's back-to-back floor and how often it held
                     rec.extra.update(eager_floor_us=eager[key].floor_us, eager_floored=eager[key].floored,
                                      eager_reps=eager[key].reps)
+                if graph[key].replays_b2b_us is not None:   # the same kernels back to back, no launch path
+                    rec.extra["graph_b2b_us"] = graph[key].replays_b2b_us
             if fm is not None and key != fm and graph[key].gpu:
                 rec.extra["flashmla_ratio"] = graph.ratio(fm, key)
                 if eager is not None:

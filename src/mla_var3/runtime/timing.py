@@ -19,6 +19,11 @@ from here, measured the same way:
   work outlasts the flush but not its own GPU time can still read up to (host − flush) above
   max(host, GPU) between events (on an H200 an expanded call with 229 µs of host work and
   461 µs in a graph read 689 µs eager).
+* **Replays back to back** — with ``replays=True`` a graph timing also reads its graph's
+  replays issued back to back (:attr:`Timing.replays_b2b_us`): the kernels of a call without its
+  launch path, so an eager time above it is the host's and one above the graph time but not
+  above it is the GPU's (measured on an H100: a long absorbed call's replays read 2–12 % above
+  its graph time after a flush, official FlashMLA's 2–4 %).
 * **L2** — before every repetition a flush buffer of at least twice the device's L2 is
   written (``zero_``), outside the timed window, so no repetition finds its inputs in L2 from
   the previous one. Inputs are not rotated.
@@ -75,6 +80,12 @@ class Timing:
     floored : int
         Repetitions the floor raised: the eager time is the back-to-back time where most were
         (host-bound), the time between events where none was.
+    replays_b2b_us : float or None
+        A CUDA-graph timing's back-to-back time of its graph's replays, asked for with
+        ``replays=True`` (None otherwise): the same kernels issued one after the other without the
+        launch path, so an eager time above it is the host's and one above the graph time but
+        not above it is the GPU's (on an H100 a long absorbed call's replays read 2–12 % above
+        its graph time after a flush).
     """
 
     median_us: float
@@ -87,6 +98,7 @@ class Timing:
     l2: str
     floor_us: float | None = None
     floored: int = 0
+    replays_b2b_us: float | None = None
 
     @property
     def spread(self) -> float:
@@ -112,9 +124,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str, floor_us: float | None = None,
-              floored: int = 0) -> Timing:
+              floored: int = 0, replays_b2b_us: float | None = None) -> Timing:
     """A :class:`Timing` from raw per-repetition times in microseconds (``floor_us``, ``floored``:
-    the back-to-back floor they were raised to, and how many of them were)."""
+    the back-to-back floor they were raised to, and how many of them were; ``replays_b2b_us``: a
+    graph's replays' back-to-back time)."""
     if not samples_us:
         raise ValueError("no samples to summarize")
     return Timing(
@@ -128,6 +141,7 @@ def summarize(samples_us: list[float], *, method: str, gpu: bool, l2: str, floor
         l2=l2,
         floor_us=floor_us,
         floored=floored,
+        replays_b2b_us=replays_b2b_us,
     )
 
 
@@ -214,7 +228,7 @@ def _back_to_back_us(fn: Callable[[], object], device, calls: int = BACK_TO_BACK
 
 
 def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_l2, device, setup,
-               back_to_back: bool = True):
+               back_to_back: bool = True, replays: bool = False):
     """``(samples_us per name, method per name, l2, floors)``; with ``back_to_back`` no plain-launch
     repetition reads below the callable's :func:`_back_to_back_us` (no setup may run between its
     calls); ``floors``: name -> ``{"floor_us": that time, "floored": repetitions it raised}`` (the
@@ -268,6 +282,10 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
                 floor = _back_to_back_us(fns[n], device)
                 floors[n] = {"floor_us": floor, "floored": sum(x < floor for x in samples[n])}
                 samples[n] = [max(x, floor) for x in samples[n]]
+    if replays:
+        for n in names:
+            if graphs[n] is not None:
+                floors[n] = {"replays_b2b_us": _back_to_back_us(graphs[n].replay, device)}
     l2 = f"flushed: {flush.numel() / 2**20:.0f} MiB written before each rep" if flush is not None else "not flushed"
     return samples, methods, l2, floors
 
@@ -300,7 +318,7 @@ class Interleaved:
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
                      max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None,
-                     setup: Callable[[], object] | None = None) -> Interleaved:
+                     setup: Callable[[], object] | None = None, replays: bool = False) -> Interleaved:
     """Time every callable of ``fns`` (name -> ``fn()``, no arguments) in the same repetitions:
     repetition ``i`` times each once, in the names' order rotated by ``i`` (see the module
     docstring). The arguments are :func:`time_fn`'s; ``reps`` and ``max_seconds`` bound the
@@ -326,14 +344,14 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, r
                    for n, v in samples.items()}
         return Interleaved(timings, samples)
     samples, methods, l2, floors = _time_cuda(fns, warmup, reps, min_reps, max_seconds, graphs_ok, flush_l2, device,
-                                              setup, back_to_back)
+                                              setup, back_to_back, replays)
     return Interleaved({n: summarize(v, method=methods[n], gpu=True, l2=l2, **floors.get(n, {}))
                         for n, v in samples.items()}, samples)
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_reps: int = 5,
             max_seconds: float = 1.0, use_graph: bool = True, flush_l2: bool = True, device=None,
-            setup: Callable[[], object] | None = None) -> Timing:
+            setup: Callable[[], object] | None = None, replays: bool = False) -> Timing:
     """Time ``fn()`` (no arguments; its result is ignored) with the package's one primitive.
 
     Parameters
@@ -356,6 +374,8 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
         Run before every call, outside the timed window, e.g. to restore state a call consumes
         (a cache it extends in place); no CUDA graph then, nor the back-to-back floor of the plain
         launches (see the module docstring).
+    replays : bool
+        With a CUDA graph, also its replays' back-to-back time (:attr:`Timing.replays_b2b_us`).
 
     Returns
     -------
@@ -363,7 +383,8 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 100, min_r
         ``gpu=False`` marks the CPU ``perf_counter`` fallback.
     """
     return time_interleaved({"fn": fn}, warmup=warmup, reps=reps, min_reps=min_reps, max_seconds=max_seconds,
-                            use_graph=use_graph, flush_l2=flush_l2, device=device, setup=setup)["fn"]
+                            use_graph=use_graph, flush_l2=flush_l2, device=device, setup=setup,
+                            replays=replays)["fn"]
 
 
 def host_time_us(fn: Callable[[], object], *, calls: int = 300, warmup: int = 10, burst: int = 8) -> float:
