@@ -15,7 +15,9 @@
    default call's calibrated ÷ measured GPU and eager time (``calibration_fit.compare`` with the
    calibration the predictions used) within [0.85, 1.15] for the absorbed and expanded designs
    and [0.8, 1.25] for the hybrid, and the pick's measured eager time within 5 % of the fastest
-   design's.
+   design's. Beside each eager ratio, the eager law alone at the call's measured GPU and host
+   time ÷ the measured eager time (``law_at_measured``): it tells a miss of the law from a miss of
+   the host or GPU time it is given.
 
 With ``--calibrate`` the run starts with ``mla-var3 calibrate`` on this GPU (``DIR/calibrate.json``,
 its log in ``DIR/calibrate.log``) and predicts with that file: the whole bar in one command on a
@@ -46,9 +48,10 @@ from pathlib import Path
 
 from common import environment, stop_on_sigterm, write_json
 
-from mla_var3.analysis.calibration import load_calibration
+from mla_var3.analysis.calibration import eager_time_s, load_calibration
 from mla_var3.analysis.calibration_fit import compare, points_from_results
 from mla_var3.cli import main as cli
+from mla_var3.shapes import Problem
 
 #: heads, b, s list, t
 DEFAULT_SHAPES = """\
@@ -166,18 +169,25 @@ def check(out: Path, calibration: str | None = None) -> dict:
     if not calibration and recorded:
         calibration = str(out / recorded) if not Path(recorded).is_absolute() else recorded
     cal = load_calibration(calibration or None, device=device)
-    ratios, measured = [], {}
+    ratios, measured, gpu_host = [], {}, {}
     for res in sorted(out.glob("*/results.json")):
         ratios += compare(cal, points_from_results(res, f"{res.parent.name}/results.json"))
         data = json.loads(res.read_text())
         h = data["meta"]["dims"]["h"]
         for rec in data["records"]:
-            eager = (rec.get("extra") or {}).get("eager_us")
-            if rec.get("kind") == "design" and rec.get("status") == "ok" and eager:
-                measured.setdefault((h, rec["b"], rec["s"], rec["t"]), {})[rec["name"]] = eager
+            extra = rec.get("extra") or {}
+            if rec.get("kind") == "design" and rec.get("status") == "ok" and extra.get("eager_us"):
+                measured.setdefault((h, rec["b"], rec["s"], rec["t"]), {})[rec["name"]] = extra["eager_us"]
+                if rec.get("time_us") and extra.get("host_us"):
+                    gpu_host[(h, rec["name"], rec["b"], rec["s"], rec["t"])] = (rec["time_us"], extra["host_us"])
     for r in ratios:
         lo, hi = BOUNDS[r["design"]]
         r["in_bounds"] = lo <= r["ratio"] <= hi
+        both = gpu_host.get((r["h"], r["design"], r["b"], r["s"], r["t"])) if r["kind"] == "eager" else None
+        if both is not None and cal is not None:     # the eager law alone: at the measured GPU and host time
+            law = eager_time_s(cal, r["design"], r["backend"], Problem(b=r["b"], s=r["s"], t=r["t"], n=r["n"]),
+                               both[0] * 1e-6, both[1] * 1e-6) * 1e6
+            r["law_at_measured"] = law / r["measured_us"]
     picks = []
     for p in predicted["points"]:
         times = measured.get((p["h"], p["b"], p["s"], p["t"]), {})
@@ -200,12 +210,16 @@ def summary(result: dict) -> str:
              f"- predictions within bounds: {result['in_bounds']} of {result['predictions']}",
              f"- picks within {PICK_SLACK:.0%} of the fastest measured design (eager): {result['picks_ok']} of "
              f"{result['picks_measured']} measured", "",
-             "| design | heads | b | s | t | n | kind | measured µs | predicted µs | ratio | |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "The last column (eager rows): the eager law alone, at the call's measured GPU and host time, "
+             "÷ the measured eager time; far from the ratio, the miss is the host time's or the GPU time's "
+             "prediction, not the law's.", "",
+             "| design | heads | b | s | t | n | kind | measured µs | predicted µs | ratio | | law at measured |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["ratios"]:
+        law = f"{r['law_at_measured']:.3f}" if r.get("law_at_measured") is not None else "-"
         lines.append(f"| {r['design']} | {r['h']} | {r['b']} | {r['s']} | {r['t']} | {r['n'] if r['n'] is not None else '-'}"
                      f" | {r['kind']} | {r['measured_us']:,.1f} | {r['predicted_us']:,.1f} | {r['ratio']:.3f} | "
-                     f"{'' if r['in_bounds'] else 'miss'} |")
+                     f"{'' if r['in_bounds'] else 'miss'} | {law} |")
     lines += ["", "| heads | b | s | t | pick | its eager µs | fastest | its eager µs | |", "|---|---|---|---|---|---|---|---|---|"]
     for p in result["picks"]:
         if p["ok"] is None:

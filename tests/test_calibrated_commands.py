@@ -414,6 +414,17 @@ def test_the_heldout_check_scores_a_run_against_the_bar(capsys, tmp_path, scale,
     assert "predictions within bounds" in (folder / "summary.md").read_text()
     if not misses:
         assert all(abs(r["ratio"] - 1) < 1e-9 for r in result["ratios"]) and result["picks_ok"] == 2
+    # the eager law alone, at each call's measured GPU and host time: exact where the run is; where
+    # the absorbed call's GPU time is 30 % off, its eager misses while the law at the measured
+    # times still reads it (the miss is the GPU time's prediction, not the law's)
+    eager = [r for r in result["ratios"] if r["kind"] == "eager"]
+    assert len(eager) == 6 and all(r["law_at_measured"] > 0 for r in eager)
+    for r in eager:
+        if not misses or r["design"] != next(iter(scale)):
+            assert r["law_at_measured"] == pytest.approx(1.0, abs=1e-9)
+        elif r["design"] == "flash_mla":
+            assert not r["in_bounds"] and 0.85 <= r["law_at_measured"] <= 1.15
+    assert "law at measured" in (folder / "summary.md").read_text()
 
 
 def test_the_heldout_check_dry_run_writes_predictions_before_timing(tmp_path):
