@@ -22,8 +22,9 @@ from here, measured the same way:
 * **Replays back to back** — with ``replays=True`` a graph timing also reads its graph's
   replays issued back to back (:attr:`Timing.replays_b2b_us`): the kernels of a call without its
   launch path, so an eager time above it is the host's and one above the graph time but not
-  above it is the GPU's (measured on an H100: a long absorbed call's replays read 2–12 % above
-  its graph time after a flush, official FlashMLA's 2–4 %).
+  above it is the GPU's (measured on an H100: absorbed calls' replays read −3 to +12 % beside
+  their graph time after a flush, +12 % on the longest compute-bound one; official FlashMLA's
+  2–4 % above).
 * **L2** — before every repetition a flush buffer of at least twice the device's L2 is
   written (``zero_``), outside the timed window, so no repetition finds its inputs in L2 from
   the previous one. Inputs are not rotated.
@@ -84,8 +85,8 @@ class Timing:
         A CUDA-graph timing's back-to-back time of its graph's replays, asked for with
         ``replays=True`` (None otherwise): the same kernels issued one after the other without the
         launch path, so an eager time above it is the host's and one above the graph time but
-        not above it is the GPU's (on an H100 a long absorbed call's replays read 2–12 % above
-        its graph time after a flush).
+        not above it is the GPU's (on an H100 absorbed calls' replays read −3 to +12 % beside
+        their graph time after a flush).
     """
 
     median_us: float
@@ -232,7 +233,8 @@ def _time_cuda(fns: dict, warmup, reps, min_reps, max_seconds, use_graph, flush_
     """``(samples_us per name, method per name, l2, floors)``; with ``back_to_back`` no plain-launch
     repetition reads below the callable's :func:`_back_to_back_us` (no setup may run between its
     calls); ``floors``: name -> ``{"floor_us": that time, "floored": repetitions it raised}`` (the
-    :class:`Timing` fields), for the callables it applied to."""
+    :class:`Timing` fields), for the callables it applied to; with ``replays``, each graphed
+    callable's ``{"replays_b2b_us": its graph's replays' back-to-back time}``."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
