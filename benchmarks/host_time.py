@@ -25,9 +25,9 @@ device synchronised before each, median):
 * with ``--eager``: beside each absorbed shape's host times, where an eager call's time above its
   CUDA graph's comes from: each call's CUDA-graph time and eager time (``time_interleaved``, L2
   flushed; the eager time is floored by the call's back-to-back time, ``Timing.floor_us``), the
-  back-to-back time of its graph's replays (the same kernels without the launch path: when it
-  reads the eager call's excess too, the GPU runs the call slower back to back, not the launch
-  path), and a ``torch.profiler`` trace of 4 back-to-back eager calls of ``dense none`` and
+  back-to-back time of its graph's replays (``Timing.replays_b2b_us``: the same kernels without
+  the launch path; when it reads the eager call's excess too, the GPU runs the call slower back
+  to back, not the launch path), and a ``torch.profiler`` trace of 4 back-to-back eager calls of ``dense none`` and
   ``FlashMLA reused``: the CUDA runtime calls counted (a synchronisation or a copy there would
   serialise host and GPU), the kernels per call and the idle gaps between kernels.
 
@@ -185,25 +185,6 @@ def window_calls(b: int, s: int, n: int, h: int, programs: int = 44) -> dict:
     return {"window flat launch": flat, "window, Triton's launcher": tritons}
 
 
-def captured(fn):
-    """One call of ``fn`` captured in a CUDA graph after a warm-up call on the capture stream (None
-    when capture fails)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        torch.cuda.synchronize()
-        return graph
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return None
-
-
 def eager_excess(calls: dict) -> dict:
     """Each call's graph, eager and back-to-back times and its graph replays' back-to-back time
     (µs), and a profile of 4 back-to-back eager calls of ``dense none`` and ``FlashMLA reused``."""
@@ -211,12 +192,9 @@ def eager_excess(calls: dict) -> dict:
 
     from mla_var3.runtime.timing import time_interleaved
 
-    graph, eager = time_interleaved(calls), time_interleaved(calls, use_graph=False)
-    graphs = {name: captured(fn) for name, fn in calls.items()}
-    replays = time_interleaved({n: g.replay for n, g in graphs.items() if g is not None}, use_graph=False)
+    graph, eager = time_interleaved(calls, replays=True), time_interleaved(calls, use_graph=False)
     out = {name: dict(graph_us=graph[name].median_us, eager_us=eager[name].median_us,
-                      b2b_eager_us=eager[name].floor_us,
-                      b2b_replay_us=replays[name].floor_us if graphs[name] is not None else None)
+                      b2b_eager_us=eager[name].floor_us, b2b_replay_us=graph[name].replays_b2b_us)
            for name in calls}
     for name in ("dense none", "FlashMLA reused"):
         if name not in calls:
