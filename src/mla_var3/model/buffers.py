@@ -20,6 +20,7 @@ buffers ``buf [B, C, ...]`` with ``C >= T`` rows, so that an append of s tokens 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -39,6 +40,30 @@ def allocation_error(name: str, value: int, exc: BaseException, nbytes: int | No
     size = f" ({nbytes / 1e9:,.1f} GB)" if nbytes is not None else ""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return ValueError(f"{name}={value:,}: the buffers{size} could not be allocated: {reason[:200]}")
+
+
+def device_memory_bytes(device) -> int | None:
+    """The memory of ``device``: a CUDA device's total, the host's physical memory for the CPU
+    (None where it cannot be read)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def check_allocatable(name: str, value: int, nbytes: int, device) -> None:
+    """Refuse (with :func:`allocation_error`'s words) buffers of ``nbytes`` that exceed the whole
+    memory of ``device`` before asking the allocator: a host that overcommits memory hands such
+    an allocation out and kills the process when it is zeroed, where another host's allocator
+    refuses it, so the answer would depend on the machine."""
+    total = device_memory_bytes(device)
+    if total is not None and nbytes > total:
+        raise allocation_error(name, value, MemoryError(f"more than the {total / 1e9:,.1f} GB of {device}"), nbytes)
 
 
 def check_seqlens(seqlens: torch.Tensor | None, b: int, t: int, device) -> torch.Tensor:

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 import torch
 
 from mla_var3._values import check_count
-from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_new, check_seqlens, pad_stack,
-                                    regrow, reserve, rows_at,
+from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_allocatable, check_new,
+                                    check_seqlens, pad_stack, regrow, reserve, rows_at,
                                    tensor_bytes as _nbytes, write_rows)
 from mla_var3.model.expand import expand_kv
 
@@ -388,6 +388,8 @@ class PagedLatentCache:
         grown = self.num_blocks + total - taken
         if grown > MAX_LENGTH:
             raise ValueError(f"{name}={s:,} would grow the pool to {grown:,} blocks, past the int32 block ids")
+        nbytes = self.kv.element_size() * grown * bs * self.kv.shape[3]
+        check_allocatable(name, s, nbytes, self.kv.device)
         try:
             kv = self.kv.new_zeros(grown, bs, 1, self.kv.shape[3])   # a new pool: this cache stays as it is
             kv[: self.num_blocks] = self.kv
@@ -401,7 +403,7 @@ class PagedLatentCache:
                 table[row, kept:needed] = ids[first:first + needed - kept]
                 first += needed - kept
         except RuntimeError as exc:
-            raise allocation_error(name, s, exc, self.kv.element_size() * grown * bs * self.kv.shape[3]) from None
+            raise allocation_error(name, s, exc, nbytes) from None
         return kv, table.to(kv.device), tuple(self.free[taken:])
 
     def append(self, z_new: torch.Tensor, kpe_new: torch.Tensor) -> "PagedLatentCache":
