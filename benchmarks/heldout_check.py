@@ -169,7 +169,8 @@ def check(out: Path, calibration: str | None = None) -> dict:
     if not calibration and recorded:
         calibration = str(out / recorded) if not Path(recorded).is_absolute() else recorded
     cal = load_calibration(calibration or None, device=device)
-    ratios, measured, gpu_host = [], {}, {}
+    ratios = []
+    calls = {}          # (heads, b, s, t) -> design name -> its measured eager, GPU and host µs
     for res in sorted(out.glob("*/results.json")):
         ratios += compare(cal, points_from_results(res, f"{res.parent.name}/results.json"))
         data = json.loads(res.read_text())
@@ -177,20 +178,19 @@ def check(out: Path, calibration: str | None = None) -> dict:
         for rec in data["records"]:
             extra = rec.get("extra") or {}
             if rec.get("kind") == "design" and rec.get("status") == "ok" and extra.get("eager_us"):
-                measured.setdefault((h, rec["b"], rec["s"], rec["t"]), {})[rec["name"]] = extra["eager_us"]
-                if rec.get("time_us") and extra.get("host_us"):
-                    gpu_host[(h, rec["name"], rec["b"], rec["s"], rec["t"])] = (rec["time_us"], extra["host_us"])
+                calls.setdefault((h, rec["b"], rec["s"], rec["t"]), {})[rec["name"]] = {
+                    "eager_us": extra["eager_us"], "gpu_us": rec.get("time_us"), "host_us": extra.get("host_us")}
     for r in ratios:
         lo, hi = BOUNDS[r["design"]]
         r["in_bounds"] = lo <= r["ratio"] <= hi
-        both = gpu_host.get((r["h"], r["design"], r["b"], r["s"], r["t"])) if r["kind"] == "eager" else None
-        if both is not None and cal is not None:     # the eager law alone: at the measured GPU and host time
+        call = calls.get((r["h"], r["b"], r["s"], r["t"]), {}).get(r["design"]) if r["kind"] == "eager" else None
+        if call and call["gpu_us"] and call["host_us"] and cal is not None:   # the eager law alone, at the measured times
             law = eager_time_s(cal, r["design"], r["backend"], Problem(b=r["b"], s=r["s"], t=r["t"], n=r["n"]),
-                               both[0] * 1e-6, both[1] * 1e-6) * 1e6
+                               call["gpu_us"] * 1e-6, call["host_us"] * 1e-6) * 1e6
             r["law_at_measured"] = law / r["measured_us"]
     picks = []
     for p in predicted["points"]:
-        times = measured.get((p["h"], p["b"], p["s"], p["t"]), {})
+        times = {name: c["eager_us"] for name, c in calls.get((p["h"], p["b"], p["s"], p["t"]), {}).items()}
         pick = KERNEL[p["explain"]["design"]]
         if pick not in times:
             picks.append({**{k: p[k] for k in "hbst"}, "pick": pick, "ok": None, "why": "the pick was not measured"})
