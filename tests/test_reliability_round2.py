@@ -413,6 +413,19 @@ def test_f_a_reservation_too_large_to_allocate_names_the_argument():
         cache.reserve(2**31 - 1)
 
 
+@pytest.mark.parametrize("kind", ["latent", "hybrid"])
+def test_f_a_latent_or_hybrid_reservation_beyond_the_memory_is_refused_before_allocating(kind):
+    """The latent buffers of 2**31 - 1 tokens at DeepSeek-V3 widths (12.4 TB in fp32 for two
+    sequences) exceed any device's memory: refused with the argument named, the allocator never asked."""
+    from mla_var3.model.cache import LatentCache
+    from mla_var3.model.hybrid_cache import HybridCache
+
+    cache = LatentCache.empty(2, 512, 64) if kind == "latent" else HybridCache.empty(2, 2, 16, 512, 64, 4)
+    with pytest.raises(ValueError, match=r"max_len=2,147,483,647: the buffers \([\d,.]+ GB\) could not be allocated: "
+                                         r"more than the [\d,.]+ GB of cpu"):
+        cache.reserve(2**31 - 1)
+
+
 def _blocks_one_by_one(cache, lengths, s):
     """The allocation rule, one block at a time (what the closed form must reproduce)."""
     import torch

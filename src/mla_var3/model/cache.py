@@ -153,6 +153,10 @@ class LatentCache(HostLengths):
         :data:`~mla_var3.model.buffers.MAX_LENGTH`] (ValueError otherwise, or when the buffers
         cannot be allocated)."""
         max_len = check_count(max_len, "max_len", MAX_LENGTH)
+        rows = reserve(max(max_len, self.max_len))
+        check_allocatable("max_len", max_len, self.batch * rows * (self.z.shape[2] * self.z.element_size()
+                                                                   + self.kpe.shape[2] * self.kpe.element_size()),
+                          self.z.device)
         try:
             store = self._rebuild(max(max_len, self.max_len))
         except RuntimeError as exc:

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from mla_var3._values import check_count
-from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_new, check_seqlens, masked,
-                                    pad_stack, regrow, reserve, rows_at, tensor_bytes, write_rows)
+from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_allocatable, check_new,
+                                    check_seqlens, masked, pad_stack, regrow, reserve, rows_at, tensor_bytes,
+                                    write_rows)
 from mla_var3.model.cache import LatentCache
 from mla_var3.model.expand import expand_kv
 from mla_var3.shapes import check_window
@@ -219,6 +220,9 @@ class HybridCache(HostLengths):
         b, k = self.batch, self.z.shape[2]
         empty = lambda *tail: self.kpe.new_zeros((b, 0, *tail))  # noqa: E731
         step = _Step(self, 0)
+        latent = b * (reserve(max(step.tz2, max_len)) * k * self.z.element_size()       # the window comes on top
+                      + reserve(max(step.t2, max_len)) * self.kpe.shape[2] * self.kpe.element_size())
+        check_allocatable("max_len", max_len, latent, self.z.device)
         try:
             st, off = step.rebuild(empty(k), empty(self.kpe.shape[2]), empty(*self.k_win.shape[2:]),
                                    empty(*self.v_win.shape[2:]), min_t=max_len)
