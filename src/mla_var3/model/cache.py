@@ -54,8 +54,8 @@ import torch
 
 from mla_var3._values import check_count
 from mla_var3.model.buffers import (MAX_LENGTH, HostLengths, Store, allocation_error, check_allocatable, check_new,
-                                    check_seqlens, pad_stack, regrow, reserve, rows_at,
-                                   tensor_bytes as _nbytes, write_rows)
+                                    check_seqlens, pad_stack, regrow, reserve, rows_at, tensor_bytes as _nbytes,
+                                    write_rows)
 from mla_var3.model.expand import expand_kv
 
 
@@ -153,12 +153,11 @@ class LatentCache(HostLengths):
         :data:`~mla_var3.model.buffers.MAX_LENGTH`] (ValueError otherwise, or when the buffers
         cannot be allocated)."""
         max_len = check_count(max_len, "max_len", MAX_LENGTH)
-        rows = reserve(max(max_len, self.max_len))
-        check_allocatable("max_len", max_len, self.batch * rows * (self.z.shape[2] * self.z.element_size()
-                                                                   + self.kpe.shape[2] * self.kpe.element_size()),
-                          self.z.device)
+        want = max(max_len, self.max_len)
+        check_allocatable("max_len", max_len, self.batch * reserve(want) * (
+            self.z.shape[2] * self.z.element_size() + self.kpe.shape[2] * self.kpe.element_size()), self.z.device)
         try:
-            store = self._rebuild(max(max_len, self.max_len))
+            store = self._rebuild(want)
         except RuntimeError as exc:
             raise allocation_error("max_len", max_len, exc) from None
         return LatentCache._view(store, self.max_len, self.seqlens.clone(), self._lengths)
