@@ -161,50 +161,20 @@ if GLUON_AVAILABLE:
         return warpgroup_mma(qr_op, kr_smem.index(slot).reshape([BN, P]).permute((1, 0)), tok, is_async=True)
 
     @gluon.jit
-    def _step_scores(STEP: gl.constexpr, q_op, qr_op, k_smem, kr_smem, kv_ready, slot_a, slot_b, c, s_zero):
-        """Wait for the ring slots ``slot_a`` (and with ``STEP = 2`` ``slot_b``) of the step that
-        starts at block counter ``c`` and issue their score products: ``(tok_a, tok_b)`` (``tok_b``
-        is ``tok_a`` when ``STEP = 1``). The slots are numbers or constexprs (``STATIC``)."""
+    def _step_scores(W: gl.constexpr, STEP: gl.constexpr, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero):
+        """Wait for the ring slots of the step that starts at block counter ``c`` of consumer ``W``
+        and issue their score products: ``(slot_a, slot_b, tok_a, tok_b)`` (``tok_b`` is ``tok_a``
+        when ``STEP = 1``)."""
         NS: gl.constexpr = k_smem.shape[0] // 2
+        slot_a = W * NS + c % NS
+        slot_b = W * NS + (c + 1) % NS
         mbarrier.wait(kv_ready.index(slot_a), (c // NS) & 1)
         tok_a = _scores(q_op, qr_op, k_smem, kr_smem, slot_a, s_zero)
         tok_b = tok_a
         if STEP == 2:
             mbarrier.wait(kv_ready.index(slot_b), ((c + 1) // NS) & 1)
             tok_b = _scores(q_op, qr_op, k_smem, kr_smem, slot_b, s_zero)
-        return tok_a, tok_b
-
-    @gluon.jit
-    def _pipelined_step(SPLIT: gl.constexpr, STEP: gl.constexpr, q_op, qr_op, k_smem, kr_smem, v_smem, ones_smem,
-                        kv_ready, kv_empty, slot_a, slot_b, prev_a, prev_b, c, t, m_i, acc, l_acc, pa_op, pb_op,
-                        pa_16, pb_16, s_zero, full_keys, limit, cols, qk_scale_log2, dtype: gl.constexpr,
-                        p_layout: gl.constexpr, p8_layout: gl.constexpr, o_rows: gl.constexpr,
-                        l_rows: gl.constexpr):
-        """Step ``t`` of an item (block counter ``c``, in slots ``slot_a`` / ``slot_b``) under the
-        output products of step ``t - 1`` (in ``prev_a`` / ``prev_b``): its scores, the previous
-        step's ``P . V`` and ``P . 1``, its softmax, the previous step's slots freed, the rescale.
-        Returns ``(m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16)``."""
-        NS: gl.constexpr = k_smem.shape[0] // 2
-        BN: gl.constexpr = k_smem.shape[2]
-        tok_a, tok_b = _step_scores(STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, slot_a, slot_b, c, s_zero)
-        o_tok, l_tok = _step_output(SPLIT, STEP, pa_op, pb_op, pa_16, pb_16, v_smem, ones_smem, kv_ready,
-                                    prev_a, prev_b, c - STEP, acc, l_acc)
-        raw_a, raw_b = warpgroup_mma_wait(num_outstanding=2 * STEP, deps=(tok_a, tok_b))
-        if SPLIT:
-            mbarrier.arrive(kv_empty.index(slot_a), count=1)
-        p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols, qk_scale_log2,
-                                             BN, STEP)
-        acc, l_acc, pa_op, pb_op, pa_16, pb_16 = warpgroup_mma_wait(
-            num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op, pa_16, pb_16))
-        # one release per step: the step's first slot's barrier frees all its blocks (their values)
-        mbarrier.arrive(kv_empty.index(prev_a + SPLIT * 2 * NS), count=1)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
-        pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
-        pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
-        pa_16 = gl.convert_layout(p_a.to(gl.float16), p8_layout)
-        pb_16 = gl.convert_layout(p_b.to(gl.float16), p8_layout)
-        return m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16
+        return slot_a, slot_b, tok_a, tok_b
 
     @gluon.jit
     def _step_output(SPLIT: gl.constexpr, STEP: gl.constexpr, pa_op, pb_op, pa_16, pb_16, v_smem, ones_smem,
@@ -280,13 +250,12 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, STATIC: gl.constexpr, q_desc,
-                       qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty,
+    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc, qr_desc, k_desc, v_desc,
+                       kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty,
                        n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
         ``STEP`` blocks), then ``o`` and ``lse``. With ``SPLIT`` (see :func:`rows_producer`) a step's
-        key slots are freed once its scores are done, its value slots once its output product is.
-        With ``STATIC`` the loop runs whole turns of the ring unrolled, every slot a constexpr."""
+        key slots are freed once its scores are done, its value slots once its output product is."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -328,9 +297,7 @@ if GLUON_AVAILABLE:
             qr_op = qr_smem.index(W).reshape([SP, P]).load(q_layout)
             mbarrier.arrive(q_empty.index(W), count=1)
             # step 0: scores and softmax; its P . V is issued in the next iteration
-            slot_a = W * NS + c % NS
-            slot_b = W * NS + (c + 1) % NS
-            tok_a, tok_b = _step_scores(STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, slot_a, slot_b, c, s_zero)
+            slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c, s_zero)
             raw_a, raw_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a, tok_b))
             if SPLIT:
                 mbarrier.arrive(kv_empty.index(slot_a), count=1)
@@ -346,44 +313,26 @@ if GLUON_AVAILABLE:
             prev_a = slot_a
             prev_b = slot_b
             c += STEP
-            t0 = 1
-            if STATIC:
-                # the steps up to the ring's slot 0 with slots computed from the counter, then whole
-                # turns of the ring unrolled, each step's slots constexprs (the shared-memory
-                # descriptors of a slot fixed at compile time), then the rest as before
-                NSS: gl.constexpr = NS // STEP
-                head = gl.minimum(steps - 1, ((NS - c % NS) % NS) // STEP)
-                for t in range(1, 1 + head):
-                    slot_a = W * NS + c % NS
-                    slot_b = W * NS + (c + 1) % NS
-                    m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16 = _pipelined_step(
-                        SPLIT, STEP, q_op, qr_op, k_smem, kr_smem, v_smem, ones_smem, kv_ready, kv_empty, slot_a,
-                        slot_b, prev_a, prev_b, c, t, m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16, s_zero,
-                        full_keys, limit, cols, qk_scale_log2, dtype, p_layout, p8_layout, o_rows, l_rows)
-                    prev_a = slot_a
-                    prev_b = slot_b
-                    c += STEP
-                turns = (steps - 1 - head) // NSS
-                for r in range(turns):
-                    for u in gl.static_range(NSS):
-                        # c % NS == u * STEP here, so the previous step's slots are the turn's last
-                        m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16 = _pipelined_step(
-                            SPLIT, STEP, q_op, qr_op, k_smem, kr_smem, v_smem, ones_smem, kv_ready, kv_empty,
-                            W * NS + u * STEP, W * NS + (u * STEP + 1) % NS,
-                            W * NS + ((u + NSS - 1) % NSS) * STEP, W * NS + (((u + NSS - 1) % NSS) * STEP + 1) % NS,
-                            c, 1 + head + r * NSS + u, m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16, s_zero,
-                            full_keys, limit, cols, qk_scale_log2, dtype, p_layout, p8_layout, o_rows, l_rows)
-                        c += STEP
-                t0 = 1 + head + turns * NSS
-                prev_a = W * NS + (c - STEP) % NS
-                prev_b = W * NS + (c - STEP + 1) % NS
-            for t in range(t0, steps):
-                slot_a = W * NS + c % NS
-                slot_b = W * NS + (c + 1) % NS
-                m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16 = _pipelined_step(
-                    SPLIT, STEP, q_op, qr_op, k_smem, kr_smem, v_smem, ones_smem, kv_ready, kv_empty, slot_a, slot_b,
-                    prev_a, prev_b, c, t, m_i, acc, l_acc, pa_op, pb_op, pa_16, pb_16, s_zero, full_keys, limit,
-                    cols, qk_scale_log2, dtype, p_layout, p8_layout, o_rows, l_rows)
+            for t in range(1, steps):
+                slot_a, slot_b, tok_a, tok_b = _step_scores(W, STEP, q_op, qr_op, k_smem, kr_smem, kv_ready, c,
+                                                            s_zero)
+                o_tok, l_tok = _step_output(SPLIT, STEP, pa_op, pb_op, pa_16, pb_16, v_smem, ones_smem, kv_ready,
+                                            prev_a, prev_b, c - STEP, acc, l_acc)
+                raw_a, raw_b = warpgroup_mma_wait(num_outstanding=2 * STEP, deps=(tok_a, tok_b))
+                if SPLIT:
+                    mbarrier.arrive(kv_empty.index(slot_a), count=1)
+                p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
+                                                     qk_scale_log2, BN, STEP)
+                acc, l_acc, pa_op, pb_op, pa_16, pb_16 = warpgroup_mma_wait(
+                    num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op, pa_16, pb_16))
+                # one release per step: the step's first slot's barrier frees all its blocks (their values)
+                mbarrier.arrive(kv_empty.index(prev_a + SPLIT * 2 * NS), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
+                pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
+                pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
+                pa_16 = gl.convert_layout(p_a.to(gl.float16), p8_layout)
+                pb_16 = gl.convert_layout(p_b.to(gl.float16), p8_layout)
                 prev_a = slot_a
                 prev_b = slot_b
                 c += STEP
@@ -436,7 +385,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, STATIC: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
@@ -450,8 +399,8 @@ if GLUON_AVAILABLE:
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
-        gl.warp_specialize([(_rows_consumer, (0, STEP, SPLIT, STATIC) + args + (ones_smem,)),
-                            (_rows_consumer, (1, STEP, SPLIT, STATIC) + args + (ones_smem,)),
+        gl.warp_specialize([(_rows_consumer, (0, STEP, SPLIT) + args + (ones_smem,)),
+                            (_rows_consumer, (1, STEP, SPLIT) + args + (ones_smem,)),
                             (rows_producer, (0, STEP, SPLIT) + args), (rows_producer, (1, STEP, SPLIT) + args)],
                            [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
@@ -481,8 +430,8 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
 def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                      step: int = DEFAULT_STEP, split: bool = False, static_slots: bool = False,
-                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      step: int = DEFAULT_STEP, split: bool = False, out: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
     wgmma's M side), on ``programs`` persistent programs (sm_90).
 
@@ -502,11 +451,6 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
                                               one step behind the keys and each freed as soon as read
                                               (for two blocks per step, where one barrier per slot
                                               holds all four slots of the ring; see the devlog)
-    static_slots : bool                       the consumer's loop unrolled over whole turns of the ring,
-                                              so each step's slots, and the shared-memory descriptors
-                                              of its operands, are fixed at compile time (the steps
-                                              before the ring's first slot and after the last whole
-                                              turn keep computed slots); the same arithmetic
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
@@ -545,11 +489,10 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     strides = (*o.stride()[:3], *lse.stride())
     # every constexpr and every class Triton specialises the integers and pointers on is in the key:
     # a kernel compiled for one must never serve a call of another
-    key = (q.dtype, d, p, block_n, stages, bool(causal), step, bool(split), bool(static_slots), o.dtype,
-           o.data_ptr() % 16, lse.data_ptr() % 16, int_classes(ints + strides))
+    key = (q.dtype, d, p, block_n, stages, bool(causal), step, bool(split), o.dtype, o.data_ptr() % 16,
+           lse.data_ptr() % 16, int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split)),
-                      STATIC=int(bool(static_slots))), num_warps=4)
+                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split))), num_warps=4)
     if not direct:
         out.copy_(o)
         return out, lse
@@ -558,7 +501,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                      dtype: str = "bf16", causal: bool = True, step: int = DEFAULT_STEP, split: bool = False,
-                     static_slots: bool = False, capability: int = 90):
+                     capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     _base.require_gluon()
@@ -577,9 +520,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-        "STEP": "constexpr", "SPLIT": "constexpr", "STATIC": "constexpr",
+        "STEP": "constexpr", "SPLIT": "constexpr",
     }
-    constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split)),
-                  "STATIC": int(bool(static_slots))}
+    constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split))}
     src = GluonASTSource(fn=_window_rows, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
