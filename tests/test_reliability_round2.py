@@ -27,16 +27,14 @@ import json
 import warnings
 
 import pytest
-
-
-def _device() -> str:
-    """Where the entry points' inputs live: the GPU where there is one (the kernels' own path,
-    whose device check would otherwise answer first), else the CPU under the interpreter."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+import torch
 
 from mla_var3.cli import main
+
+#: where the entry points' inputs live: the GPU where there is one (the kernels' own path, whose
+#: device check would otherwise answer before the check a test asserts), else the CPU under the
+#: interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 HUGE = "1" + "0" * 400                     # an integer beyond a float's range
 #: JSON numbers that are not finite, as they appear in a file's text.
@@ -586,8 +584,8 @@ def _scale_calls():
     from mla_var3.shapes import MLADims, Problem
 
     dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
-    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=_device())
-    lengths = torch.tensor([16, 9], dtype=torch.int32, device=_device())
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=DEVICE)
+    lengths = torch.tensor([16, 9], dtype=torch.int32, device=DEVICE)
     kv, table = ref.make_paged(x.z, x.kpe, lengths, page_block_size=16)
     cache = LatentCache(x.z, x.kpe, lengths)
     return {
@@ -658,10 +656,10 @@ def test_j_compat_positional_mistake_is_refused(scale):
 def _bad_lengths():
     import torch
 
-    dev = _device()
-    return {"bool": torch.tensor([True, True], device=dev), "uint8": torch.tensor([1, 1], dtype=torch.uint8, device=dev),
-            "int16": torch.tensor([1, 1], dtype=torch.int16, device=dev),
-            "float32": torch.tensor([1.0, 1.0], device=dev), "complex": torch.tensor([1 + 0j, 1 + 0j], device=dev),
+    return {"bool": torch.tensor([True, True], device=DEVICE),
+            "uint8": torch.tensor([1, 1], dtype=torch.uint8, device=DEVICE),
+            "int16": torch.tensor([1, 1], dtype=torch.int16, device=DEVICE),
+            "float32": torch.tensor([1.0, 1.0], device=DEVICE), "complex": torch.tensor([1 + 0j, 1 + 0j], device=DEVICE),
             "list": [1, 1]}
 
 
@@ -676,9 +674,9 @@ def _length_calls():
     from mla_var3.shapes import MLADims, Problem
 
     dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
-    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=_device())
-    xb = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16, device=_device())
-    kv, table = ref.make_paged(x.z, x.kpe, torch.tensor([16, 16], dtype=torch.int32, device=_device()),
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=DEVICE)
+    xb = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16, device=DEVICE)
+    kv, table = ref.make_paged(x.z, x.kpe, torch.tensor([16, 16], dtype=torch.int32, device=DEVICE),
                                page_block_size=16)
     q = torch.cat([xb.qc, xb.qpe], dim=-1).transpose(1, 2).contiguous()
     return {
@@ -926,7 +924,7 @@ def _api_probes():
         "expanded bool lengths": (lambda tmp: ExpandedCache(x.k, x.v, x.kpe, torch.tensor([True, False])),
                                   "seqlens must have dtype in (int32, int64), got bool"),
         "kernel lengths 2-d": (lambda tmp: __import__("mla_var3.kernel", fromlist=["x"]).flash_mla(
-            *(t.to(_device()) for t in (x.qc, x.qpe, x.z, x.kpe)), scale=0.1, seqlens=lengths[None].to(_device())),
+            *(t.to(DEVICE) for t in (x.qc, x.qpe, x.z, x.kpe)), scale=0.1, seqlens=lengths[None].to(DEVICE)),
             "seqlens must be [B]"),
         "scale np inf": (lambda tmp: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, np.float64("inf")),
                          "scale must be a positive finite number"),
