@@ -576,8 +576,7 @@ def ring_probe(k, v, kpe, programs: int, *, block_n: int, slots: int) -> None:
 
 
 #: the rows form's configurations of part 7: (keys per block, ring slots per consumer, blocks per
-#: softmax step, keys and values on their own barriers)
-#: the rows form's timed configurations: (block_n, stages, step, split, lazy_rescale)
+#: softmax step, keys and values on their own barriers, the lazy rescale)
 ROWS_CONFIGS = ((32, 4, 1, False, False), (32, 4, 1, False, True), (32, 4, 2, False, False), (32, 4, 2, True, False),
                 (64, 2, 1, False, False))
 

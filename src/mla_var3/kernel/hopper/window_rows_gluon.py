@@ -267,9 +267,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, LAZY: gl.constexpr, q_desc,
-                       qr_desc, k_desc, v_desc,
-                       kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty,
-                       n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, ones_smem):
+                       qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty,
+                       kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
         ``STEP`` blocks), then ``o`` and ``lse``. With ``SPLIT`` (see :func:`rows_producer`) a step's
         key slots are freed once its scores are done, its value slots once its output product is.
