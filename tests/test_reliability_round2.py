@@ -399,8 +399,6 @@ def test_f_latent_and_hybrid_reserve_refuse_what_is_not_a_length(kind, value, wo
 
 
 def test_f_a_reservation_too_large_to_allocate_names_the_argument():
-    import torch
-
     from mla_var3.model.cache import PagedLatentCache
 
     cache = PagedLatentCache.empty(2, 512, 64, block_size=64, dtype=torch.bfloat16)
@@ -426,8 +424,6 @@ def test_f_a_latent_or_hybrid_reservation_beyond_the_memory_is_refused_before_al
 
 def _blocks_one_by_one(cache, lengths, s):
     """The allocation rule, one block at a time (what the closed form must reproduce)."""
-    import torch
-
     bs = cache.block_size
     table = [row[: -(-t // bs)] for row, t in zip(cache.block_table.tolist(), lengths)]
     free, grown = list(cache.free), cache.num_blocks
@@ -447,8 +443,6 @@ def _blocks_one_by_one(cache, lengths, s):
 
 def test_f_blocks_are_the_ones_a_block_by_block_rule_takes():
     import random
-
-    import torch
 
     from mla_var3.model.cache import PagedLatentCache
 
@@ -501,8 +495,6 @@ IN_PLACE = {
 def test_g_layer_follows_in_place_weight_updates(update, mode):
     """Was: max |out - fresh layer| = 2.67 after ``kv_b_proj.weight.data += 0.3`` (logits of an
     enabled model off the stock model's by up to 7.7 after a LoRA merge)."""
-    import torch
-
     from mla_var3.model import MLAConfig, MLALayer
 
     cfg = MLAConfig.from_preset("deepseek-v3").scaled(div=16, h=4)
@@ -523,7 +515,6 @@ def test_g_layer_follows_in_place_weight_updates(update, mode):
 
 def _tiny_hf_model():
     transformers = pytest.importorskip("transformers")
-    import torch
 
     config = transformers.DeepseekV3Config(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -563,8 +554,6 @@ def test_i_two_attention_modules_with_one_layer_idx_are_refused():
 # ------------------------------------------------------------------------------------------------
 
 def _bad_scales():
-    import torch
-
     return {"True": True, "False": False, "'0.1'": "0.1", "None": None, "nan": float("nan"), "inf": float("inf"),
             "-inf": float("-inf"), "-0.5": -0.5, "0": 0, "0.0": 0.0, "[0.1]": [0.1], "1+0j": 1 + 0j,
             "10**400": 10**400, "tensor(True)": torch.tensor(True), "tensor 2 values": torch.tensor([0.1, 0.2])}
@@ -577,8 +566,6 @@ BAD_SCALES = ["True", "False", "'0.1'", "None", "nan", "inf", "-inf", "-0.5", "0
 def _scale_calls():
     """entry point -> a call taking the scale (small valid inputs, float32 under the interpreter:
     the scale is checked before anything runs)."""
-    import torch
-
     from mla_var3 import kernel, reference as ref
     from mla_var3.model import LatentCache, mla_attention
     from mla_var3.shapes import MLADims, Problem
@@ -620,7 +607,6 @@ def test_j_bad_scales_are_refused_at_every_entry_point(entry, scale):
 
 def test_j_real_scales_of_other_types_give_the_float_result():
     import numpy as np
-    import torch
 
     call = _scale_calls()["reference.flash_mla"]
     want = call(0.125)
@@ -633,8 +619,6 @@ def test_j_real_scales_of_other_types_give_the_float_result():
 def test_j_compat_positional_mistake_is_refused(scale):
     """``flash_mla_with_kvcache(q, k, tb, sl, 64, meta, None, True)`` put ``causal`` in the scale's
     position and ran with scale 1.0; a string scale was accepted too."""
-    import torch
-
     from mla_var3 import reference as ref
     from mla_var3.compat import flash_mla_with_kvcache, get_mla_metadata
     from mla_var3.shapes import MLADims, Problem
@@ -654,8 +638,6 @@ def test_j_compat_positional_mistake_is_refused(scale):
 # ------------------------------------------------------------------------------------------------
 
 def _bad_lengths():
-    import torch
-
     return {"bool": torch.tensor([True, True], device=DEVICE),
             "uint8": torch.tensor([1, 1], dtype=torch.uint8, device=DEVICE),
             "int16": torch.tensor([1, 1], dtype=torch.int16, device=DEVICE),
@@ -665,8 +647,6 @@ def _bad_lengths():
 
 def _length_calls():
     """place -> a call taking a [2] tensor of lengths (1 is valid for every one of them)."""
-    import torch
-
     from mla_var3 import kernel, reference as ref
     from mla_var3.compat import flash_mla_with_kvcache
     from mla_var3.model import ExpandedCache, LatentCache, PagedLatentCache
@@ -712,8 +692,6 @@ def test_k_lengths_that_are_not_int32_or_int64_are_refused(place, dtype):
 @pytest.mark.parametrize("place", ["LatentCache", "ExpandedCache", "HybridCache", "PagedLatentCache",
                                    "reference.flash_mla"])
 def test_k_int32_and_int64_lengths_still_work(place):
-    import torch
-
     call = _length_calls()[place]
     for dtype in (torch.int32, torch.int64):
         call(torch.tensor([16, 3], dtype=dtype))
@@ -889,7 +867,6 @@ def test_probe_cli(capsys, tmp_path, monkeypatch, no_timing, case):
 
 def _api_probes():
     import numpy as np
-    import torch
 
     from mla_var3 import _io, reference as ref
     from mla_var3.analysis.calibration import load_calibration, parse_calibration
