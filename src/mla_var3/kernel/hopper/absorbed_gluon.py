@@ -49,7 +49,6 @@ Example
 from __future__ import annotations
 
 import torch
-import triton
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, bind_shape, cdiv, check_scale, check_seqlens, num_sms
@@ -59,8 +58,8 @@ from mla_var3.kernel.decode import AbsorbedDecode
 from mla_var3.kernel.hopper import seesaw_host as seesaw
 
 from mla_var3.kernel.hopper._gluon import (
-    GLUON_AVAILABLE, GLUON_IMPORT_ERROR, LOG2E as _LOG2E, TORCH_TO_GL as _TORCH_TO_GL, descriptor as _descriptor,
-    layout as _layout, tma_operand as _tma_operand,
+    GLUON_AVAILABLE, GLUON_IMPORT_ERROR, LOG2E as _LOG2E, TORCH_TO_GL as _TORCH_TO_GL, compile_sm90 as _compile_sm90,
+    desc_type as _desc_type, descriptor as _descriptor, tma_operand as _tma_operand,
 )
 
 if GLUON_AVAILABLE:
@@ -474,15 +473,8 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
 
     Must run in a process without ``TRITON_INTERPRET`` set.
     """
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is unavailable: {GLUON_IMPORT_ERROR}")
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     def desc(cols: int, rows: int, ty: str = dtype) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([1, rows, cols], {"bf16": gl.bfloat16, "fp16": gl.float16,
-                                                                        "fp32": gl.float32}[ty])
-        return f"tensordesc<{ty}[1,{rows},{cols}],{layout!r}>"
+        return _desc_type([1, rows, cols], ty)
 
     signature = {
         "q_desc": desc(k, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k, BLOCK_N),
@@ -496,8 +488,7 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     zero_tail = has_seqlens if zero_tail is None else bool(zero_tail) and has_seqlens
     constexprs = {"K": k, "P": p, "CAUSAL": causal, "HAS_SEQLENS": has_seqlens, "SPLIT": split, "PIPELINE": pipeline,
                   "ZERO_TAIL": zero_tail}
-    src = GluonASTSource(fn=_flash_mla_fwd, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS})
+    return _compile_sm90(_flash_mla_fwd, signature, constexprs, num_warps=NUM_WARPS, capability=capability)
 
 
 # ---------------------------------------------------------------------------------------------

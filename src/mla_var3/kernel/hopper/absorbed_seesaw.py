@@ -97,7 +97,6 @@ Example
 
 from __future__ import annotations
 
-import triton
 
 from mla_var3.kernel._launch import CachedLaunch
 from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS
@@ -726,15 +725,8 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
                      gated: bool = False, capability: int = 90):
     """Compile the seesaw kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    _gluon.require_gluon()
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    tys = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}
-
     def desc(cols: int, rows: int, ty: str = dtype) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([1, rows, cols], tys[ty])
-        return f"tensordesc<{ty}[1,{rows},{cols}],{layout!r}>"
+        return _gluon.desc_type([1, rows, cols], ty)
 
     signature = {
         "q_desc": desc(k // 2, BLOCK_M), "qr_desc": desc(p, BLOCK_M), "z_desc": desc(k // 2, BLOCK_N),
@@ -751,5 +743,5 @@ def compile_for_sm90(*, k: int = 512, p: int = 64, dtype: str = "bf16", causal: 
     # pointers 16-byte aligned, as every launch's are (torch allocations; the launch key holds the
     # alignment of the caller's lengths and block table): the partials' stores are vectorised on it
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
-    src = GluonASTSource(fn=_flash_mla_seesaw, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": NUM_WARPS // 2})
+    return _gluon.compile_sm90(_flash_mla_seesaw, signature, constexprs, num_warps=NUM_WARPS // 2, attrs=attrs,
+                               capability=capability)

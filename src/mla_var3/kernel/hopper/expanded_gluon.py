@@ -43,7 +43,6 @@ Example
 from __future__ import annotations
 
 import torch
-import triton
 
 from mla_var3.kernel import backends
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, cdiv, check_scale
@@ -393,15 +392,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
                      capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    _base.require_gluon()
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-
     def desc(block: list[int]) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for(block, ty)
-        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+        return _base.desc_type(block, dtype)
 
     signature = {
         "q_desc": desc([1, HALF_M, d]), "qr_desc": desc([1, HALF_M, p]),
@@ -411,6 +403,6 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "stride_lbh": "i32", "stride_ls": "i32", "NUM_STAGES": "constexpr", "CAUSAL": "constexpr",
         "PINGPONG": "constexpr",
     }
-    src = GluonASTSource(fn=_flash_attention_ws, signature=signature,
-                         constexprs={"NUM_STAGES": stages, "CAUSAL": causal, "PINGPONG": pingpong})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    return _base.compile_sm90(_flash_attention_ws, signature,
+                              {"NUM_STAGES": stages, "CAUSAL": causal, "PINGPONG": pingpong},
+                              num_warps=4, capability=capability)

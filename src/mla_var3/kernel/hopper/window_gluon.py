@@ -44,7 +44,6 @@ Example
 from __future__ import annotations
 
 import torch
-import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale, next_pow2
 from mla_var3.kernel._launch import CachedLaunch, current_stream, int_classes, tma_arg_of
@@ -448,16 +447,10 @@ def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = D
                      capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    _base.require_gluon()
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     sp = _pad_s(s)
 
     def desc(block: list[int]) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for(block, ty)
-        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+        return _base.desc_type(block, dtype)
 
     signature = {
         "q_desc": desc([1, sp, d]), "qr_desc": desc([1, sp, p]),
@@ -467,6 +460,5 @@ def compile_for_sm90(*, s: int = 16, d: int = 128, p: int = 64, block_n: int = D
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "QBUF": "constexpr",
         "CAUSAL": "constexpr",
     }
-    src = GluonASTSource(fn=_expanded_window, signature=signature, constexprs={"STAGES": stages, "QBUF": q_bufs,
-                                                                                       "CAUSAL": causal})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    return _base.compile_sm90(_expanded_window, signature, {"STAGES": stages, "QBUF": q_bufs, "CAUSAL": causal},
+                              num_warps=4, capability=capability)

@@ -71,7 +71,6 @@ Example
 from __future__ import annotations
 
 import torch
-import triton
 
 from mla_var3.kernel._common import SMEM_LIMIT as _SMEM_LIMIT, check_scale
 from mla_var3.kernel._launch import CachedLaunch, int_classes
@@ -527,15 +526,8 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
                      lazy_rescale: bool = False, capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
-    _base.require_gluon()
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-
     def desc(block: list[int]) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for(block, ty)
-        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+        return _base.desc_type(block, dtype)
 
     signature = {
         "q_desc": desc([1, ROWS, d]), "qr_desc": desc([1, ROWS, p]),
@@ -547,5 +539,4 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
     }
     constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split)),
                   "LAZY": int(bool(lazy_rescale))}
-    src = GluonASTSource(fn=_window_rows, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    return _base.compile_sm90(_window_rows, signature, constexprs, num_warps=4, capability=capability)
