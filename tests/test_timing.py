@@ -149,6 +149,26 @@ def test_back_to_back_time_is_wall_time_per_call_between_synchronisations(monkey
     assert us == pytest.approx(300.0)
 
 
+def test_back_to_back_time_is_the_median_of_interleaved_rounds(monkeypatch):
+    """``_back_to_back_rounds``: every round reads each callable once, the order rotated from one
+    round to the next, and each callable's time is the median of its rounds (an outlying round
+    moves nothing); no callables, no rounds."""
+    import mla_var3.runtime.timing as T
+
+    order = []
+    readings = {"a": iter([100.0, 90.0, 400.0, 95.0, 92.0]), "b": iter([50.0, 55.0, 52.0, 51.0, 500.0])}
+
+    def fake(fn, device):
+        order.append(fn())
+        return next(readings[order[-1]])
+
+    monkeypatch.setattr(T, "_back_to_back_us", fake)
+    out = T._back_to_back_rounds({"a": lambda: "a", "b": lambda: "b"}, None, 5)
+    assert out == {"a": 95.0, "b": 52.0}
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert T._back_to_back_rounds({}, None, 5) == {}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_graph_timing_reads_its_replays_back_to_back_when_asked():
     """``replays=True``: a CUDA-graph timing also reads its graph's replays issued back to back,
