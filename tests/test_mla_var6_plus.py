@@ -202,18 +202,21 @@ def test_backend_signature():
     assert_close(o_latent, ref_ol, args[0].dtype, name="o_latent")
 
 
-@pytest.mark.parametrize("b,h,s,t,n,causal", [
-    (2, 5, 4, 65, 4, True),      # N = S: the latent part is non-causal over its O keys
-    (2, 5, 4, 65, 20, True),     # N > S
-    (1, 16, 5, 63, 0, True),     # N = 0: the absorbed kernel with its own causal rule
-    (2, 5, 4, 65, 2, False),     # N < S, not causal
-    (2, 5, 4, 65, 2, True),      # N < S, causal: the portable path
+@pytest.mark.parametrize("b,h,s,t,n,causal,programs", [
+    (2, 5, 4, 65, 4, True, "auto"),      # N = S: the latent part is non-causal over its O keys
+    (2, 5, 4, 65, 20, True, "auto"),     # N > S
+    (1, 16, 5, 63, 0, True, "auto"),     # N = 0: the absorbed kernel with its own causal rule
+    (2, 5, 4, 65, 2, False, "auto"),     # N < S, not causal
+    (2, 5, 4, 65, 2, True, "auto"),      # N < S, causal: the portable path
+    (2, 5, 4, 65, 20, True, 3),          # the persistent expanded part on 3 programs
+    (2, 5, 4, 65, 2, False, 3),
 ])
-def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
+def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal, programs):
     """The sm_90 path's decomposition (which absorbed call covers the old keys, with which
-    causal rule, merged with the expanded part) against the reference, with the absorbed entry
-    it calls replaced by the fp32 reference absorbed attention (rounded to the input dtype as the
-    kernel returns it). Runs anywhere: the parts are issued one after the other."""
+    causal rule, merged with the expanded part; the expanded part on the default partition or
+    persistent on a few programs) against the reference, with the absorbed entry it calls
+    replaced by the fp32 reference absorbed attention (rounded to the input dtype as the kernel
+    returns it). Runs anywhere: the parts are issued one after the other."""
     from mla_var3.kernel.hopper import hybrid_hopper
     from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
 
@@ -230,7 +233,7 @@ def test_hopper_path_decomposition(monkeypatch, b, h, s, t, n, causal):
     x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
     ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
     o, o_latent, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
-                                            causal=causal, overlap=False)
+                                            causal=causal, overlap=False, expanded_programs=programs)
     assert_close(o, ref_o, dtype, name="o")
     assert_close(o_latent, ref_ol, dtype, name="o_latent")
     assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
@@ -265,28 +268,6 @@ def test_expanded_persistent(b, h, s, n, causal, programs):
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen)
     assert_close(lse[seen], ref_lse[seen], torch.float32, tol=1e-5, name="lse")
-
-
-@pytest.mark.parametrize("b,h,s,t,n,causal", [(2, 5, 4, 65, 20, True), (2, 5, 4, 65, 2, False)])
-def test_hopper_path_persistent(monkeypatch, b, h, s, t, n, causal):
-    """The sm_90 path with the persistent expanded part (one after the other: runs anywhere)."""
-    from mla_var3.kernel.hopper import hybrid_hopper
-    from mla_var3.kernel.hopper.hybrid_hopper import mla_var6_plus_hopper
-
-    def fake_absorbed(qc, qpe, z, kpe, *, scale, causal=True, decode=None):
-        o, lse = R.flash_mla(qc.float(), qpe.float(), z.float(), kpe.float(), scale, causal)
-        return o.to(qc.dtype), lse
-
-    monkeypatch.setattr(hybrid_hopper, "CHECKED_WIDTHS", {(DIMS.k, DIMS.p)})   # the Hopper path at the tests' widths
-    monkeypatch.setattr(hybrid_hopper, "flash_mla", fake_absorbed)
-    dtype = torch.bfloat16
-    x = R.make_inputs(DIMS.replace(h=h), Problem(b=b, s=s, t=t, n=n, causal=causal), dtype=dtype, device=DEVICE)
-    ref_o, ref_ol, ref_lse = R.mla_var6_plus(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, x.scale, causal)
-    o, o_latent, lse = mla_var6_plus_hopper(x.q, x.qpe, x.qc, x.z_old, x.kpe, x.k_new, x.v_new, scale=x.scale,
-                                            causal=causal, overlap=False, expanded_programs=3)
-    assert_close(o, ref_o, dtype, name="o")
-    assert_close(o_latent, ref_ol, dtype, name="o_latent")
-    assert_close(lse, ref_lse, tol=LSE_TOLERANCE[dtype], name="lse")
 
 
 @pytest.mark.parametrize("s", [16, 64])
