@@ -28,12 +28,12 @@ if not gluon_mod.GLUON_AVAILABLE:
 
 import triton  # noqa: E402
 
+from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
 from mla_var3.kernel.sass import (compile_gluon_builds, compile_gluon_in_subprocess, forward_branches,  # noqa: E402
                                   mma_loops)
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _CUOBJDUMP = _BIN / "cuobjdump"
-SMEM_LIMIT = 232_448  # bytes per CTA on sm_90, as Triton reports it
 
 VARIANTS = [
     dict(dtype="bf16", causal=True, split=False, has_seqlens=False, pipeline=False),
