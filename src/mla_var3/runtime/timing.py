@@ -215,11 +215,11 @@ def _capture(fn: Callable[[], object], device):
 BACK_TO_BACK_CALLS = 16
 
 
-#: rounds of :data:`BACK_TO_BACK_CALLS` calls each callable's back-to-back time is the median of
-#: (fewer where they would take more than a quarter of the timing's ``max_seconds``): one round is
-#: one sample, and a floor that raises every repetition is the whole eager time (measured on an
-#: H100: one round each, the same absorbed kernel read 108.1 us through its own entry point and
-#: 93.3 us through the hybrid's with N = 0, beside host times of 78.3 and 100.8 us)
+#: a callable's back-to-back time is the median of this many rounds of :data:`BACK_TO_BACK_CALLS`
+#: calls (fewer where they would take more than a quarter of the timing's ``max_seconds``). One
+#: round is one sample, and a floor that raises every repetition is the whole eager time: read
+#: once each on an H100, the same absorbed kernel took 108.1 us through its own entry point and
+#: 93.3 us through the hybrid's with N = 0, beside host times of 78.3 and 100.8 us.
 BACK_TO_BACK_ROUNDS = 5
 
 
