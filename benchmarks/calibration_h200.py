@@ -445,7 +445,12 @@ def calibrate_run() -> Calibration | None:
 
 
 def _measured_by(change: dict, run: Calibration) -> bool:
-    """Whether the run timed the code of ``change`` (its commit is the run's or an ancestor)."""
+    """Whether the run timed the code of ``change``: its commit is the run's or an ancestor, or the
+    run's kernel files are the change's to the byte (a run of a working tree with the change not
+    yet committed)."""
+    files = (run.kernels or {}).get("files") or {}
+    if change.get("files") and all(files.get(path) == digest for path, digest in change["files"].items()):
+        return True
     commit = (run.kernels or {}).get("commit")
     if not commit:
         return False
