@@ -102,7 +102,7 @@ def test_points_of_a_shape_are_timed_in_the_same_repetitions(monkeypatch):
         return T.Interleaved(timings, samples)
 
     monkeypatch.setattr(T, "time_interleaved", fake)
-    monkeypatch.setattr(T, "host_time_us", lambda fn, calls, warmup: 5.0)
+    monkeypatch.setattr(T, "host_times_us", lambda fns, calls, warmup: {k: 5.0 + int(k) for k in fns})
     spec = B.BenchSpec(dims=get_preset("deepseek-v3").replace(h=4), designs=(), warmup=1, reps=3, min_reps=1)
     ours, fm = _fake_prepared("flash_mla", lambda: None), _fake_prepared(B.FLASHMLA, lambda: None)
     _tiny_runner(spec)._time_together([ours, fm])
@@ -111,7 +111,7 @@ def test_points_of_a_shape_are_timed_in_the_same_repetitions(monkeypatch):
     assert ours.rec.extra["flashmla_ratio"] == 1.0                  # median of 2.0, 1.0, 0.667 per repetition
     assert ours.rec.extra["flashmla_ratio_eager"] == 1.0 and "flashmla_ratio" not in fm.rec.extra
     assert ours.rec.extra["timed_with"] == [B.FLASHMLA] and fm.rec.extra["timed_with"] == ["flash_mla"]
-    assert ours.rec.extra["host_us"] == 5.0 and ours.rec.extra["graph_us"] == 20.0
+    assert ours.rec.extra["host_us"] == 5.0 and fm.rec.extra["host_us"] == 6.0 and ours.rec.extra["graph_us"] == 20.0
 
 
 def test_a_shape_that_does_not_fit_together_is_timed_point_by_point(monkeypatch):

@@ -206,6 +206,33 @@ def test_plain_launches_of_a_host_bound_call_read_its_host_time():
     assert graph.method == "cuda-graph" and graph.median_us < 100.0
 
 
+def test_host_times_are_the_median_of_interleaved_rounds(monkeypatch):
+    """``host_times_us``: each callable's calls split over up to five rounds (as many as give a
+    round one burst), every round times each callable once in an order rotated from one round to
+    the next, warm-up calls only before a callable's first round; each time the median of its
+    rounds (an outlying round moves nothing)."""
+    import mla_var3.runtime.timing as T
+
+    seen = []
+    readings = {"a": iter([100.0, 90.0, 400.0, 95.0, 92.0]), "b": iter([50.0, 55.0, 52.0, 51.0, 500.0]),
+                "slow": iter([700.0])}
+
+    def fake(fn, *, calls, warmup, burst):
+        seen.append((fn(), calls, warmup, burst))
+        return next(readings[seen[-1][0]])
+
+    monkeypatch.setattr(T, "host_time_us", fake)
+    fns = {"a": lambda: "a", "b": lambda: "b", "slow": lambda: "slow"}
+    out = T.host_times_us(fns, calls={"a": 300, "b": 300, "slow": 3}, warmup=2)
+    assert out == {"a": 95.0, "b": 52.0, "slow": 700.0}
+    assert [x[0] for x in seen] == ["a", "b", "slow", "b", "a", "a", "b", "a", "b", "b", "a"]
+    assert {x[1] for x in seen if x[0] != "slow"} == {60} and next(x for x in seen if x[0] == "slow")[1] == 3
+    assert [x[2] for x in seen if x[0] == "a"] == [2, 0, 0, 0, 0] and {x[3] for x in seen} == {8}
+    assert T.host_times_us({}) == {}
+    with pytest.raises(ValueError):
+        T.host_times_us(fns, rounds=0)
+
+
 def test_host_time_is_timed_in_bursts_with_a_synchronisation_before_each(monkeypatch):
     """``host_time_us`` times bursts of calls, synchronising before each burst outside the timed
     window (so that queued GPU work never blocks the timed host), and reports a burst's median

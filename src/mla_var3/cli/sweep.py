@@ -311,7 +311,7 @@ class Runner:
         """Time ``live`` points' calls in the same repetitions (``time_interleaved``): CUDA-graph
         (else event) time, eager time and host time per call; with official FlashMLA among them,
         each other point's FlashMLA ÷ it as the median of per-repetition ratios."""
-        from mla_var3.runtime.timing import host_time_us, time_interleaved
+        from mla_var3.runtime.timing import host_times_us, time_interleaved
 
         spec = self.spec
         fns = {str(i): p.fn for i, p in enumerate(live)}
@@ -322,6 +322,10 @@ class Runner:
                                  use_graph=False) if spec.eager else None
         names = [p.point.name for p in live]
         fm = str(names.index(FLASHMLA)) if FLASHMLA in names else None
+        # the host time per call (calls issued without a synchronisation), the points' calls
+        # interleaved over rounds so that a slow period of the host reaches them all
+        calls = {key: int(max(3, min(300, spec.point_seconds / max(p.one, 1e-7)))) for key, p in zip(fns, live)}
+        hosts = host_times_us(fns, calls=calls, warmup=1) if eager is not None else {}
         for key, p in zip(fns, live):
             rec = p.rec
             fill_timing(rec, graph[key])
@@ -329,11 +333,9 @@ class Runner:
                 rec.extra["timed_with"] = [n for n in names if n != p.point.name]
             if eager is not None:
                 # what an eager caller sees: plain calls between events (host work included),
-                # and the host time per call (calls issued without a synchronisation)
-                calls = int(max(3, min(300, spec.point_seconds / max(p.one, 1e-7))))
+                # and the host time per call
                 rec.extra.update(graph_us=graph[key].median_us if graph[key].method == "cuda-graph" else None,
-                                 eager_us=eager[key].median_us, host_us=host_time_us(p.fn, calls=calls, warmup=1),
-                                 host_calls=calls)
+                                 eager_us=eager[key].median_us, host_us=hosts[key], host_calls=calls[key])
                 if eager[key].floor_us is not None:   # the eager time's back-to-back floor and how often it held
                     rec.extra.update(eager_floor_us=eager[key].floor_us, eager_floored=eager[key].floored,
                                      eager_reps=eager[key].reps)
