@@ -35,6 +35,9 @@ from mla_var3.cli import main
 #: device check would otherwise answer before the check a test asserts), else the CPU under the
 #: interpreter
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+#: the entry points' input dtype there: bf16 on the GPU (whose kernels refuse float32 before the
+#: check a test asserts), float32 under the interpreter
+KERNEL_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 
 HUGE = "1" + "0" * 400                     # an integer beyond a float's range
 #: JSON numbers that are not finite, as they appear in a file's text.
@@ -564,14 +567,14 @@ BAD_SCALES = ["True", "False", "'0.1'", "None", "nan", "inf", "-inf", "-0.5", "0
 
 
 def _scale_calls():
-    """entry point -> a call taking the scale (small valid inputs, float32 under the interpreter:
-    the scale is checked before anything runs)."""
+    """entry point -> a call taking the scale (small valid inputs in :data:`KERNEL_DTYPE`: the
+    scale is checked before anything runs)."""
     from mla_var3 import kernel, reference as ref
     from mla_var3.model import LatentCache, mla_attention
     from mla_var3.shapes import MLADims, Problem
 
     dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
-    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=DEVICE)
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=KERNEL_DTYPE, device=DEVICE)
     lengths = torch.tensor([16, 9], dtype=torch.int32, device=DEVICE)
     kv, table = ref.make_paged(x.z, x.kpe, lengths, page_block_size=16)
     cache = LatentCache(x.z, x.kpe, lengths)
@@ -654,7 +657,7 @@ def _length_calls():
     from mla_var3.shapes import MLADims, Problem
 
     dims = MLADims(h=2, d=16, p=16, k=32, dv=16, name="tiny")
-    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), device=DEVICE)
+    x = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=KERNEL_DTYPE, device=DEVICE)
     xb = ref.make_inputs(dims, Problem(b=2, s=1, t=16), dtype=torch.bfloat16, device=DEVICE)
     kv, table = ref.make_paged(x.z, x.kpe, torch.tensor([16, 16], dtype=torch.int32, device=DEVICE),
                                page_block_size=16)
@@ -901,7 +904,8 @@ def _api_probes():
         "expanded bool lengths": (lambda tmp: ExpandedCache(x.k, x.v, x.kpe, torch.tensor([True, False])),
                                   "seqlens must have dtype in (int32, int64), got bool"),
         "kernel lengths 2-d": (lambda tmp: __import__("mla_var3.kernel", fromlist=["x"]).flash_mla(
-            *(t.to(DEVICE) for t in (x.qc, x.qpe, x.z, x.kpe)), scale=0.1, seqlens=lengths[None].to(DEVICE)),
+            *(t.to(DEVICE, KERNEL_DTYPE) for t in (x.qc, x.qpe, x.z, x.kpe)), scale=0.1,
+            seqlens=lengths[None].to(DEVICE)),
             "seqlens must be [B]"),
         "scale np inf": (lambda tmp: ref.flash_mla(x.qc, x.qpe, x.z, x.kpe, np.float64("inf")),
                          "scale must be a positive finite number"),
