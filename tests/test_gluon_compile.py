@@ -29,7 +29,7 @@ if not gluon_mod.GLUON_AVAILABLE:
 import triton  # noqa: E402
 
 from mla_var3.kernel._common import SMEM_LIMIT  # noqa: E402
-from mla_var3.kernel.sass import (compile_gluon_builds, compile_gluon_in_subprocess, forward_branches,  # noqa: E402
+from mla_var3.kernel.sass import (compile_gluon_builds, compile_gluon_in_subprocess,  # noqa: E402
                                   mma_loops)
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -157,31 +157,6 @@ def test_seesaw_compiles_warp_specialised(idx):
     barriers = [loop.count("BAR.SYNC") for loop in loops]
     assert max(barriers) <= PAIR_LOOP_BARRIERS, f"warpgroup barriers per pair: {barriers}"
     assert 0 < build.shared_bytes <= SMEM_LIMIT, build.shared_bytes
-
-
-@pytest.mark.parametrize("persistent", [False, True], ids=["item", "packed"])
-def test_the_lazy_max_lets_wg0_skip_both_rescales_without_more_spills(tmp_path, monkeypatch, persistent):
-    """The seesaw built with ``_LAZY_MAX = 1`` (a copy of the module; the default is 0): WG0's pair
-    loop can branch over each of its two 128-register rescales, and neither loop reloads more
-    spilled values nor holds more than two warpgroup barriers more (WG0's two reductions) than the
-    limits above; the HGMMAs are the default build's."""
-    src = (Path(gluon_mod.__file__).parent / "absorbed_seesaw.py").read_text()
-    assert src.count("_LAZY_MAX = gl.constexpr(0)") == 1
-    (tmp_path / "seesaw_lazy.py").write_text(src.replace("_LAZY_MAX = gl.constexpr(0)", "_LAZY_MAX = gl.constexpr(1)"))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if not _CUOBJDUMP.exists():
-        pytest.skip(f"cuobjdump not shipped with this triton ({_CUOBJDUMP})")
-    build = compile_gluon_in_subprocess("seesaw_lazy", timeout=300, k=512, p=64, dtype="bf16", causal=True,
-                                        paged=persistent, head_major=not persistent, persistent=persistent)
-    assert build.hgmma == {"64x64x16": 2 * (512 + 64) // 16, "64x256x16": 2 * 2 * 64 // 16}, build.hgmma
-    assert build.stack_bytes <= SEESAW_STACK_LIMIT[persistent], f"spills: {build.stack_bytes} B per thread"
-    loops = mma_loops(build.sass, 44)[:2]
-    assert len(loops) == 2
-    assert max(sum("LDL" in t for _, t in body) for body in loops) <= PAIR_LOOP_RELOADS[persistent]
-    assert max(sum("BAR.SYNC" in t for _, t in body) for body in loops) <= PAIR_LOOP_BARRIERS + 2
-    # WG0's loop (the one with both rescales: 2 x 128 FMUL) jumps over each of them
-    wg0 = max(loops, key=lambda body: sum(" FMUL " in f" {t} " for _, t in body))
-    assert sum(skipped >= 128 for _, skipped in forward_branches(wg0)) >= 2, forward_branches(wg0)
 
 
 def test_seesaw_applies_only_where_checked_on_a_gpu():

@@ -97,7 +97,6 @@ Example
 
 from __future__ import annotations
 
-
 from mla_var3.kernel._launch import CachedLaunch
 from mla_var3.kernel.decode_plan import MAX_ITEM_BLOCKS
 from mla_var3.kernel.hopper import _gluon
@@ -134,12 +133,6 @@ _LOADER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
 #: four lost 0.5-4.6 %; the packed kernel all four (15), 1.5-4 % faster on packed rows than 1, 3 or 5
 _PACKED_VIEWS = gl.constexpr(15) if GLUON_AVAILABLE else 15
 _ITEM_VIEWS = gl.constexpr(1) if GLUON_AVAILABLE else 1
-#: the lazy running max (FlashAttention-4's conditional rescale; 0: off, the default): each
-#: warpgroup moves the shared max only when some row's rose by more than 2 ** _LAZY_LOG2 (log2
-#: units) or from -inf, and skips its output's rescale in a pair where the max did not move
-#: (``docs/kernels/flash-mla/seesaw.md``, "The lazy max"; compiled, not yet run on a GPU)
-_LAZY_MAX = gl.constexpr(0) if GLUON_AVAILABLE else 0
-_LAZY_LOG2 = gl.constexpr(8.0) if GLUON_AVAILABLE else 8.0
 
 
 if GLUON_AVAILABLE:
@@ -364,20 +357,13 @@ if GLUON_AVAILABLE:
             row_max = gl.max(sc, axis=1) * qk_scale_log2
             if ROLE == 0:
                 m_a = gl.maximum(m_i, row_max)
-                moved = 1
-                if _LAZY_MAX:
-                    # per row: a row's max moves only past the threshold (or from -inf)
-                    up = (m_a > m_i) & ((m_i == float("-inf")) | (m_a - m_i > _LAZY_LOG2))
-                    m_a = gl.where(up, m_a, m_i)
-                    moved = gl.max(up.to(gl.int32), axis=0)
                 m_a_safe = gl.where(m_a == float("-inf"), 0.0, m_a)
                 p_f = gl.exp2(sc * qk_scale_log2 - m_a_safe[:, None])
                 p = p_f.to(dtype)
                 alpha = gl.convert_layout(gl.exp2(m_i - m_a_safe), o_rows)
                 xrow.index(3).store(gl.sum(p_f, axis=1))      # p0's fp32 row sum, for WG1's l
                 _publish(bar_a, xrow.index(0), m_a, own_r, p)
-                if moved > 0:
-                    acc = acc * alpha[:, None]
+                acc = acc * alpha[:, None]
                 p_op = gl.convert_layout(p, p_layout)
                 tok = warpgroup_mma(p_op, own_z.slice(0, KH, dim=1), acc, is_async=True)
                 mbarrier.wait(bar_b, ph)
@@ -389,11 +375,7 @@ if GLUON_AVAILABLE:
                            2 * i + 2 < n_iter, 0, False, NZ)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 beta = gl.convert_layout(gl.exp2(m_a - m_b_safe), o_rows)
-                moved_b = 1
-                if _LAZY_MAX:
-                    moved_b = gl.max((m_b != m_a).to(gl.int32), axis=0)       # WG1 moved the max
-                if moved_b > 0:
-                    acc = acc * beta[:, None]
+                acc = acc * beta[:, None]
                 if has_y:
                     tok = warpgroup_mma(oth_r, oth_z.slice(0, KH, dim=1), acc, is_async=True)
                     # Y_L and Y's RoPE piece (p1) are free once it has retired: block 2i + 3
@@ -407,11 +389,6 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(bar_a, ph)
                 m_a = xrow.index(0).load(s_rows)
                 m_b = gl.maximum(m_a, row_max)
-                if _LAZY_MAX:
-                    # per row, as WG0's; no reduction here: this warpgroup rescales its output every
-                    # pair (by 1 where the max did not move; a branch around it spilled 47 reloads
-                    # into this loop), only WG0 skips its rescales
-                    m_b = gl.where((m_b > m_a) & ((m_a == float("-inf")) | (m_b - m_a > _LAZY_LOG2)), m_b, m_a)
                 m_b_safe = gl.where(m_b == float("-inf"), 0.0, m_b)
                 p_f = gl.exp2(sc * qk_scale_log2 - m_b_safe[:, None])
                 p = p_f.to(dtype)
