@@ -49,9 +49,6 @@ kernel at s = 64 yet.
   slots of the ring). The running max is kept in raw score units, so the softmax scale costs
   one FFMA per score with the exponent's subtraction. The Q buffer is freed as soon as Q is in
   registers, so the producer loads the next item's queries under this item's blocks.
-  With ``lazy_rescale=True`` (opt-in, compiled but not yet run on a GPU) the running max moves
-  only when some row's rose by more than 2^8, so most steps skip the output's rescale: 239
-  instructions per 32-key block executed in such a step against 278 (311 when it rescales).
 * **Epilogue.** ``o`` and ``lse`` stored from registers (rows past S masked; ``o`` rows contiguous).
 
 Shared memory (bf16, D = 128, P = 64, 64 rows, BLOCK_N = 32, 4 stages): per consumer Q + Qpe
@@ -99,8 +96,6 @@ MAX_S = ROWS
 #: and gets what is left of the 64,512 (256). 224 + 256 with the producers' warp group at 24 fills it.
 _CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
 _PRODUCER_REGS = gl.constexpr(24) if GLUON_AVAILABLE else 24
-#: ``lazy_rescale``: the running max moves when some row's rose by more than 2 ** this (log2 units)
-LAZY_LOG2 = gl.constexpr(8.0) if GLUON_AVAILABLE else 8.0
 
 
 def smem_bytes(d: int, p: int, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
@@ -133,18 +128,12 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _step_softmax(raw_a, raw_b, m_i, j, full_keys, limit, cols, qk_scale_log2, BN: gl.constexpr,
-                      STEP: gl.constexpr, LAZY: gl.constexpr):
+                      STEP: gl.constexpr):
         """The softmax of one step: block ``j``'s scores (``raw_a``), and with ``STEP = 2`` block
         ``j + 1``'s (``raw_b``) under one running max. The max ``m_i`` is kept in raw score units
         (the scale is positive), so the scale costs nothing apart from the FFMA of :func:`_exp`.
-        Returns ``(p_a, p_b, m_new, alpha, grow)`` (``p_b`` is ``p_a`` when ``STEP = 1``); the row
-        sums are the tensor cores' (``P . 1`` beside ``P . V``, see :func:`_rows_consumer`).
-
-        ``LAZY``: the max moves only when some row's rose by more than ``2 ** LAZY_LOG2`` (or from
-        -inf), and then every row's does; ``grow`` (a number) says whether it moved, so the caller
-        rescales the output only then. Otherwise the probabilities may reach ``2 ** LAZY_LOG2``,
-        which the fp32 accumulators, bf16 ``P`` and fp16 row sums carry, and the final ``1 / l``
-        and LSE stay exact. Without ``LAZY``, ``grow`` is 1 (the max moves every step)."""
+        Returns ``(p_a, p_b, m_new, alpha)`` (``p_b`` is ``p_a`` when ``STEP = 1``); the row sums
+        are the tensor cores' (``P . 1`` beside ``P . V``, see :func:`_rows_consumer`)."""
         raw_a = _masked(raw_a, j, full_keys, limit, cols, BN)
         if STEP == 2:
             # one row reduction for both blocks
@@ -152,18 +141,13 @@ if GLUON_AVAILABLE:
             m_new = gl.maximum(m_i, gl.max(gl.maximum(raw_a, raw_b), axis=1))
         else:
             m_new = gl.maximum(m_i, gl.max(raw_a, axis=1))
-        grow = 1
-        if LAZY:
-            up = (m_new > m_i) & ((m_i == float("-inf")) | ((m_new - m_i) * qk_scale_log2 > LAZY_LOG2))
-            grow = gl.max(up.to(gl.int32), axis=0)
-            m_new = gl.where(grow > 0, m_new, m_i)
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_new * qk_scale_log2)
         p_a = _exp(raw_a, m_scaled, qk_scale_log2)
         p_b = p_a
         if STEP == 2:
             p_b = _exp(raw_b, m_scaled, qk_scale_log2)
         alpha = gl.exp2(m_i * qk_scale_log2 - m_scaled)
-        return p_a, p_b, m_new, alpha, grow
+        return p_a, p_b, m_new, alpha
 
     @gluon.jit
     def _scores(q_op, qr_op, k_smem, kr_smem, slot, s_zero):
@@ -265,13 +249,12 @@ if GLUON_AVAILABLE:
             it += 1
 
     @gluon.jit
-    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, LAZY: gl.constexpr, q_desc,
+    def _rows_consumer(W: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, q_desc,
                        qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty,
                        kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal, ones_smem):
         """Consumer ``W``: its items whole (the module docstring's pipelined loop, over steps of
         ``STEP`` blocks), then ``o`` and ``lse``. With ``SPLIT`` (see :func:`rows_producer`) a step's
-        key slots are freed once its scores are done, its value slots once its output product is.
-        With ``LAZY`` the output is rescaled only in steps whose max moved (:func:`_step_softmax`)."""
+        key slots are freed once its scores are done, its value slots once its output product is."""
         NS: gl.constexpr = k_smem.shape[0] // 2
         BN: gl.constexpr = k_smem.shape[2]
         D: gl.constexpr = k_smem.shape[4]
@@ -318,8 +301,8 @@ if GLUON_AVAILABLE:
             if SPLIT:
                 mbarrier.arrive(kv_empty.index(slot_a), count=1)
             m_i = gl.full([SP], float("-inf"), gl.float32, s_rows)
-            p_a, p_b, m_i, alpha, grow = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2,
-                                                       BN, STEP, LAZY)
+            p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, 0, full_keys, limit, cols, qk_scale_log2, BN,
+                                                 STEP)
             pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
             pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
             pa_16 = gl.convert_layout(p_a.to(gl.float16), p8_layout)
@@ -337,15 +320,14 @@ if GLUON_AVAILABLE:
                 raw_a, raw_b = warpgroup_mma_wait(num_outstanding=2 * STEP, deps=(tok_a, tok_b))
                 if SPLIT:
                     mbarrier.arrive(kv_empty.index(slot_a), count=1)
-                p_a, p_b, m_i, alpha, grow = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
-                                                           qk_scale_log2, BN, STEP, LAZY)
+                p_a, p_b, m_i, alpha = _step_softmax(raw_a, raw_b, m_i, t * STEP, full_keys, limit, cols,
+                                                     qk_scale_log2, BN, STEP)
                 acc, l_acc, pa_op, pb_op, pa_16, pb_16 = warpgroup_mma_wait(
                     num_outstanding=0, deps=(o_tok, l_tok, pa_op, pb_op, pa_16, pb_16))
                 # one release per step: the step's first slot's barrier frees all its blocks (their values)
                 mbarrier.arrive(kv_empty.index(prev_a + SPLIT * 2 * NS), count=1)
-                if grow > 0:
-                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                    l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                l_acc = l_acc * gl.convert_layout(alpha, l_rows)[:, None]
                 pa_op = gl.convert_layout(p_a.to(dtype), p_layout)
                 pb_op = gl.convert_layout(p_b.to(dtype), p_layout)
                 pa_16 = gl.convert_layout(p_a.to(gl.float16), p8_layout)
@@ -402,7 +384,7 @@ if GLUON_AVAILABLE:
         kr_desc,                # TMA: [B, N, P], boxes [1, BLOCK_N, P]
         o_ptr, lse_ptr, H, S, N, n_items, qk_scale_log2,
         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr, LAZY: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STEP: gl.constexpr, SPLIT: gl.constexpr,
     ):
         """Grid ``(programs,)``: persistent over the ``B * H`` (sequence, head) items."""
         q_smem, qr_smem, k_smem, v_smem, kr_smem, q_ready, q_empty, kv_ready, kv_empty = rows_state(
@@ -416,8 +398,8 @@ if GLUON_AVAILABLE:
         strides = (stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
         args = (q_desc, qr_desc, k_desc, v_desc, kr_desc, q_smem, qr_smem, k_smem, v_smem, kr_smem,
                 q_ready, q_empty, kv_ready, kv_empty, n_items, H, N, o_ptr, lse_ptr, S, qk_scale_log2, strides, causal)
-        gl.warp_specialize([(_rows_consumer, (0, STEP, SPLIT, LAZY) + args + (ones_smem,)),
-                            (_rows_consumer, (1, STEP, SPLIT, LAZY) + args + (ones_smem,)),
+        gl.warp_specialize([(_rows_consumer, (0, STEP, SPLIT) + args + (ones_smem,)),
+                            (_rows_consumer, (1, STEP, SPLIT) + args + (ones_smem,)),
                             (rows_producer, (0, STEP, SPLIT) + args), (rows_producer, (1, STEP, SPLIT) + args)],
                            [4, 1, 1],
                            [_CONSUMER_REGS, _PRODUCER_REGS, _PRODUCER_REGS])
@@ -447,8 +429,7 @@ def rows_applies(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new:
 def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       kpe_new: torch.Tensor, *, scale: float, causal: bool = True, programs: int,
                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
-                      step: int = DEFAULT_STEP, split: bool = False, lazy_rescale: bool = False,
-                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      step: int = DEFAULT_STEP, split: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Expanded attention over a window of N keys for S <= 64 query tokens (query rows on the
     wgmma's M side), on ``programs`` persistent programs (sm_90).
 
@@ -468,10 +449,6 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
                                               one step behind the keys and each freed as soon as read
                                               (for two blocks per step, where one barrier per slot
                                               holds all four slots of the ring; see the devlog)
-    lazy_rescale : bool                       the running max moves only when some row's rose by more
-                                              than 2 ** 8, so most steps skip the output's rescale
-                                              (FlashAttention-4's conditional rescale; one
-                                              warpgroup-wide reduction per step decides)
     out : [B, H, S, D], optional              output buffer (any float dtype; written in place when its
                                               last stride is 1, else through a copy)
 
@@ -510,11 +487,10 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
     strides = (*o.stride()[:3], *lse.stride())
     # every constexpr and every class Triton specialises the integers and pointers on is in the key:
     # a kernel compiled for one must never serve a call of another
-    key = (q.dtype, d, p, block_n, stages, bool(causal), step, bool(split), bool(lazy_rescale), o.dtype,
+    key = (q.dtype, d, p, block_n, stages, bool(causal), step, bool(split), o.dtype,
            o.data_ptr() % 16, lse.data_ptr() % 16, int_classes(ints + strides))
     _ROWS_LAUNCH(key, (min(programs, b * h), 1, 1), (*descs, o, lse, *ints, scale * _base.LOG2E, *strides),
-                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split)),
-                      LAZY=int(bool(lazy_rescale))), num_warps=4)
+                 dict(STAGES=stages, CAUSAL=bool(causal), STEP=step, SPLIT=int(bool(split))), num_warps=4)
     if not direct:
         out.copy_(o)
         return out, lse
@@ -523,7 +499,7 @@ def window_rows_gluon(q: torch.Tensor, qpe: torch.Tensor, k_new: torch.Tensor, v
 
 def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES,
                      dtype: str = "bf16", causal: bool = True, step: int = DEFAULT_STEP, split: bool = False,
-                     lazy_rescale: bool = False, capability: int = 90):
+                     capability: int = 90):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel.
     Must run in a process without ``TRITON_INTERPRET`` set."""
     def desc(block: list[int]) -> str:
@@ -535,8 +511,7 @@ def compile_for_sm90(*, d: int = 128, p: int = 64, block_n: int = DEFAULT_BLOCK_
         "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "H": "i32", "S": "i32", "N": "i32", "n_items": "i32",
         "qk_scale_log2": "fp32", "stride_ob": "i32", "stride_oh": "i32", "stride_os": "i32",
         "stride_lb": "i32", "stride_lh": "i32", "stride_ls": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-        "STEP": "constexpr", "SPLIT": "constexpr", "LAZY": "constexpr",
+        "STEP": "constexpr", "SPLIT": "constexpr",
     }
-    constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split)),
-                  "LAZY": int(bool(lazy_rescale))}
+    constexprs = {"STAGES": stages, "CAUSAL": causal, "STEP": step, "SPLIT": int(bool(split))}
     return _base.compile_sm90(_window_rows, signature, constexprs, num_warps=4, capability=capability)
