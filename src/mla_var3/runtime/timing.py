@@ -223,16 +223,23 @@ BACK_TO_BACK_CALLS = 16
 BACK_TO_BACK_ROUNDS = 5
 
 
-def _back_to_back_rounds(fns: dict[str, Callable[[], object]], device, rounds: int) -> dict[str, float]:
-    """Each callable's :func:`_back_to_back_us`, the median of ``rounds`` rounds; every round
-    reads each callable once, in an order rotated from one round to the next (as the
-    repetitions are), so all of them meet the same clock and power state."""
-    names = list(fns)
+def _median_of_rounds(rounds: dict[str, int], read: Callable[[str, int], float]) -> dict[str, float]:
+    """Each name's median of ``read(name, round)`` over its ``rounds[name]`` rounds: round ``r``
+    reads every name that has one, in an order rotated from one round to the next (as the
+    repetitions are), so all of them meet the same clock, power and host state."""
+    names = list(rounds)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(max(1, rounds) if names else 0):
+    for r in range(max(rounds.values(), default=0)):
         for n in _order(names, r):
-            times[n].append(_back_to_back_us(fns[n], device))
+            if r < rounds[n]:
+                times[n].append(read(n, r))
     return {n: float(statistics.median(v)) for n, v in times.items()}
+
+
+def _back_to_back_rounds(fns: dict[str, Callable[[], object]], device, rounds: int) -> dict[str, float]:
+    """Each callable's :func:`_back_to_back_us`, the median of ``rounds`` rounds (at least one),
+    the callables interleaved (:func:`_median_of_rounds`)."""
+    return _median_of_rounds({n: max(1, rounds) for n in fns}, lambda n, r: _back_to_back_us(fns[n], device))
 
 
 def _back_to_back_us(fn: Callable[[], object], device, calls: int = BACK_TO_BACK_CALLS) -> float:
@@ -461,13 +468,7 @@ def host_times_us(fns: dict[str, Callable[[], object]], *, calls: int | dict[str
     callable's first round."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    names = list(fns)
-    want = {n: calls[n] if isinstance(calls, dict) else calls for n in names}
-    per = {n: max(1, min(rounds, want[n] // burst)) for n in names}
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(max(per.values(), default=0)):
-        for n in _order(names, r):
-            if r < per[n]:
-                times[n].append(host_time_us(fns[n], calls=max(1, want[n] // per[n]), warmup=warmup if r == 0 else 0,
-                                             burst=burst))
-    return {n: float(statistics.median(v)) for n, v in times.items()}
+    want = {n: calls[n] if isinstance(calls, dict) else calls for n in fns}
+    per = {n: max(1, min(rounds, want[n] // burst)) for n in fns}
+    return _median_of_rounds(per, lambda n, r: host_time_us(fns[n], calls=max(1, want[n] // per[n]),
+                                                            warmup=warmup if r == 0 else 0, burst=burst))
